@@ -1,0 +1,285 @@
+"""The FP4 numerics and layout contract in code (layer 0).
+
+Everything here is elementwise or reshaping PyTorch, runs on any device, and is the single source
+of truth for the E2M1 grid, the NVFP4/MXFP4 block-scale rules and the scale-factor layouts.
+The reference backend is built from these functions; fast backends are tested against it.
+
+All arithmetic is IEEE fp32 with round-to-nearest-even (one torch op per rounding step, so no
+fused multiply-add can change a result).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+# ---------------------------------------------------------------------------------------------
+# Constants
+# ---------------------------------------------------------------------------------------------
+E2M1_LUT = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_MAX = 6.0
+E4M3_MAX = 448.0
+NVFP4_AMAX_TARGET = E4M3_MAX * E2M1_MAX  # 2688: the global scale maps the tensor amax here
+R6_BITS = 0x3E2AAAAB  # RN(1/6) in fp32
+E4M3_NAN_BITS = 0x7F
+UE8M0_NAN_BITS = 0xFF
+
+# Rounding thresholds of the E2M1 encoder: code c (magnitude) is the number of thresholds passed.
+# (threshold, inclusive): "m > t" for ties that round down to the even code, "m >= t" for ties
+# that round up to the even code.
+_E2M1_THRESHOLDS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True),
+                    (2.5, False), (3.5, True), (5.0, False))
+
+FP4_DATA_DTYPES = (torch.float4_e2m1fn_x2, torch.uint8)
+
+
+def r6(device: torch.device | str | None = None) -> torch.Tensor:
+    """RN(1/6) as a 0-d fp32 tensor (bit pattern 0x3E2AAAAB)."""
+    return torch.tensor(R6_BITS, dtype=torch.int32, device=device).view(torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# Formats
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Fp4Format:
+    """An FP4 block format: block size along K, scale dtype, and whether a global scale exists."""
+    name: str
+    block_size: int
+    scale_dtype: torch.dtype
+    has_global_scale: bool
+
+
+NVFP4 = Fp4Format("nvfp4", 16, torch.float8_e4m3fn, True)
+MXFP4 = Fp4Format("mxfp4", 32, torch.float8_e8m0fnu, False)
+FORMATS = (NVFP4, MXFP4)
+
+
+def format_for_block_size(block_size: int) -> Fp4Format:
+    for fmt in FORMATS:
+        if fmt.block_size == block_size:
+            return fmt
+    raise ValueError(f"block_size: expected 16 (NVFP4) or 32 (MXFP4), got {block_size!r}")
+
+
+class SfLayout(enum.Enum):
+    """Scale-factor layouts (spec section 4). Values are the names accepted by the public API."""
+    LAYOUT_128x4 = "128x4"
+    LAYOUT_8x4 = "8x4"
+    LINEAR = "linear"
+
+    @classmethod
+    def parse(cls, value: "SfLayout | str", arg: str = "sf_layout") -> "SfLayout":
+        if isinstance(value, cls):
+            return value
+        for layout in cls:
+            if layout.value == value:
+                return layout
+        names = ", ".join(repr(v.value) for v in cls)
+        raise ValueError(f"{arg}: expected one of {names}, got {value!r}")
+
+    @property
+    def row_tile(self) -> int:
+        return {"128x4": 128, "8x4": 8, "linear": 1}[self.value]
+
+    @property
+    def col_tile(self) -> int:
+        return 1 if self is SfLayout.LINEAR else 4
+
+
+def _ceil_to(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+def padded_scale_shape(rows: int, k_blocks: int, layout: SfLayout | str) -> tuple[int, int]:
+    """(Mp, Kp) of the scale matrix of a [rows, k_blocks] block grid in `layout`."""
+    layout = SfLayout.parse(layout)
+    return _ceil_to(rows, layout.row_tile), _ceil_to(k_blocks, layout.col_tile)
+
+
+def scale_shape(data_shape: tuple[int, ...] | torch.Size, block_size: int,
+                layout: SfLayout | str) -> tuple[int, ...]:
+    """Shape of the scale tensor for an unpacked tensor of shape [*batch, M, K]."""
+    *batch, rows, k = data_shape
+    return (*batch, *padded_scale_shape(rows, k // block_size, layout))
+
+
+def swizzled_offset(m: int, kb: int, k_blocks: int, layout: SfLayout | str) -> int:
+    """Byte offset of scale (m, kb) inside one [Mp, Kp] swizzled matrix (spec section 4)."""
+    layout = SfLayout.parse(layout)
+    kp = _ceil_to(k_blocks, layout.col_tile)
+    if layout is SfLayout.LAYOUT_128x4:
+        return ((m // 128) * (kp // 4) + kb // 4) * 512 + (m % 32) * 16 + ((m % 128) // 32) * 4 + kb % 4
+    if layout is SfLayout.LAYOUT_8x4:
+        return (m // 8) * (kp // 4) * 32 + (kb // 4) * 32 + (m % 8) * 4 + kb % 4
+    return m * k_blocks + kb
+
+
+def swizzle(sf: torch.Tensor, layout: SfLayout | str) -> torch.Tensor:
+    """[*batch, M, Kb] scales (any 1-byte dtype) -> [*batch, Mp, Kp] in `layout`, zero padded."""
+    layout = SfLayout.parse(layout)
+    if layout is SfLayout.LINEAR:
+        return sf.contiguous()
+    *batch, rows, kb = sf.shape
+    mp, kp = padded_scale_shape(rows, kb, layout)
+    raw = sf.view(torch.uint8)
+    padded = raw.new_zeros(*batch, mp, kp)
+    padded[..., :rows, :kb] = raw
+    nb = len(batch)
+    if layout is SfLayout.LAYOUT_128x4:
+        tiled = padded.view(*batch, mp // 128, 4, 32, kp // 4, 4)
+        tiled = tiled.permute(*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
+    else:
+        tiled = padded.view(*batch, mp // 8, 8, kp // 4, 4)
+        tiled = tiled.permute(*range(nb), nb, nb + 2, nb + 1, nb + 3)
+    return tiled.reshape(*batch, mp, kp).view(sf.dtype)
+
+
+def unswizzle(sf: torch.Tensor, rows: int, k_blocks: int, layout: SfLayout | str) -> torch.Tensor:
+    """Inverse of `swizzle`: [*batch, Mp, Kp] -> [*batch, rows, k_blocks] (drops the padding)."""
+    layout = SfLayout.parse(layout)
+    if layout is SfLayout.LINEAR:
+        return sf
+    *batch, mp, kp = sf.shape
+    nb = len(batch)
+    raw = sf.view(torch.uint8) if sf.is_contiguous() else sf.contiguous().view(torch.uint8)
+    if layout is SfLayout.LAYOUT_128x4:
+        tiled = raw.reshape(*batch, mp // 128, kp // 4, 32, 4, 4)
+        tiled = tiled.permute(*range(nb), nb, nb + 3, nb + 2, nb + 1, nb + 4)
+    else:
+        tiled = raw.reshape(*batch, mp // 8, kp // 4, 8, 4)
+        tiled = tiled.permute(*range(nb), nb, nb + 2, nb + 1, nb + 3)
+    return tiled.reshape(*batch, mp, kp)[..., :rows, :k_blocks].view(sf.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# E2M1 elements
+# ---------------------------------------------------------------------------------------------
+def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
+    """fp32 -> E2M1 codes (uint8 in [0, 15]): RNE with saturation; sign kept on zero; NaN -> 7."""
+    x = x.float()
+    m = x.abs()
+    code = torch.zeros(x.shape, dtype=torch.uint8, device=x.device)
+    for threshold, inclusive in _E2M1_THRESHOLDS:
+        code += (m >= threshold if inclusive else m > threshold).to(torch.uint8)
+    code |= torch.signbit(x).to(torch.uint8) << 3
+    return torch.where(torch.isnan(x), torch.full_like(code, 7), code)
+
+
+def e2m1_decode(code: torch.Tensor) -> torch.Tensor:
+    """E2M1 codes (uint8) -> fp32 values."""
+    lut = torch.tensor(E2M1_LUT + tuple(-v for v in E2M1_LUT), dtype=torch.float32,
+                       device=code.device)
+    return lut[code.long()]
+
+
+def pack_e2m1(code: torch.Tensor) -> torch.Tensor:
+    """Codes [..., K] -> packed bytes [..., K/2]: byte i = code[2i] | code[2i+1] << 4."""
+    pairs = code.view(*code.shape[:-1], code.shape[-1] // 2, 2)
+    return pairs[..., 0] | (pairs[..., 1] << 4)
+
+
+def unpack_e2m1(packed: torch.Tensor) -> torch.Tensor:
+    """Packed bytes [..., K/2] (uint8 or float4_e2m1fn_x2) -> codes [..., K] (uint8)."""
+    raw = as_uint8(packed)
+    return torch.stack((raw & 0xF, raw >> 4), dim=-1).view(*raw.shape[:-1], raw.shape[-1] * 2)
+
+
+def as_uint8(t: torch.Tensor) -> torch.Tensor:
+    """A uint8 view of a 1-byte tensor (never a copy)."""
+    return t if t.dtype == torch.uint8 else t.view(torch.uint8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Scale encodings
+# ---------------------------------------------------------------------------------------------
+def e4m3_rn_satfinite(s: torch.Tensor) -> torch.Tensor:
+    """fp32 -> e4m3fn bits (uint8): RNE, |s| > 448 and Inf saturate to +-448, NaN -> 0x7F."""
+    bits = s.float().clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).view(torch.uint8)
+    return torch.where(torch.isnan(s), torch.full_like(bits, E4M3_NAN_BITS), bits)
+
+
+def e4m3_to_float(bits: torch.Tensor) -> torch.Tensor:
+    """e4m3fn bits (uint8 or float8_e4m3fn) -> fp32 (exact)."""
+    return bits.view(torch.float8_e4m3fn).float()
+
+
+def ue8m0_ceil(v: torch.Tensor) -> torch.Tensor:
+    """Non-negative fp32 -> UE8M0 exponent byte of v rounded up to a power of two (saturating).
+
+    0 or v <= 2^-127 -> 0; 2^-127 < v < 2^-126 -> 1; normal v -> exponent + (mantissa != 0),
+    at most 254; Inf -> 254; NaN -> 255 (`cvt.rp.satfinite.ue8m0x2.f32`).
+    """
+    bits = v.float().view(torch.int32) & 0x7FFFFFFF
+    exp = bits >> 23
+    mant = bits & 0x7FFFFF
+    e = (exp + (mant != 0).to(torch.int32)).clamp(max=254)
+    e = torch.where(exp == 0, (bits > 0x00400000).to(torch.int32), e)
+    e = torch.where(torch.isnan(v), torch.full_like(e, UE8M0_NAN_BITS), e)
+    return e.to(torch.uint8)
+
+
+def ue8m0_to_float(e: torch.Tensor) -> torch.Tensor:
+    """UE8M0 byte (uint8 or float8_e8m0fnu) -> 2^(e-127) in fp32; 0 -> 2^-127, 255 -> NaN."""
+    ei = as_uint8(e).to(torch.int32)
+    bits = torch.where(ei == 0, torch.full_like(ei, 0x00400000), ei << 23)
+    bits = torch.where(ei == 255, torch.full_like(ei, 0x7FC00000), bits)
+    return bits.view(torch.float32)
+
+
+def ue8m0_reciprocal(e: torch.Tensor) -> torch.Tensor:
+    """2^(127-e) in fp32 for e in [1, 255] (int32): exact, subnormal for e >= 254."""
+    normal = (254 - e).clamp(min=0) << 23
+    subnormal = torch.ones_like(e) << (276 - e).clamp(0, 22)
+    return torch.where(e <= 253, normal, subnormal).view(torch.float32)
+
+
+def scale_to_float(scale: torch.Tensor, fmt: Fp4Format) -> torch.Tensor:
+    """Block-scale bytes of `fmt` -> fp32 values."""
+    return e4m3_to_float(as_uint8(scale)) if fmt is NVFP4 else ue8m0_to_float(scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Block-scale rules
+# ---------------------------------------------------------------------------------------------
+def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
+    """NVFP4 encode global scale: RN(2688 / amax); 1.0 where amax == 0 or the result is not finite."""
+    amax = amax.float()
+    gs = torch.full_like(amax, NVFP4_AMAX_TARGET) / amax
+    ok = (amax != 0) & torch.isfinite(gs)
+    return torch.where(ok, gs, torch.ones_like(gs))
+
+
+def nvfp4_alpha(gs_a: torch.Tensor | None, gs_b: torch.Tensor) -> torch.Tensor:
+    """GEMM epilogue scale for NVFP4 operands with encode global scales: RN(1 / RN(gs_a * gs_b)).
+
+    With no activation scale (W4A16) it is RN(1 / gs_b).
+    """
+    prod = gs_b.float() if gs_a is None else gs_a.float() * gs_b.float()
+    return torch.reciprocal(prod)
+
+
+def nvfp4_block_scale(amax: torch.Tensor, gs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """NVFP4 rule (spec section 2): block amax (fp32) and global scale -> (s8 bits uint8, o fp32).
+
+    S = RN(gs * RN(amax * R6)); s8 = e4m3_rn_satfinite(S);
+    o = 0 if float(s8) == 0 else RN(1 / RN(float(s8) * RN(1/gs))).
+    """
+    s = gs * (amax.float() * r6(amax.device))
+    s8 = e4m3_rn_satfinite(s)
+    sf = e4m3_to_float(s8)
+    o = torch.reciprocal(sf * torch.reciprocal(gs))
+    return s8, torch.where(sf == 0, torch.zeros_like(o), o)
+
+
+def mxfp4_block_scale(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """MXFP4 rule (spec section 3): block amax (fp32) -> (e bits uint8, o fp32).
+
+    v = RN(amax * R6); e = ue8m0_ceil(v); o = 0 if amax == 0, 1 if e == 0, else 2^(127-e).
+    """
+    amax = amax.float()
+    e = ue8m0_ceil(amax * r6(amax.device))
+    ei = e.to(torch.int32)
+    o = torch.where(ei == 0, torch.ones_like(amax), ue8m0_reciprocal(ei.clamp(min=1)))
+    return e, torch.where(amax == 0, torch.zeros_like(o), o)

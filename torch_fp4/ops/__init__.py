@@ -1,0 +1,13 @@
+"""torch.library ops in the torch_fp4 namespace and their public Python functions (layer 3).
+
+Importing this package registers torch.ops.torch_fp4.{compute_global_scale, nvfp4_quantize,
+mxfp4_quantize, fp4_dequantize, mm_fp4, route, fused_moe}.
+"""
+from .gemm import mm_fp4
+from .moe import ROUTING_METHODS, fused_moe, route, swap_gate_up
+from .quantize import compute_global_scale, fp4_dequantize, mxfp4_quantize, nvfp4_quantize
+from ._registry import supported_backends, unsupported_reason
+
+__all__ = ["compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
+           "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",
+           "unsupported_reason"]

@@ -1,0 +1,81 @@
+"""Backend implementations per op, their requirement functions, and the inference-only rule."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..backends import Backend
+
+# A requirement function gets the op's arguments and returns None when the backend can run them,
+# or a short reason when it cannot.
+Requirement = Callable[..., Optional[str]]
+
+
+@dataclass(frozen=True)
+class Impl:
+    fn: Callable
+    requirement: Requirement
+
+
+_IMPLS: dict[str, dict[Backend, Impl]] = {}
+
+# Order in which "auto" tries backends (fastest first); the reference always runs.
+AUTO_ORDER = (Backend.CUDA, Backend.CUTE_DSL, Backend.TRITON, Backend.REFERENCE)
+
+
+def _always(*args, **kwargs) -> None:
+    return None
+
+
+def register_impl(op: str, backend: Backend, fn: Callable, requirement: Requirement = _always) -> None:
+    _IMPLS.setdefault(op, {})[backend] = Impl(fn, requirement)
+
+
+def unsupported_reason(op: str, backend: Backend, *args) -> Optional[str]:
+    """None when `backend` can run `op` on these arguments, else why not."""
+    impl = _IMPLS.get(op, {}).get(backend)
+    if impl is None:
+        have = ", ".join(b.label for b in _IMPLS.get(op, {}))
+        return f"no {backend.label} implementation of {op} is installed (available: {have})"
+    return impl.requirement(*args)
+
+
+def supported_backends(op: str, *args) -> list[Backend]:
+    return [b for b in AUTO_ORDER if unsupported_reason(op, b, *args) is None]
+
+
+def resolve(op: str, backend: Backend, *args) -> Callable:
+    """The implementation of `op` for `backend` (AUTO: the first supported in AUTO_ORDER)."""
+    if backend is Backend.AUTO:
+        for b in AUTO_ORDER:
+            if unsupported_reason(op, b, *args) is None:
+                return _IMPLS[op][b].fn
+        raise RuntimeError(f"{op}: no backend supports these inputs")
+    reason = unsupported_reason(op, backend, *args)
+    if reason is not None:
+        raise ValueError(f"{op}: backend: {backend.label!r} cannot run here: {reason}")
+    return _IMPLS[op][backend].fn
+
+
+INFERENCE_ONLY = ("torch_fp4 ops are inference-only: {op} has no backward. Run it under "
+                  "torch.no_grad()/torch.inference_mode(), or detach its inputs.")
+
+
+def inference_only(custom_op) -> None:
+    """Register an autograd formula that refuses to run backward."""
+    name = custom_op._name if hasattr(custom_op, "_name") else str(custom_op)
+
+    def backward(ctx, *grads):
+        raise RuntimeError(INFERENCE_ONLY.format(op=name))
+
+    custom_op.register_autograd(backward)
+
+
+def define(name: str, fn: Callable, fake: Callable) -> "torch.library.CustomOpDef":
+    """Declare torch_fp4::<name> with implementation `fn` and fake `fake`; no autograd."""
+    op = torch.library.custom_op(f"torch_fp4::{name}", fn, mutates_args=())
+    op.register_fake(fake)
+    inference_only(op)
+    return op

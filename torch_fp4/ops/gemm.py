@@ -1,0 +1,88 @@
+"""mm_fp4: FP4 GEMM, W4A4 (NVFP4 / MXFP4) and W4A16."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import formats as F
+from .. import meta, reference
+from ..backends import Backend
+from . import _checks as C
+from ._registry import define, register_impl, resolve
+from .quantize import check_scale
+
+OP = "mm_fp4"
+
+
+def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend):
+    fmt = F.format_for_block_size(block_size)
+    layout = F.SfLayout.parse(sf_layout)
+    C.dtype(OP, "b", b, F.FP4_DATA_DTYPES)
+    C.ndim(OP, "b", b, (2,), "a 2-D [K/2, N] tensor (the weight [N, K/2] passed as w.T)")
+    C.transposed_row_major(OP, "b", b, "[N, K/2] weight")
+    half_k, n = b.shape
+    k = 2 * half_k
+    C.multiple_of(OP, "b", k, fmt.block_size, f"K = 2 * b.shape[0] (the {fmt.name.upper()} block size)")
+    C.tensor(OP, "a", a)
+    if a_scale is None:
+        if a.dtype in F.FP4_DATA_DTYPES:
+            C.fail(OP, "a_scale", "the block scales of the FP4 operand a", "None")
+        C.dtype(OP, "a", a, C.HALF_DTYPES)
+        C.ndim(OP, "a", a, (2,), "a 2-D [M, K] tensor")
+        if a.shape[1] != k:
+            C.fail(OP, "a", f"shape [M, {k}] (K = 2 * b.shape[0])", f"shape {tuple(a.shape)}")
+    else:
+        C.dtype(OP, "a", a, F.FP4_DATA_DTYPES)
+        C.ndim(OP, "a", a, (2,), "a 2-D [M, K/2] tensor")
+        if a.shape[1] != half_k:
+            C.fail(OP, "a", f"shape [M, {half_k}] (K/2 = b.shape[0])", f"shape {tuple(a.shape)}")
+        check_scale(OP, "a_scale", a_scale, (a.shape[0], k), fmt, layout)
+        C.contiguous(OP, "a_scale", a_scale)
+    C.contiguous(OP, "a", a)
+    C.dtype(OP, "b_scale", b_scale, (fmt.scale_dtype, torch.uint8))
+    np_, kp = F.padded_scale_shape(n, k // fmt.block_size, F.SfLayout.LAYOUT_128x4)
+    C.shape(OP, "b_scale", b_scale, (kp, np_),
+            f"(the 128x4 scales [{np_}, {kp}] of b, passed transposed as w_scale.T)")
+    C.transposed_row_major(OP, "b_scale", b_scale, f"[{np_}, {kp}] 128x4 scale matrix")
+    if alpha is not None:
+        C.dtype(OP, "alpha", alpha, (torch.float32,))
+        if alpha.numel() != 1:
+            C.fail(OP, "alpha", "a one-element fp32 tensor", f"shape {tuple(alpha.shape)}")
+    C.dtype_arg(OP, "out_dtype", out_dtype, C.OUT_DTYPES)
+    C.same_device(OP, a=a, b=b, a_scale=a_scale, b_scale=b_scale, alpha=alpha)
+    return fmt, layout, Backend.parse(backend)
+
+
+def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_scale: torch.Tensor,
+            alpha: Optional[torch.Tensor], out_dtype: torch.dtype, block_size: int, sf_layout: str,
+            backend: int) -> torch.Tensor:
+    fmt, layout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend)
+    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
+    return resolve(OP, bk, *args)(*args)
+
+
+def _mm_fp4_fake(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend):
+    _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend)
+    return meta.mm_fp4(a, b, out_dtype)
+
+
+mm_fp4_op = define(OP, _mm_fp4, _mm_fp4_fake)
+register_impl(OP, Backend.REFERENCE, reference.mm_fp4)
+
+
+def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_scale: torch.Tensor,
+           alpha: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
+           block_size: int = 16, sf_layout: F.SfLayout | str = "128x4",
+           backend: Backend | str = "auto") -> torch.Tensor:
+    """out [M, N] = alpha * A @ W^T with FP4 weights W [N, K/2] passed transposed (b = w.T).
+
+    - W4A4: a is FP4 [M, K/2] with block scales a_scale in `sf_layout` ("128x4", "8x4" or
+      "linear"); NVFP4 (block_size=16, e4m3 scales) or MXFP4 (block_size=32, e8m0 scales).
+    - W4A16: a is bf16/fp16 [M, K] and a_scale is None.
+    b_scale holds W's 128x4 block scales [Np, Kp], passed transposed (w_scale.T). alpha is an
+    fp32 device tensor with one element (for NVFP4, 1 / (gs_a * gs_w) with encode global
+    scales; `torch_fp4.formats.nvfp4_alpha` computes it); None means 1. Accumulates in fp32.
+    """
+    return mm_fp4_op(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
+                     F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)))

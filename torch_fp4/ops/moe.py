@@ -1,0 +1,245 @@
+"""Routing and FP4 fused MoE, plus the [gate; up] <-> [up; gate] weight-order converter."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import formats as F
+from .. import meta, reference
+from ..backends import Backend
+from . import _checks as C
+from ._registry import define, register_impl, resolve
+from .quantize import check_scale
+
+ROUTING_METHODS = ("softmax", "renormalize", "deepseek_v3", "llama4")
+_LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# ---------------------------------------------------------------------------------------------
+# route
+# ---------------------------------------------------------------------------------------------
+def _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_group,
+                    routed_scaling_factor, backend) -> Backend:
+    op = "route"
+    C.dtype(op, "logits", logits, _LOGIT_DTYPES)
+    C.ndim(op, "logits", logits, (2,), "a 2-D [T, E] tensor")
+    experts = logits.shape[1]
+    if method not in ROUTING_METHODS:
+        C.fail(op, "method", "one of " + ", ".join(map(repr, ROUTING_METHODS)), repr(method))
+    if not 1 <= top_k <= experts:
+        C.fail(op, "top_k", f"1 <= top_k <= {experts} (the number of experts)", top_k)
+    if renormalize and method != "softmax":
+        C.fail(op, "renormalize", f"False for method {method!r} (it applies to 'softmax' only)", True)
+    if method == "llama4" and top_k != 1:
+        C.fail(op, "top_k", "1 for method 'llama4'", top_k)
+    if method != "deepseek_v3":
+        for name, value, default in (("bias", bias, None), ("n_group", n_group, None),
+                                     ("topk_group", topk_group, None),
+                                     ("routed_scaling_factor", routed_scaling_factor, 1.0)):
+            if value is not default and value != default:
+                C.fail(op, name, f"{default} for method {method!r} (only 'deepseek_v3' uses it)",
+                       "a tensor" if isinstance(value, torch.Tensor) else value)
+        return Backend.parse(backend)
+    if bias is None:
+        C.fail(op, "bias", f"a [{experts}] correction-bias tensor for method 'deepseek_v3'", None)
+    C.dtype(op, "bias", bias, _LOGIT_DTYPES)
+    C.shape(op, "bias", bias, (experts,))
+    C.same_device(op, logits=logits, bias=bias)
+    if (n_group is None) != (topk_group is None):
+        C.fail(op, "topk_group", "given together with n_group (or both None)",
+               f"n_group={n_group}, topk_group={topk_group}")
+    if n_group is not None:
+        if n_group < 1 or experts % n_group:
+            C.fail(op, "n_group", f"a divisor of the number of experts {experts}", n_group)
+        if not 1 <= topk_group <= n_group:
+            C.fail(op, "topk_group", f"1 <= topk_group <= n_group = {n_group}", topk_group)
+        if top_k > topk_group * (experts // n_group):
+            C.fail(op, "top_k", f"at most topk_group * experts per group = "
+                   f"{topk_group * (experts // n_group)}", top_k)
+    return Backend.parse(backend)
+
+
+def _route(logits: torch.Tensor, top_k: int, method: str, renormalize: bool,
+           bias: Optional[torch.Tensor], n_group: Optional[int], topk_group: Optional[int],
+           routed_scaling_factor: float, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
+    args = (logits, top_k, method, renormalize, bias, n_group, topk_group, routed_scaling_factor)
+    b = _validate_route(*args, backend)
+    return resolve("route", b, *args)(*args)
+
+
+def _route_fake(logits, top_k, method, renormalize, bias, n_group, topk_group,
+                routed_scaling_factor, backend):
+    _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_group,
+                    routed_scaling_factor, backend)
+    return meta.route(logits, top_k)
+
+
+route_op = define("route", _route, _route_fake)
+register_impl("route", Backend.REFERENCE, reference.route)
+
+
+def route(logits: torch.Tensor, top_k: int, method: str = "softmax", renormalize: bool = False,
+          bias: Optional[torch.Tensor] = None, n_group: Optional[int] = None,
+          topk_group: Optional[int] = None, routed_scaling_factor: float = 1.0,
+          backend: Backend | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (topk_ids int32 [T, top_k], topk_weights fp32 [T, top_k]).
+
+    Methods: "softmax" (softmax then top-k; `renormalize=True` rescales the k weights to sum
+    to 1), "renormalize" (top-k on logits then softmax over the k), "deepseek_v3" (sigmoid
+    scores plus `bias` choose experts inside the best `topk_group` of `n_group` groups; weights
+    are the unbiased scores normalized and times `routed_scaling_factor`), "llama4" (top-1,
+    sigmoid of the logit). Experts come largest score first; ties go to the lower expert id.
+    """
+    return route_op(logits, top_k, method, renormalize, bias, n_group, topk_group,
+                    float(routed_scaling_factor), int(Backend.parse(backend)))
+
+
+# ---------------------------------------------------------------------------------------------
+# fused_moe
+# ---------------------------------------------------------------------------------------------
+def _check_expert_weight(name: str, w: torch.Tensor, experts: int, rows: int, k: int,
+                         what: str) -> None:
+    C.dtype("fused_moe", name, w, F.FP4_DATA_DTYPES)
+    C.shape("fused_moe", name, w, (experts, rows, k // 2), what)
+    C.contiguous("fused_moe", name, w)
+
+
+def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
+                  num_local_experts, out_dtype, backend) -> tuple[torch.dtype, Backend]:
+    op = "fused_moe"
+    C.dtype(op, "x", x, C.HALF_DTYPES)
+    C.ndim(op, "x", x, (2,), "a 2-D [T, H] tensor")
+    C.contiguous(op, "x", x)
+    tokens, hidden = x.shape
+    C.multiple_of(op, "x", hidden, 16, "H (hidden size; the NVFP4 block size)")
+    C.dtype(op, "w1", w1, F.FP4_DATA_DTYPES)
+    C.ndim(op, "w1", w1, (3,), "a 3-D [E, 2I, H/2] tensor")
+    experts, two_i = w1.shape[0], w1.shape[1]
+    if two_i % 32:
+        C.fail(op, "w1", "2I = w1.shape[1] to be a multiple of 32 (I a multiple of 16)", two_i)
+    inter = two_i // 2
+    _check_expert_weight("w1", w1, experts, two_i, hidden, "([E, 2I, H/2], [gate; up] rows)")
+    _check_expert_weight("w2", w2, experts, hidden, inter, "([E, H, I/2])")
+    lay = F.SfLayout.LAYOUT_128x4
+    for name, scale, rows_k in (("w1_scale", w1_scale, (experts, two_i, hidden)),
+                                ("w2_scale", w2_scale, (experts, hidden, inter))):
+        check_scale(op, name, scale, rows_k, F.NVFP4, lay)
+        C.contiguous(op, name, scale)
+    for name, gs in (("w1_global_scale", w1_global_scale), ("w2_global_scale", w2_global_scale)):
+        C.dtype(op, name, gs, (torch.float32,))
+        C.shape(op, name, gs, (experts,), "(one encode global scale per expert)")
+    C.dtype(op, "topk_ids", topk_ids, (torch.int32,))
+    C.ndim(op, "topk_ids", topk_ids, (2,), f"a 2-D [{tokens}, top_k] tensor")
+    if topk_ids.shape[0] != tokens:
+        C.fail(op, "topk_ids", f"shape [{tokens}, top_k] (one row per token of x)",
+               f"shape {tuple(topk_ids.shape)}")
+    C.dtype(op, "topk_weights", topk_weights, (torch.float32,))
+    C.shape(op, "topk_weights", topk_weights, tuple(topk_ids.shape), "(the shape of topk_ids)")
+    if a1_global_scale is None:
+        if a2_global_scale is not None:
+            C.fail(op, "a2_global_scale", "None when a1_global_scale is None (W4A16)", "a tensor")
+    else:
+        C.global_scale(op, "a1_global_scale", a1_global_scale, None)
+        if a2_global_scale is None:
+            C.fail(op, "a2_global_scale", "a [1] or [E] fp32 tensor when a1_global_scale is given "
+                   "(W4A4 quantizes the intermediate activation)", None)
+        C.global_scale(op, "a2_global_scale", a2_global_scale, experts)
+    if local_expert_offset < 0:
+        C.fail(op, "local_expert_offset", "a non-negative expert id", local_expert_offset)
+    if num_local_experts is not None and num_local_experts != experts:
+        C.fail(op, "num_local_experts", f"None or w1.shape[0] = {experts}", num_local_experts)
+    out_dtype = x.dtype if out_dtype is None else out_dtype
+    C.dtype_arg(op, "out_dtype", out_dtype, C.OUT_DTYPES)
+    C.same_device(op, x=x, w1=w1, w1_scale=w1_scale, w1_global_scale=w1_global_scale, w2=w2,
+                  w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
+                  topk_weights=topk_weights, a1_global_scale=a1_global_scale,
+                  a2_global_scale=a2_global_scale)
+    return out_dtype, Backend.parse(backend)
+
+
+def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
+               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
+               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+               a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
+               local_expert_offset: int, num_local_experts: Optional[int],
+               out_dtype: Optional[torch.dtype], backend: int) -> torch.Tensor:
+    out_dtype, b = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
+                                 topk_ids, topk_weights, a1_global_scale, a2_global_scale,
+                                 local_expert_offset, num_local_experts, out_dtype, backend)
+    args = (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+            topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype)
+    return resolve("fused_moe", b, *args)(*args)
+
+
+def _fused_moe_fake(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+                    topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
+                    num_local_experts, out_dtype, backend):
+    out_dtype, _ = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
+                                 topk_ids, topk_weights, a1_global_scale, a2_global_scale,
+                                 local_expert_offset, num_local_experts, out_dtype, backend)
+    return meta.fused_moe(x, out_dtype)
+
+
+fused_moe_op = define("fused_moe", _fused_moe, _fused_moe_fake)
+register_impl("fused_moe", Backend.REFERENCE, reference.fused_moe)
+
+
+def _checking_values() -> bool:
+    """Value checks need a device sync: only in eager mode, never while compiling or capturing."""
+    if torch.compiler.is_compiling():
+        return False
+    return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+
+def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
+              w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
+              topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
+              a1_global_scale: Optional[torch.Tensor] = None,
+              a2_global_scale: Optional[torch.Tensor] = None, local_expert_offset: int = 0,
+              num_local_experts: Optional[int] = None, out_dtype: Optional[torch.dtype] = None,
+              backend: Backend | str = "auto") -> torch.Tensor:
+    """Mixture of FP4 (NVFP4) experts: out[t] = sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]).
+
+    Each expert is down(silu(gate) * up) with w1 [E, 2I, H/2] holding [gate; up] rows and
+    w2 [E, H, I/2]; w1_scale/w2_scale are per-expert 128x4 scales [E, Mp, Kp]; the weight global
+    scales [E] use the encode convention (GEMM alphas are derived inside).
+    a1_global_scale None runs W4A16 (bf16 activations); given, it runs W4A4 and a2_global_scale
+    ([1] or [E]) quantizes the intermediate activation.
+    Expert parallelism: w1/w2 hold experts local_expert_offset .. +E-1; pairs routed elsewhere
+    contribute zero. Without expert parallelism (offset 0), eager calls check that every id
+    is in [0, E) (one device sync; skipped under torch.compile and CUDA-graph capture).
+    """
+    if (local_expert_offset == 0 and isinstance(topk_ids, torch.Tensor) and isinstance(w1, torch.Tensor)
+            and topk_ids.numel() and _checking_values()):
+        experts = w1.shape[0]
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= experts:
+            C.fail("fused_moe", "topk_ids", f"expert ids in [0, {experts}) (w1 holds {experts} "
+                   "experts; pass local_expert_offset for expert parallelism)", f"ids in [{lo}, {hi}]")
+    return fused_moe_op(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+                        topk_weights, a1_global_scale, a2_global_scale, int(local_expert_offset),
+                        num_local_experts, out_dtype, int(Backend.parse(backend)))
+
+
+def swap_gate_up(w1: torch.Tensor, w1_scale: Optional[torch.Tensor] = None,
+                 sf_layout: F.SfLayout | str = "128x4") -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Convert w1 [E, 2I, H/2] between [gate; up] and [up; gate] row orders (its own inverse).
+
+    Swizzled block scales are unswizzled, reordered and swizzled again. Returns new tensors.
+    """
+    C.dtype("swap_gate_up", "w1", w1, F.FP4_DATA_DTYPES)
+    C.ndim("swap_gate_up", "w1", w1, (3,), "a 3-D [E, 2I, H/2] tensor")
+    experts, two_i, half_h = w1.shape
+    if two_i % 2:
+        C.fail("swap_gate_up", "w1", "an even number of rows 2I", two_i)
+    inter = two_i // 2
+    w = torch.cat((w1[:, inter:], w1[:, :inter]), dim=1)
+    if w1_scale is None:
+        return w, None
+    layout = F.SfLayout.parse(sf_layout)
+    check_scale("swap_gate_up", "w1_scale", w1_scale, (experts, two_i, half_h * 2), F.NVFP4, layout)
+    sf = F.unswizzle(w1_scale, two_i, half_h * 2 // 16, layout)
+    sf = torch.cat((sf[:, inter:], sf[:, :inter]), dim=1)
+    return w, F.swizzle(sf, layout)

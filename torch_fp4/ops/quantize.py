@@ -1,0 +1,189 @@
+"""Quantize family: compute_global_scale, nvfp4_quantize, mxfp4_quantize, fp4_dequantize."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .. import formats as F
+from .. import meta, reference
+from ..backends import Backend
+from . import _checks as C
+from ._registry import define, register_impl, resolve
+
+FP4_DATA = F.FP4_DATA_DTYPES
+_BATCH_DIMS = "a 2-D [M, K] or 3-D [E, M, K] tensor"
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation (shared by the real and the fake implementation)
+# ---------------------------------------------------------------------------------------------
+def _check_source(op: str, x: torch.Tensor, fmt: F.Fp4Format) -> None:
+    C.dtype(op, "x", x, C.FLOAT_INPUT_DTYPES)
+    C.ndim(op, "x", x, (2, 3), _BATCH_DIMS)
+    C.contiguous(op, "x", x)
+    C.multiple_of(op, "x", x.shape[-1], fmt.block_size,
+                  f"K (last dimension; the {fmt.name.upper()} block size)")
+
+
+def _batch(t: torch.Tensor) -> Optional[int]:
+    return t.shape[0] if t.dim() == 3 else None
+
+
+def check_scale(op: str, name: str, scale: torch.Tensor, rows_k: tuple[int, ...],
+                fmt: F.Fp4Format, layout: F.SfLayout) -> None:
+    """Block scales of `fmt` for an unpacked [*batch, rows, K] operand, stored in `layout`."""
+    C.dtype(op, name, scale, (fmt.scale_dtype, torch.uint8))
+    expected = F.scale_shape(rows_k, fmt.block_size, layout)
+    C.shape(op, name, scale, expected,
+            f"({layout.value} scales of a {list(rows_k)} {fmt.name.upper()} operand)")
+
+
+def _check_data(op: str, data: torch.Tensor, fmt: F.Fp4Format) -> tuple[int, ...]:
+    C.dtype(op, "data", data, FP4_DATA)
+    C.ndim(op, "data", data, (2, 3), "a 2-D [M, K/2] or 3-D [E, M, K/2] tensor")
+    C.contiguous(op, "data", data)
+    k = data.shape[-1] * 2
+    C.multiple_of(op, "data", k, fmt.block_size,
+                  f"K = 2 * data.shape[-1] (the {fmt.name.upper()} block size)")
+    return (*data.shape[:-1], k)
+
+
+def _validate_global_scale(x: torch.Tensor, backend: int) -> Backend:
+    C.dtype("compute_global_scale", "x", x, C.FLOAT_INPUT_DTYPES)
+    return Backend.parse(backend)
+
+
+def _validate_nvfp4(x, global_scale, sf_layout, backend) -> tuple[F.SfLayout, Backend]:
+    op = "nvfp4_quantize"
+    _check_source(op, x, F.NVFP4)
+    C.global_scale(op, "global_scale", global_scale, _batch(x))
+    C.same_device(op, x=x, global_scale=global_scale)
+    return F.SfLayout.parse(sf_layout), Backend.parse(backend)
+
+
+def _validate_mxfp4(x, sf_layout, backend) -> tuple[F.SfLayout, Backend]:
+    _check_source("mxfp4_quantize", x, F.MXFP4)
+    return F.SfLayout.parse(sf_layout), Backend.parse(backend)
+
+
+def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_dtype, backend):
+    op = "fp4_dequantize"
+    fmt = F.format_for_block_size(block_size)
+    layout = F.SfLayout.parse(sf_layout)
+    rows_k = _check_data(op, data, fmt)
+    check_scale(op, "scale", scale, rows_k, fmt, layout)
+    C.contiguous(op, "scale", scale)
+    if global_scale is not None:
+        if not fmt.has_global_scale:
+            C.fail(op, "global_scale", "None for MXFP4 (block_size=32 has no global scale)",
+                   "a tensor")
+        C.global_scale(op, "global_scale", global_scale, _batch(data))
+    C.dtype_arg(op, "out_dtype", out_dtype, C.OUT_DTYPES)
+    C.same_device(op, data=data, scale=scale, global_scale=global_scale)
+    return fmt, layout, Backend.parse(backend)
+
+
+# ---------------------------------------------------------------------------------------------
+# Ops
+# ---------------------------------------------------------------------------------------------
+def _compute_global_scale(x: torch.Tensor, backend: int) -> torch.Tensor:
+    b = _validate_global_scale(x, backend)
+    return resolve("compute_global_scale", b, x)(x)
+
+
+def _compute_global_scale_fake(x: torch.Tensor, backend: int) -> torch.Tensor:
+    _validate_global_scale(x, backend)
+    return meta.compute_global_scale(x)
+
+
+def _nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: str,
+                    backend: int) -> tuple[torch.Tensor, torch.Tensor]:
+    layout, b = _validate_nvfp4(x, global_scale, sf_layout, backend)
+    return resolve("nvfp4_quantize", b, x, global_scale, layout)(x, global_scale, layout)
+
+
+def _nvfp4_quantize_fake(x, global_scale, sf_layout, backend):
+    layout, _ = _validate_nvfp4(x, global_scale, sf_layout, backend)
+    return meta.quantize(x, F.NVFP4, layout)
+
+
+def _mxfp4_quantize(x: torch.Tensor, sf_layout: str, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
+    layout, b = _validate_mxfp4(x, sf_layout, backend)
+    return resolve("mxfp4_quantize", b, x, layout)(x, layout)
+
+
+def _mxfp4_quantize_fake(x, sf_layout, backend):
+    layout, _ = _validate_mxfp4(x, sf_layout, backend)
+    return meta.quantize(x, F.MXFP4, layout)
+
+
+def _fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Optional[torch.Tensor],
+                    block_size: int, sf_layout: str, out_dtype: torch.dtype,
+                    backend: int) -> torch.Tensor:
+    fmt, layout, b = _validate_dequantize(data, scale, global_scale, block_size, sf_layout,
+                                          out_dtype, backend)
+    args = (data, scale, global_scale, fmt, layout, out_dtype)
+    return resolve("fp4_dequantize", b, *args)(*args)
+
+
+def _fp4_dequantize_fake(data, scale, global_scale, block_size, sf_layout, out_dtype, backend):
+    _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_dtype, backend)
+    return meta.fp4_dequantize(data, out_dtype)
+
+
+compute_global_scale_op = define("compute_global_scale", _compute_global_scale,
+                                 _compute_global_scale_fake)
+nvfp4_quantize_op = define("nvfp4_quantize", _nvfp4_quantize, _nvfp4_quantize_fake)
+mxfp4_quantize_op = define("mxfp4_quantize", _mxfp4_quantize, _mxfp4_quantize_fake)
+fp4_dequantize_op = define("fp4_dequantize", _fp4_dequantize, _fp4_dequantize_fake)
+
+register_impl("compute_global_scale", Backend.REFERENCE, reference.compute_global_scale)
+register_impl("nvfp4_quantize", Backend.REFERENCE, reference.nvfp4_quantize)
+register_impl("mxfp4_quantize", Backend.REFERENCE, reference.mxfp4_quantize)
+register_impl("fp4_dequantize", Backend.REFERENCE, reference.fp4_dequantize)
+
+
+# ---------------------------------------------------------------------------------------------
+# Public functions
+# ---------------------------------------------------------------------------------------------
+def compute_global_scale(x: torch.Tensor, backend: Backend | str = "auto") -> torch.Tensor:
+    """NVFP4 encode global scale of a whole tensor: a [1] fp32 tensor on x's device.
+
+    gs = RN(2688 / amax(|x|)), or 1.0 when amax is 0 or the quotient is not finite. Computed on
+    the device with no host synchronization.
+    """
+    return compute_global_scale_op(x, int(Backend.parse(backend)))
+
+
+def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: F.SfLayout | str = "128x4",
+                   backend: Backend | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize x [M, K] or [E, M, K] (bf16, fp16, fp32 or fp8 e4m3; K a multiple of 16) to NVFP4.
+
+    global_scale: fp32 device tensor [1] (or [E] for 3-D x), encode convention (2688 / amax; see
+    `compute_global_scale`). Returns (data float4_e2m1fn_x2 [..., K/2], scale float8_e4m3fn),
+    scale [Mp, Kp] ([E, Mp, Kp]) for "128x4"/"8x4", [M, K/16] for "linear".
+    """
+    return nvfp4_quantize_op(x, global_scale, F.SfLayout.parse(sf_layout).value,
+                             int(Backend.parse(backend)))
+
+
+def mxfp4_quantize(x: torch.Tensor, sf_layout: F.SfLayout | str = "128x4",
+                   backend: Backend | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantize x [M, K] or [E, M, K] (K a multiple of 32) to MXFP4: (data, float8_e8m0fnu scale)."""
+    return mxfp4_quantize_op(x, F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)))
+
+
+def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
+                   block_size: int = 16, sf_layout: F.SfLayout | str = "128x4",
+                   out_dtype: torch.dtype = torch.bfloat16,
+                   backend: Backend | str = "auto") -> torch.Tensor:
+    """FP4 data [..., K/2] and its block scales -> out_dtype [..., K].
+
+    block_size 16 is NVFP4 (e4m3 scales; global_scale optional, encode convention), 32 is MXFP4
+    (e8m0 scales, no global scale). Values are LUT(q) * scale * RN(1/global_scale) in fp32, then
+    rounded to out_dtype. data and scale may be uint8 views.
+    """
+    return fp4_dequantize_op(data, scale, global_scale, block_size,
+                             F.SfLayout.parse(sf_layout).value, out_dtype,
+                             int(Backend.parse(backend)))

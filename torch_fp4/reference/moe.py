@@ -1,0 +1,104 @@
+"""Reference routing and FP4 fused MoE (spec section 6)."""
+from __future__ import annotations
+
+import torch
+
+from .. import formats as F
+from .gemm import mm_fp4
+from .quantize import nvfp4_quantize
+
+INTERMEDIATE_DTYPE = torch.bfloat16
+DEEPSEEK_EPS = 1e-20
+
+
+def topk_stable(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k along the last dim, largest first; ties go to the lower index (deterministic)."""
+    vals, idx = torch.sort(x, dim=-1, descending=True, stable=True)
+    return vals[..., :k], idx[..., :k]
+
+
+def _deepseek_v3(logits: torch.Tensor, top_k: int, bias: torch.Tensor, n_group: int | None,
+                 topk_group: int | None, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
+    scores = torch.sigmoid(logits)
+    biased = scores + bias.float()
+    if n_group is not None and n_group > 1:
+        t, e = biased.shape
+        grouped = biased.view(t, n_group, e // n_group)
+        group_score = topk_stable(grouped, min(2, e // n_group))[0].sum(-1)
+        keep = torch.zeros(t, n_group, dtype=torch.bool, device=logits.device)
+        keep.scatter_(1, topk_stable(group_score, topk_group)[1], True)
+        biased = biased.masked_fill(~keep.repeat_interleave(e // n_group, dim=1), float("-inf"))
+    ids = topk_stable(biased, top_k)[1]
+    w = scores.gather(1, ids)
+    w = w / (w.sum(-1, keepdim=True) + DEEPSEEK_EPS) * scaling
+    return ids, w
+
+
+def route(logits: torch.Tensor, top_k: int, method: str, renormalize: bool,
+          bias: torch.Tensor | None, n_group: int | None, topk_group: int | None,
+          routed_scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Router logits [T, E] -> (topk_ids int32 [T, k], topk_weights fp32 [T, k])."""
+    lf = logits.float()
+    if method == "softmax":
+        w, ids = topk_stable(torch.softmax(lf, dim=-1), top_k)
+        if renormalize:
+            w = w / w.sum(-1, keepdim=True)
+    elif method == "renormalize":
+        vals, ids = topk_stable(lf, top_k)
+        w = torch.softmax(vals, dim=-1)
+    elif method == "deepseek_v3":
+        ids, w = _deepseek_v3(lf, top_k, bias, n_group, topk_group, routed_scaling_factor)
+    elif method == "llama4":
+        vals, ids = topk_stable(lf, top_k)
+        w = torch.sigmoid(vals)
+    else:
+        raise ValueError(f"method: unknown routing method {method!r}")
+    return ids.to(torch.int32), w.float().contiguous()
+
+
+def silu_mul(h: torch.Tensor) -> torch.Tensor:
+    """[gate; up] halves of h -> RN_bf16(silu(gate) * up), silu(z) = z / (1 + exp(-z)) in fp32."""
+    inter = h.shape[-1] // 2
+    gate, up = h[..., :inter].float(), h[..., inter:].float()
+    return (gate / (1.0 + torch.exp(-gate)) * up).to(INTERMEDIATE_DTYPE)
+
+
+def _select(gs: torch.Tensor, e: int) -> torch.Tensor:
+    return gs[:1] if gs.numel() == 1 else gs[e:e + 1]
+
+
+def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
+              w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
+              topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              a1_global_scale: torch.Tensor | None, a2_global_scale: torch.Tensor | None,
+              local_expert_offset: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """Every local expert runs densely over all tokens (simple, no host sync, capturable); each
+    (t, j) then picks the output of its expert, or zero when that expert is not local."""
+    tokens, hidden = x.shape
+    lay = F.SfLayout.LAYOUT_128x4
+    picked = torch.zeros(tokens, topk_ids.shape[1], hidden, dtype=torch.float32, device=x.device)
+    if a1_global_scale is not None:
+        xq, xs = nvfp4_quantize(x, a1_global_scale, lay)
+    for e in range(w1.shape[0]):
+        if a1_global_scale is None:
+            h = mm_fp4(x, w1[e].T, None, w1_scale[e].T, F.nvfp4_alpha(None, w1_global_scale[e:e + 1]),
+                       INTERMEDIATE_DTYPE, F.NVFP4, lay)
+        else:
+            h = mm_fp4(xq, w1[e].T, xs, w1_scale[e].T,
+                       F.nvfp4_alpha(a1_global_scale, w1_global_scale[e:e + 1]),
+                       INTERMEDIATE_DTYPE, F.NVFP4, lay)
+        act = silu_mul(h)
+        if a2_global_scale is None:
+            y = mm_fp4(act, w2[e].T, None, w2_scale[e].T, F.nvfp4_alpha(None, w2_global_scale[e:e + 1]),
+                       INTERMEDIATE_DTYPE, F.NVFP4, lay)
+        else:
+            gs2 = _select(a2_global_scale, e)
+            aq, as_ = nvfp4_quantize(act, gs2, lay)
+            y = mm_fp4(aq, w2[e].T, as_, w2_scale[e].T, F.nvfp4_alpha(gs2, w2_global_scale[e:e + 1]),
+                       INTERMEDIATE_DTYPE, F.NVFP4, lay)
+        hit = (topk_ids == local_expert_offset + e).unsqueeze(-1)
+        picked = torch.where(hit, y.float().unsqueeze(1), picked)
+    out = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
+    for j in range(topk_ids.shape[1]):
+        out = out + topk_weights[:, j:j + 1].float() * picked[:, j]
+    return out.to(out_dtype)
