@@ -1,0 +1,303 @@
+"""CPU tests of torch_fp4.mm_fp4 against the numerics contract (spec section 5).
+
+Oracles are fp64 products of the dequantized operands computed here (or the spec's bound in
+torch_fp4.testing); no expected value is taken from the implementation.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torch_fp4
+from torch_fp4 import formats as F
+from torch_fp4 import testing as T
+
+FMTS = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}
+LAYOUTS = ("128x4", "8x4", "linear")
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+# ---------------------------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------------------------
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _quantize(x: torch.Tensor, fmt: F.Fp4Format, gs: torch.Tensor | None = None,
+              layout: str = "128x4"):
+    """(data, scale, hat): hat is dequantized to fp32 *without* the global scale."""
+    if fmt is F.NVFP4:
+        if gs is None:
+            gs = torch.ones(1)
+        data, scale = torch_fp4.nvfp4_quantize(x, gs, sf_layout=layout)
+    else:
+        data, scale = torch_fp4.mxfp4_quantize(x, sf_layout=layout)
+    hat = torch_fp4.fp4_dequantize(data, scale, None, block_size=fmt.block_size, sf_layout=layout,
+                                   out_dtype=torch.float32)
+    return data, scale, hat
+
+
+def _randn(rows: int, k: int, seed: int, dtype=torch.bfloat16) -> torch.Tensor:
+    return torch.randn(rows, k, generator=_gen(seed)).to(dtype)
+
+
+def _mm(a, w, a_scale, w_scale, fmt, alpha=None, out_dtype=torch.float32, layout="128x4"):
+    """The documented calling convention: the weight and its 128x4 scales passed transposed."""
+    return torch_fp4.mm_fp4(a, w.T, a_scale, w_scale.T, alpha=alpha, out_dtype=out_dtype,
+                            block_size=fmt.block_size, sf_layout=layout)
+
+
+def _ref64(a_hat: torch.Tensor, b_hat: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
+    """alpha * A @ B^T with every product and sum in fp64 (explicit loop over k)."""
+    a64, b64 = a_hat.double(), b_hat.double()
+    acc = torch.zeros(a64.shape[0], b64.shape[0], dtype=torch.float64)
+    for k in range(a64.shape[1]):
+        acc += a64[:, k:k + 1] * b64[:, k].unsqueeze(0)
+    return acc * alpha
+
+
+def _assert_fp32_exact(ref: torch.Tensor) -> None:
+    """Precondition of the exactness tests: the fp64 product is representable in fp32."""
+    assert torch.equal(ref.float().double(), ref), "test data is not grid-exact"
+
+
+def _assert_exact(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """out must equal RN_out(ref) bit for bit (ref exact in fp32, so .float() does not round)."""
+    _assert_fp32_exact(ref)
+    expected = ref.float().to(out.dtype)
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    bad = out.view(torch.int16 if out.element_size() == 2 else torch.int32) != \
+        expected.view(torch.int16 if out.element_size() == 2 else torch.int32)
+    assert not bad.any(), (f"{int(bad.sum())} of {out.numel()} elements differ; first at "
+                           f"{bad.nonzero()[0].tolist()}")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A4 on random data: within the spec's bound
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("with_alpha", [True, False], ids=["alpha", "no_alpha"])
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_w4a4_random_within_bound(fmt_name, with_alpha, out_dtype):
+    fmt = FMTS[fmt_name]
+    m, n, k = 37, 80, 128
+    a = _randn(m, k, 1)
+    w = _randn(n, k, 2)
+    if fmt is F.NVFP4 and with_alpha:
+        gs_a, gs_w = torch_fp4.compute_global_scale(a), torch_fp4.compute_global_scale(w)
+        alpha = torch_fp4.nvfp4_alpha(gs_a, gs_w)
+        assert alpha.dtype == torch.float32 and alpha.numel() == 1
+    else:
+        # NVFP4 without alpha: global scale 1 keeps the unscaled product in fp16 range.
+        gs_a = gs_w = None
+        alpha = torch.tensor([0.37]) if with_alpha else None
+    aq, as_, a_hat = _quantize(a, fmt, gs_a)
+    wq, ws, w_hat = _quantize(w, fmt, gs_w)
+    out = _mm(aq, wq, as_, ws, fmt, alpha, out_dtype)
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    T.assert_mm_within_bound(out, a_hat, w_hat, 1.0 if alpha is None else alpha)
+    # The bound is tight enough to catch a wrong alpha or a transposed operand.
+    ref, _ = T.mm_reference(a_hat, w_hat, 1.0 if alpha is None else alpha)
+    assert (out.double() - ref).abs().max() <= 0.02 * ref.abs().max()
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A4 exactness on grid-exact operands, every A scale layout
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [None, 0.25])
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_w4a4_grid_exact(fmt_name, layout, alpha):
+    fmt = FMTS[fmt_name]
+    m, n, k = 19, 136, 8 * fmt.block_size
+    g = _gen(7)
+    aq, as_, a_hat = T.grid_exact_operand(m, k, fmt, layout, generator=g)
+    wq, ws, w_hat = T.grid_exact_operand(n, k, fmt, "128x4", generator=g)
+    ref = _ref64(a_hat, w_hat, 1.0 if alpha is None else alpha)
+    assert ref.abs().max() > 64  # not a degenerate (all-small) product
+    alpha_t = None if alpha is None else torch.tensor([alpha], dtype=torch.float32)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        out = _mm(aq, wq, as_, ws, fmt, alpha_t, out_dtype, layout)
+        _assert_exact(out, ref)
+
+
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_grid_exact_operand_matches_fp4_dequantize(fmt_name):
+    """The dequantized values the exactness tests use are the library's dequantization too."""
+    fmt = FMTS[fmt_name]
+    for layout in LAYOUTS:
+        data, scale, hat = T.grid_exact_operand(13, 4 * fmt.block_size, fmt, layout, generator=_gen(3))
+        deq = torch_fp4.fp4_dequantize(data, scale, None, block_size=fmt.block_size,
+                                       sf_layout=layout, out_dtype=torch.float32)
+        assert torch.equal(deq, hat)
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A16
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("out_dtype", OUT_DTYPES, ids=str)
+@pytest.mark.parametrize("a_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_w4a16_random_within_bound(fmt_name, a_dtype, out_dtype):
+    fmt = FMTS[fmt_name]
+    m, n, k = 21, 72, 96
+    a = _randn(m, k, 11, a_dtype)
+    w = _randn(n, k, 12)
+    if fmt is F.NVFP4:
+        gs_w = torch_fp4.compute_global_scale(w)
+        alpha = torch_fp4.nvfp4_alpha(None, gs_w)
+        torch.testing.assert_close(alpha, 1.0 / gs_w, rtol=0, atol=0)
+    else:
+        gs_w, alpha = None, None
+    wq, ws, w_hat = _quantize(w, fmt, gs_w)
+    out = _mm(a, wq, None, ws, fmt, alpha, out_dtype)
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    T.assert_mm_within_bound(out, a.float(), w_hat, 1.0 if alpha is None else alpha)
+    # Sanity: with the global scale folded back in, W4A16 approximates the bf16 product.
+    exact = a.double() @ w.double().T
+    err = torch.linalg.norm(out.double() - exact) / torch.linalg.norm(exact)
+    assert err < 0.2
+
+
+@pytest.mark.parametrize("a_dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_w4a16_grid_exact(fmt_name, a_dtype):
+    fmt = FMTS[fmt_name]
+    m, n, k = 9, 130, 6 * fmt.block_size
+    g = _gen(21)
+    a = torch.randint(-8, 9, (m, k), generator=g).to(a_dtype)  # small integers: exact
+    wq, ws, w_hat = T.grid_exact_operand(n, k, fmt, "128x4", generator=g)
+    ref = _ref64(a.float(), w_hat)
+    for out_dtype in (torch.float32, torch.bfloat16):
+        _assert_exact(_mm(a, wq, None, ws, fmt, None, out_dtype), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# Odd shapes
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("m,n,kblocks", [(1, 72, 1), (129, 72, 1), (1, 1, 3), (129, 200, 5),
+                                         (8, 128, 4), (130, 129, 2)])
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_odd_shapes_exact_all_layouts(fmt_name, m, n, kblocks):
+    fmt = FMTS[fmt_name]
+    k = kblocks * fmt.block_size  # K = block size is the minimum
+    g = _gen(m * 1000 + n * 10 + kblocks)
+    wq, ws, w_hat = T.grid_exact_operand(n, k, fmt, "128x4", generator=g)
+    for layout in LAYOUTS:
+        aq, as_, a_hat = T.grid_exact_operand(m, k, fmt, layout, generator=g)
+        out = _mm(aq, wq, as_, ws, fmt, None, torch.float32, layout)
+        assert out.shape == (m, n)
+        _assert_exact(out, _ref64(a_hat, w_hat))
+
+
+@pytest.mark.parametrize("m,n", [(1, 72), (129, 72), (3, 257)])
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_odd_shapes_random_within_bound(fmt_name, m, n):
+    fmt = FMTS[fmt_name]
+    k = fmt.block_size
+    aq, as_, a_hat = _quantize(_randn(m, k, 31), fmt)
+    wq, ws, w_hat = _quantize(_randn(n, k, 32), fmt)
+    for out_dtype in OUT_DTYPES:
+        T.assert_mm_within_bound(_mm(aq, wq, as_, ws, fmt, None, out_dtype), a_hat, w_hat)
+    a16 = _randn(m, k, 33)
+    T.assert_mm_within_bound(_mm(a16, wq, None, ws, fmt), a16.float(), w_hat)
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 150), n=st.integers(1, 150), kblocks=st.integers(1, 6),
+       fmt_name=st.sampled_from(sorted(FMTS)), layout=st.sampled_from(LAYOUTS),
+       seed=st.integers(0, 2**31 - 1))
+def test_hypothesis_shapes_exact(m, n, kblocks, fmt_name, layout, seed):
+    fmt = FMTS[fmt_name]
+    k = kblocks * fmt.block_size
+    g = _gen(seed)
+    aq, as_, a_hat = T.grid_exact_operand(m, k, fmt, layout, generator=g)
+    wq, ws, w_hat = T.grid_exact_operand(n, k, fmt, "128x4", generator=g)
+    _assert_exact(_mm(aq, wq, as_, ws, fmt, None, torch.float32, layout), _ref64(a_hat, w_hat))
+
+
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 150), n=st.integers(1, 150), kblocks=st.integers(1, 6),
+       fmt_name=st.sampled_from(sorted(FMTS)), layout=st.sampled_from(LAYOUTS),
+       out_dtype=st.sampled_from(OUT_DTYPES), w4a16=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_hypothesis_shapes_random_within_bound(m, n, kblocks, fmt_name, layout, out_dtype, w4a16, seed):
+    fmt = FMTS[fmt_name]
+    k = kblocks * fmt.block_size
+    wq, ws, w_hat = _quantize(_randn(n, k, seed), fmt)
+    a = _randn(m, k, seed + 1)
+    if w4a16:
+        out = _mm(a, wq, None, ws, fmt, None, out_dtype)
+        a_hat = a.float()
+    else:
+        aq, as_, a_hat = _quantize(a, fmt, layout=layout)
+        out = _mm(aq, wq, as_, ws, fmt, None, out_dtype, layout)
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    T.assert_mm_within_bound(out, a_hat, w_hat)
+
+
+# ---------------------------------------------------------------------------------------------
+# uint8 views, determinism, end-to-end sanity
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_uint8_views_equal_typed_call(fmt_name, layout):
+    fmt = FMTS[fmt_name]
+    m, n, k = 17, 40, 4 * fmt.block_size
+    aq, as_, _ = _quantize(_randn(m, k, 41), fmt, layout=layout)
+    wq, ws, _ = _quantize(_randn(n, k, 42), fmt)
+    assert aq.dtype == torch.float4_e2m1fn_x2 and as_.dtype == fmt.scale_dtype
+    typed = _mm(aq, wq, as_, ws, fmt, None, torch.bfloat16, layout)
+    u8 = lambda t: t.view(torch.uint8)  # noqa: E731
+    viewed = _mm(u8(aq), u8(wq), u8(as_), u8(ws), fmt, None, torch.bfloat16, layout)
+    assert torch.equal(_bits(typed), _bits(viewed))
+    mixed = _mm(aq, u8(wq), u8(as_), ws, fmt, None, torch.bfloat16, layout)
+    assert torch.equal(_bits(typed), _bits(mixed))
+    # W4A16 with uint8 weight views
+    a16 = _randn(m, k, 43)
+    assert torch.equal(_bits(_mm(a16, wq, None, ws, fmt)), _bits(_mm(a16, u8(wq), None, u8(ws), fmt)))
+
+
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_deterministic(fmt_name):
+    fmt = FMTS[fmt_name]
+    m, n, k = 33, 96, 8 * fmt.block_size
+    a, w = _randn(m, k, 51), _randn(n, k, 52)
+    gs_a = torch_fp4.compute_global_scale(a) if fmt is F.NVFP4 else None
+    gs_w = torch_fp4.compute_global_scale(w) if fmt is F.NVFP4 else None
+    alpha = torch_fp4.nvfp4_alpha(gs_a, gs_w) if fmt is F.NVFP4 else None
+    aq, as_, _ = _quantize(a, fmt, gs_a)
+    wq, ws, _ = _quantize(w, fmt, gs_w)
+    for out_dtype in OUT_DTYPES:
+        first = _mm(aq, wq, as_, ws, fmt, alpha, out_dtype)
+        second = _mm(aq, wq, as_, ws, fmt, alpha, out_dtype)
+        assert torch.equal(_bits(first), _bits(second))
+        assert torch.isfinite(first).all()
+    first = _mm(a, wq, None, ws, fmt)
+    assert torch.equal(_bits(first), _bits(_mm(a, wq, None, ws, fmt)))
+
+
+@pytest.mark.parametrize("fmt_name", FMTS)
+def test_end_to_end_approximates_bf16_matmul(fmt_name):
+    fmt = FMTS[fmt_name]
+    m, n, k = 64, 96, 256
+    a, w = _randn(m, k, 61) * 3, _randn(n, k, 62) * 0.02
+    if fmt is F.NVFP4:
+        gs_a, gs_w = torch_fp4.compute_global_scale(a), torch_fp4.compute_global_scale(w)
+        alpha = torch_fp4.nvfp4_alpha(gs_a, gs_w)
+    else:
+        gs_a = gs_w = alpha = None
+    aq, as_, _ = _quantize(a, fmt, gs_a)
+    wq, ws, _ = _quantize(w, fmt, gs_w)
+    out = _mm(aq, wq, as_, ws, fmt, alpha, torch.bfloat16)
+    exact = a.double() @ w.double().T
+    err = float(torch.linalg.norm(out.double() - exact) / torch.linalg.norm(exact))
+    assert err < 0.2
+    # and the FP4 error is real (quantization happened): not bit-equal to the bf16 product
+    assert err > 1e-3

@@ -1,0 +1,116 @@
+"""Test helpers: the spec's accuracy bound (one place) and generators of exact FP4 operands.
+
+Used by the CPU tests, the GPU tests and benchmarks' correctness checks.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import formats as F
+
+# (mantissa bits, smallest normal exponent) of each output dtype.
+_FLOAT_FORMATS = {
+    torch.float32: (23, -126),
+    torch.bfloat16: (7, -126),
+    torch.float16: (10, -14),
+}
+
+
+def ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Spacing of `dtype` values at |x| (x in fp64): 2^(max(floor(log2|x|), emin) - mantissa)."""
+    mant, emin = _FLOAT_FORMATS[dtype]
+    mag = x.double().abs()
+    exp = torch.floor(torch.log2(torch.where(mag > 0, mag, torch.ones_like(mag))))
+    exp = torch.where(mag > 0, exp.clamp(min=emin), torch.full_like(exp, emin))
+    return torch.exp2(exp - mant)
+
+
+def mm_reference(a_hat: torch.Tensor, b_hat: torch.Tensor, alpha: float | torch.Tensor = 1.0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ref, abs_sum) in fp64 for A [M, K] and B [N, K]: ref = alpha * A @ B^T and
+    abs_sum = |alpha| * |A| @ |B|^T (the magnitude term of the spec's bound)."""
+    alpha = float(alpha) if not isinstance(alpha, torch.Tensor) else float(alpha.double().item())
+    a64, b64 = a_hat.double().cpu(), b_hat.double().cpu()
+    return alpha * (a64 @ b64.T), abs(alpha) * (a64.abs() @ b64.abs().T)
+
+
+def mm_bound(ref: torch.Tensor, abs_sum: torch.Tensor, k: int, out_dtype: torch.dtype) -> torch.Tensor:
+    """Spec section 5: 1 ulp_out(|ref|) + K * 2^-23 * |alpha| * sum_k |A[m,k] * B[n,k]|."""
+    return ulp(ref, out_dtype) + k * 2.0 ** -23 * abs_sum
+
+
+def assert_mm_within_bound(out: torch.Tensor, a_hat: torch.Tensor, b_hat: torch.Tensor,
+                           alpha: float | torch.Tensor = 1.0) -> None:
+    """Raise AssertionError unless every element of out is within the spec's bound."""
+    ref, abs_sum = mm_reference(a_hat, b_hat, alpha)
+    tol = mm_bound(ref, abs_sum, a_hat.shape[1], out.dtype)
+    err = (out.double().cpu() - ref).abs()
+    bad = ~(err <= tol)
+    if bad.any():
+        i = bad.nonzero()[0].tolist()
+        raise AssertionError(f"{int(bad.sum())} of {out.numel()} elements outside the spec's "
+                             f"bound; first at {i}: out={out[tuple(i)].item()}, "
+                             f"ref={ref[tuple(i)].item()}, bound={tol[tuple(i)].item()}")
+
+
+def random_codes(shape: tuple[int, ...], generator: torch.Generator | None = None,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """Uniform random E2M1 codes (uint8 in [0, 15]) of `shape` (unpacked)."""
+    return torch.randint(0, 16, shape, dtype=torch.uint8, generator=generator).to(device)
+
+
+def grid_exact_operand(rows: int, k: int, fmt: F.Fp4Format, layout: F.SfLayout | str = "128x4",
+                       generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An FP4 operand whose products and partial sums are exact in fp32.
+
+    Codes are uniform; block scales are 2^j with j in [-2, 2] (exact in e4m3 and e8m0), so every
+    dequantized value is a multiple of 2^-3 below 6 * 4 = 24 in magnitude: sums of up to 2^14
+    products of two such values stay exact in fp32.
+    Returns (data float4_e2m1fn_x2 [rows, k/2], scale in `layout`, dequantized fp32 [rows, k]).
+    """
+    layout = F.SfLayout.parse(layout)
+    codes = random_codes((rows, k), generator)
+    exps = torch.randint(-2, 3, (rows, k // fmt.block_size), generator=generator)
+    values = torch.exp2(exps.float())
+    if fmt is F.NVFP4:
+        bits = F.e4m3_rn_satfinite(values)
+    else:
+        bits = (exps + 127).to(torch.uint8)
+    scale = F.swizzle(bits.view(fmt.scale_dtype), layout)
+    data = F.pack_e2m1(codes).view(torch.float4_e2m1fn_x2)
+    hat = (F.e2m1_decode(codes).view(rows, -1, fmt.block_size) * values.unsqueeze(-1)).view(rows, k)
+    return data.to(device), scale.to(device), hat.to(device)
+
+
+def quantized_weight(n: int, k: int, fmt: F.Fp4Format = F.NVFP4, device: torch.device | str = "cpu",
+                     dtype: torch.dtype = torch.bfloat16):
+    """A random weight [N, K] quantized with the public op: (data [N, K/2], 128x4 scale, gs or None)."""
+    from . import ops
+
+    w = torch.randn(n, k, device=device, dtype=dtype)
+    if fmt is F.NVFP4:
+        gs = ops.compute_global_scale(w)
+        return (*ops.nvfp4_quantize(w, gs), gs)
+    return (*ops.mxfp4_quantize(w), None)
+
+
+def moe_problem(tokens: int = 6, hidden: int = 64, inter: int = 32, experts: int = 4, top_k: int = 2,
+                device: torch.device | str = "cpu", w4a4: bool = True) -> dict:
+    """Keyword arguments of a small random fused_moe call (NVFP4 experts, softmax routing)."""
+    from . import ops
+
+    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+    w1 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16)
+    w2 = torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16)
+    gs1 = torch.cat([ops.compute_global_scale(w) for w in w1])
+    gs2 = torch.cat([ops.compute_global_scale(w) for w in w2])
+    w1q, w1s = ops.nvfp4_quantize(w1, gs1)
+    w2q, w2s = ops.nvfp4_quantize(w2, gs2)
+    ids, weights = ops.route(torch.randn(tokens, experts, device=device), top_k)
+    kw = dict(x=x, w1=w1q, w1_scale=w1s, w1_global_scale=gs1, w2=w2q, w2_scale=w2s,
+              w2_global_scale=gs2, topk_ids=ids, topk_weights=weights)
+    if w4a4:
+        kw["a1_global_scale"] = ops.compute_global_scale(x)
+        kw["a2_global_scale"] = torch.full((1,), 448.0, device=device)
+    return kw
