@@ -26,6 +26,12 @@ def tensor(op: str, name: str, t) -> torch.Tensor:
     return t
 
 
+def tensors(op: str, **named) -> None:
+    """Each named argument is a tensor (checked before the op's schema would reject it)."""
+    for name, t in named.items():
+        tensor(op, name, t)
+
+
 def dtype(op: str, name: str, t: torch.Tensor, allowed: Iterable[torch.dtype]) -> None:
     allowed = tuple(allowed)
     tensor(op, name, t)

@@ -84,5 +84,6 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_
     fp32 device tensor with one element (for NVFP4, 1 / (gs_a * gs_w) with encode global
     scales; `torch_fp4.formats.nvfp4_alpha` computes it); None means 1. Accumulates in fp32.
     """
+    C.tensors(OP, a=a, b=b, b_scale=b_scale)
     return mm_fp4_op(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
                      F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)))

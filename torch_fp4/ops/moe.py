@@ -91,6 +91,7 @@ def route(logits: torch.Tensor, top_k: int, method: str = "softmax", renormalize
     are the unbiased scores normalized and times `routed_scaling_factor`), "llama4" (top-1,
     sigmoid of the logit). Experts come largest score first; ties go to the lower expert id.
     """
+    C.tensors("route", logits=logits)
     return route_op(logits, top_k, method, renormalize, bias, n_group, topk_group,
                     float(routed_scaling_factor), int(Backend.parse(backend)))
 
@@ -211,8 +212,10 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     contribute zero. Without expert parallelism (offset 0), eager calls check that every id
     is in [0, E) (one device sync; skipped under torch.compile and CUDA-graph capture).
     """
-    if (local_expert_offset == 0 and isinstance(topk_ids, torch.Tensor) and isinstance(w1, torch.Tensor)
-            and topk_ids.numel() and _checking_values()):
+    C.tensors("fused_moe", x=x, w1=w1, w1_scale=w1_scale, w1_global_scale=w1_global_scale, w2=w2,
+              w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
+              topk_weights=topk_weights)
+    if local_expert_offset == 0 and topk_ids.numel() and _checking_values():
         experts = w1.shape[0]
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < 0 or hi >= experts:

@@ -153,6 +153,7 @@ def compute_global_scale(x: torch.Tensor, backend: Backend | str = "auto") -> to
     gs = RN(2688 / amax(|x|)), or 1.0 when amax is 0 or the quotient is not finite. Computed on
     the device with no host synchronization.
     """
+    C.tensors("compute_global_scale", x=x)
     return compute_global_scale_op(x, int(Backend.parse(backend)))
 
 
@@ -164,6 +165,7 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: F.SfL
     `compute_global_scale`). Returns (data float4_e2m1fn_x2 [..., K/2], scale float8_e4m3fn),
     scale [Mp, Kp] ([E, Mp, Kp]) for "128x4"/"8x4", [M, K/16] for "linear".
     """
+    C.tensors("nvfp4_quantize", x=x, global_scale=global_scale)
     return nvfp4_quantize_op(x, global_scale, F.SfLayout.parse(sf_layout).value,
                              int(Backend.parse(backend)))
 
@@ -171,6 +173,7 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: F.SfL
 def mxfp4_quantize(x: torch.Tensor, sf_layout: F.SfLayout | str = "128x4",
                    backend: Backend | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize x [M, K] or [E, M, K] (K a multiple of 32) to MXFP4: (data, float8_e8m0fnu scale)."""
+    C.tensors("mxfp4_quantize", x=x)
     return mxfp4_quantize_op(x, F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)))
 
 
@@ -184,6 +187,7 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Option
     (e8m0 scales, no global scale). Values are LUT(q) * scale * RN(1/global_scale) in fp32, then
     rounded to out_dtype. data and scale may be uint8 views.
     """
+    C.tensors("fp4_dequantize", data=data, scale=scale)
     return fp4_dequantize_op(data, scale, global_scale, block_size,
                              F.SfLayout.parse(sf_layout).value, out_dtype,
                              int(Backend.parse(backend)))
