@@ -35,8 +35,9 @@ FP4_DATA_DTYPES = (torch.float4_e2m1fn_x2, torch.uint8)
 
 
 def r6(device: torch.device | str | None = None) -> torch.Tensor:
-    """RN(1/6) as a 0-d fp32 tensor (bit pattern 0x3E2AAAAB)."""
-    return torch.tensor(R6_BITS, dtype=torch.int32, device=device).view(torch.float32)
+    """RN(1/6) as a 0-d fp32 tensor (bit pattern 0x3E2AAAAB), made on the device by a fill
+    (no host-to-device copy, so it is legal during CUDA-graph capture)."""
+    return torch.full((), R6_BITS, dtype=torch.int32, device=device).view(torch.float32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,10 +169,12 @@ def e2m1_encode(x: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_decode(code: torch.Tensor) -> torch.Tensor:
-    """E2M1 codes (uint8) -> fp32 values."""
-    lut = torch.tensor(E2M1_LUT + tuple(-v for v in E2M1_LUT), dtype=torch.float32,
-                       device=code.device)
-    return lut[code.long()]
+    """E2M1 codes (uint8) -> fp32 values (exact; integer arithmetic, no lookup-table copy)."""
+    c = code.to(torch.int32)
+    exp, man = (c >> 1) & 3, c & 1
+    twice = torch.where(exp == 0, man, (2 + man) << (exp - 1).clamp(min=0))  # 2 * |value|
+    mag = twice.float() * 0.5
+    return torch.where((c & 8) != 0, -mag, mag)
 
 
 def pack_e2m1(code: torch.Tensor) -> torch.Tensor:
