@@ -17,16 +17,19 @@ class Backend(enum.IntEnum):
 
     @classmethod
     def parse(cls, value: "Backend | str | int", arg: str = "backend") -> "Backend":
-        if isinstance(value, cls):
+        # Plain dict lookups (no iteration over the enum class) so torch.compile traces this.
+        if isinstance(value, Backend):
             return value
+        found = None
         if isinstance(value, str):
-            for b in cls:
-                if b.label == value.lower().replace("_", "-"):
-                    return b
+            found = _BY_LABEL.get(value.lower().replace("_", "-"))
         elif isinstance(value, int) and not isinstance(value, bool):
-            try:
-                return cls(value)
-            except ValueError:
-                pass
-        names = ", ".join(repr(b.label) for b in cls)
-        raise ValueError(f"{arg}: expected one of {names}, got {value!r}")
+            found = _BY_VALUE.get(value)
+        if found is None:
+            names = ", ".join(repr(label) for label in _BY_LABEL)
+            raise ValueError(f"{arg}: expected one of {names}, got {value!r}")
+        return found
+
+
+_BY_LABEL = {b.label: b for b in Backend.__members__.values()}
+_BY_VALUE = {int(b): b for b in Backend.__members__.values()}

@@ -72,21 +72,26 @@ class SfLayout(enum.Enum):
 
     @classmethod
     def parse(cls, value: "SfLayout | str", arg: str = "sf_layout") -> "SfLayout":
-        if isinstance(value, cls):
+        # Plain dict lookups (no iteration over the enum class) so torch.compile traces this.
+        if isinstance(value, SfLayout):
             return value
-        for layout in cls:
-            if layout.value == value:
-                return layout
-        names = ", ".join(repr(v.value) for v in cls)
-        raise ValueError(f"{arg}: expected one of {names}, got {value!r}")
+        found = _LAYOUTS.get(value) if isinstance(value, str) else None
+        if found is None:
+            names = ", ".join(repr(name) for name in _LAYOUTS)
+            raise ValueError(f"{arg}: expected one of {names}, got {value!r}")
+        return found
 
     @property
     def row_tile(self) -> int:
-        return {"128x4": 128, "8x4": 8, "linear": 1}[self.value]
+        return _ROW_TILE[self.value]
 
     @property
     def col_tile(self) -> int:
         return 1 if self is SfLayout.LINEAR else 4
+
+
+_LAYOUTS = {layout.value: layout for layout in SfLayout.__members__.values()}
+_ROW_TILE = {"128x4": 128, "8x4": 8, "linear": 1}
 
 
 def _ceil_to(x: int, m: int) -> int:

@@ -208,19 +208,21 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     scales [E] use the encode convention (GEMM alphas are derived inside).
     a1_global_scale None runs W4A16 (bf16 activations); given, it runs W4A4 and a2_global_scale
     ([1] or [E]) quantizes the intermediate activation.
-    Expert parallelism: w1/w2 hold experts local_expert_offset .. +E-1; pairs routed elsewhere
-    contribute zero. Without expert parallelism (offset 0), eager calls check that every id
-    is in [0, E) (one device sync; skipped under torch.compile and CUDA-graph capture).
+    Expert parallelism: pass local_expert_offset and num_local_experts (= w1.shape[0]); w1/w2
+    hold experts offset .. offset+E-1 and pairs routed elsewhere contribute zero. Without expert
+    parallelism (neither given), eager calls check that every id is in [0, E) (one device sync;
+    skipped under torch.compile and CUDA-graph capture, where out-of-range ids contribute zero).
     """
     C.tensors("fused_moe", x=x, w1=w1, w1_scale=w1_scale, w1_global_scale=w1_global_scale, w2=w2,
               w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
               topk_weights=topk_weights)
-    if local_expert_offset == 0 and topk_ids.numel() and _checking_values():
+    expert_parallel = local_expert_offset != 0 or num_local_experts is not None
+    if not expert_parallel and topk_ids.numel() and _checking_values():
         experts = w1.shape[0]
         lo, hi = int(topk_ids.min()), int(topk_ids.max())
         if lo < 0 or hi >= experts:
             C.fail("fused_moe", "topk_ids", f"expert ids in [0, {experts}) (w1 holds {experts} "
-                   "experts; pass local_expert_offset for expert parallelism)", f"ids in [{lo}, {hi}]")
+                   "experts; pass local_expert_offset and num_local_experts for expert parallelism)", f"ids in [{lo}, {hi}]")
     return fused_moe_op(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                         topk_weights, a1_global_scale, a2_global_scale, int(local_expert_offset),
                         num_local_experts, out_dtype, int(Backend.parse(backend)))
