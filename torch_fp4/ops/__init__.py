@@ -6,7 +6,13 @@ mxfp4_quantize, fp4_dequantize, mm_fp4, route, fused_moe}.
 from .gemm import mm_fp4
 from .moe import ROUTING_METHODS, fused_moe, route, swap_gate_up
 from .quantize import compute_global_scale, fp4_dequantize, mxfp4_quantize, nvfp4_quantize
-from ._registry import supported_backends, unsupported_reason
+from ._registry import register_backend_package, supported_backends, unsupported_reason
+from ..backends import Backend
+
+for _backend, _package in ((Backend.TRITON, "torch_fp4.kernels.triton"),
+                           (Backend.CUTE_DSL, "torch_fp4.kernels.cute"),
+                           (Backend.CUDA, "torch_fp4.kernels.cuda")):
+    register_backend_package(_backend, _package)
 
 __all__ = ["compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
            "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",

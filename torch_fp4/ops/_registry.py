@@ -1,6 +1,8 @@
 """Backend implementations per op, their requirement functions, and the inference-only rule."""
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -31,6 +33,31 @@ def _always(*args, **kwargs) -> None:
 
 def register_impl(op: str, backend: Backend, fn: Callable, requirement: Requirement = _always) -> None:
     _IMPLS.setdefault(op, {})[backend] = Impl(fn, requirement)
+
+
+def _lazy(module: str, name: str) -> Callable:
+    """A function that imports `module` on first call (keeps GPU toolchains out of import time)."""
+    @functools.cache
+    def target() -> Callable:
+        return getattr(importlib.import_module(module), name)
+
+    def call(*args):
+        return target()(*args)
+    call.__name__ = name
+    return call
+
+
+def register_backend_package(backend: Backend, package: str) -> None:
+    """Register the ops a kernel package offers. The package's __init__ (cheap to import) holds
+    OPS = {op: "module:function"} and requirement(op, *args) -> None or a reason."""
+    try:
+        mod = importlib.import_module(package)
+    except ImportError:
+        return
+    for op, target in mod.OPS.items():
+        module, name = target.split(":")
+        register_impl(op, backend, _lazy(f"{package}.{module}", name),
+                      functools.partial(mod.requirement, op))
 
 
 def unsupported_reason(op: str, backend: Backend, *args) -> Optional[str]:

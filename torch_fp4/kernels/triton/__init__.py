@@ -1,0 +1,21 @@
+"""Triton backend: kernels plus launchers with the reference backend's signatures.
+
+Importing this package is cheap (no triton import); launchers load on first use.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .._common import cuda_requirement
+
+OPS = {
+    "compute_global_scale": "quantize:compute_global_scale",
+    "nvfp4_quantize": "quantize:nvfp4_quantize",
+    "mxfp4_quantize": "quantize:mxfp4_quantize",
+    "fp4_dequantize": "quantize:fp4_dequantize",
+}
+
+
+def requirement(op: str, *args) -> Optional[str]:
+    # fp32 -> e4m3 conversion instructions need sm_89+.
+    return cuda_requirement(args, "triton", (8, 9))
