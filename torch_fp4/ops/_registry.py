@@ -22,6 +22,7 @@ class Impl:
 
 
 _IMPLS: dict[str, dict[Backend, Impl]] = {}
+_BROKEN: dict[Backend, str] = {}
 
 # Order in which "auto" tries backends (fastest first); the reference always runs.
 AUTO_ORDER = (Backend.CUDA, Backend.CUTE_DSL, Backend.TRITON, Backend.REFERENCE)
@@ -52,7 +53,8 @@ def register_backend_package(backend: Backend, package: str) -> None:
     OPS = {op: "module:function"} and requirement(op, *args) -> None or a reason."""
     try:
         mod = importlib.import_module(package)
-    except ImportError:
+    except Exception as exc:  # a broken optional backend must not break `import torch_fp4`
+        _BROKEN[backend] = f"{package} failed to import: {exc!r}"
         return
     for op, target in mod.OPS.items():
         module, name = target.split(":")
@@ -64,6 +66,8 @@ def unsupported_reason(op: str, backend: Backend, *args) -> Optional[str]:
     """None when `backend` can run `op` on these arguments, else why not."""
     impl = _IMPLS.get(op, {}).get(backend)
     if impl is None:
+        if backend in _BROKEN:
+            return _BROKEN[backend]
         have = ", ".join(b.label for b in _IMPLS.get(op, {}))
         return f"no {backend.label} implementation of {op} is installed (available: {have})"
     return impl.requirement(*args)

@@ -1,0 +1,59 @@
+"""Device timing: CUDA-graph replays of many calls over rotating inputs, timed with events."""
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Callable, Sequence
+
+import torch
+
+
+def l2_bytes(device: torch.device) -> int:
+    return getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 50 << 20)
+
+
+def rotation(nbytes_per_input: int, device: torch.device) -> int:
+    """How many input copies to cycle through so the set is 3x the L2 (no cache flattery)."""
+    return max(1, min(64, math.ceil(3 * l2_bytes(device) / max(1, nbytes_per_input))))
+
+
+def graph_time_us(fn: Callable, inputs: Sequence[tuple], calls: int = 20, repeats: int = 5) -> float:
+    """Median over `repeats` replays of a graph holding `calls` calls of fn (cycling through
+    `inputs`), in microseconds per call. fn is run once per input first (compile/warm-up)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for args in inputs:
+            fn(*args)
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(*inputs[i % len(inputs)])
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000.0 / calls)
+    del graph
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy bandwidth, bytes read plus bytes written, in GB/s."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    us = graph_time_us(lambda: dst.copy_(src), [()], calls=10)
+    del src, dst
+    return 2 * nbytes / us / 1e3
+
+
+def geomean(values: Sequence[float]) -> float:
+    vals = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else float("nan")
