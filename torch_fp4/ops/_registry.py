@@ -9,6 +9,7 @@ from typing import Callable, Optional
 import torch
 
 from ..backends import Backend
+from ..tuning import auto_order
 
 # A requirement function gets the op's arguments and returns None when the backend can run them,
 # or a short reason when it cannot.
@@ -24,8 +25,6 @@ class Impl:
 _IMPLS: dict[str, dict[Backend, Impl]] = {}
 _BROKEN: dict[Backend, str] = {}
 
-# Order in which "auto" tries backends (fastest first); the reference always runs.
-AUTO_ORDER = (Backend.CUDA, Backend.CUTE_DSL, Backend.TRITON, Backend.REFERENCE)
 
 
 def _always(*args, **kwargs) -> None:
@@ -74,13 +73,15 @@ def unsupported_reason(op: str, backend: Backend, *args) -> Optional[str]:
 
 
 def supported_backends(op: str, *args) -> list[Backend]:
-    return [b for b in AUTO_ORDER if unsupported_reason(op, b, *args) is None]
+    """Backends that can run `op` on these arguments, in the order "auto" tries them."""
+    return [b for b in auto_order(op, args) if unsupported_reason(op, b, *args) is None]
 
 
 def resolve(op: str, backend: Backend, *args) -> Callable:
-    """The implementation of `op` for `backend` (AUTO: the first supported in AUTO_ORDER)."""
+    """The implementation of `op` for `backend` (AUTO: the first supported backend in the
+    measured preference order of torch_fp4.tuning)."""
     if backend is Backend.AUTO:
-        for b in AUTO_ORDER:
+        for b in auto_order(op, args):
             if unsupported_reason(op, b, *args) is None:
                 return _IMPLS[op][b].fn
         raise RuntimeError(f"{op}: no backend supports these inputs")

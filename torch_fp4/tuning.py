@@ -1,0 +1,42 @@
+"""Backend preference for backend="auto" (layer 2): a small table measured with
+`python -m torch_fp4 bench quantize` (see BENCHMARKS.md), read with plain dict lookups so it
+is safe during CUDA-graph capture and costs nothing on the hot path.
+
+Keys: (op family, GPU architecture major, size band). Values: backends fastest first. Backends
+missing from a row, or that cannot run the inputs, fall back to the default order.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .backends import Backend
+
+DEFAULT_ORDER = (Backend.CUDA, Backend.CUTE_DSL, Backend.TRITON, Backend.REFERENCE)
+_QUANTIZE_OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize")
+
+# Size bands by element count of the first tensor argument.
+SMALL, MEDIUM, LARGE = 0, 1, 2
+_BAND_EDGES = (1 << 20, 1 << 25)
+
+# Measured on H100 (sm_90); see BENCHMARKS.md.
+PREFERENCE: dict[tuple[str, int, int], tuple[Backend, ...]] = {
+    ("quantize", 9, SMALL): (Backend.TRITON,),
+    ("quantize", 9, MEDIUM): (Backend.TRITON,),
+    ("quantize", 9, LARGE): (Backend.TRITON,),
+}
+
+
+def _band(numel: int) -> int:
+    return SMALL if numel < _BAND_EDGES[0] else MEDIUM if numel < _BAND_EDGES[1] else LARGE
+
+
+def auto_order(op: str, args: tuple) -> tuple[Backend, ...]:
+    """Backends to try for `op` on `args`, fastest first (the reference always last)."""
+    t: Optional[torch.Tensor] = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if t is None or t.device.type != "cuda" or op not in _QUANTIZE_OPS:
+        return DEFAULT_ORDER
+    major = torch.cuda.get_device_capability(t.device)[0]
+    preferred = PREFERENCE.get(("quantize", major, _band(t.numel())), ())
+    return preferred + tuple(b for b in DEFAULT_ORDER if b not in preferred)
