@@ -17,16 +17,27 @@ def rotation(nbytes_per_input: int, device: torch.device) -> int:
     return max(1, min(64, math.ceil(3 * l2_bytes(device) / max(1, nbytes_per_input))))
 
 
-def graph_time_us(fn: Callable, inputs: Sequence[tuple], calls: int = 20, repeats: int = 5) -> float:
+def graph_time_us(fn: Callable, inputs: Sequence[tuple], calls: int | None = None,
+                  repeats: int = 5, budget_ms: float = 30.0) -> float:
     """Median over `repeats` replays of a graph holding `calls` calls of fn (cycling through
-    `inputs`), in microseconds per call. fn is run once per input first (compile/warm-up)."""
+    `inputs`), in microseconds per call. fn is run once per input first (compile/warm-up);
+    `calls` defaults to what fits in about `budget_ms` per replay (2 to 50, at least one pass
+    over the inputs)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         for args in inputs:
             fn(*args)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(*inputs[0])
+        end.record()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
+    if calls is None:
+        estimate_ms = max(start.elapsed_time(end), 1e-3)
+        calls = max(2, min(50, int(budget_ms / estimate_ms)))
+        calls = max(calls, min(len(inputs), 64))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(calls):
@@ -46,10 +57,13 @@ def graph_time_us(fn: Callable, inputs: Sequence[tuple], calls: int = 20, repeat
 
 
 def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> float:
-    """Device-to-device copy bandwidth, bytes read plus bytes written, in GB/s."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
+    """Device-to-device copy bandwidth, bytes read plus bytes written, in GB/s: the faster of a
+    memcpy (`copy_`, a copy-engine node inside a graph) and an SM-driven elementwise copy
+    kernel over the same bytes."""
+    src = torch.empty(nbytes // 4, dtype=torch.int32, device=device).random_()
     dst = torch.empty_like(src)
-    us = graph_time_us(lambda: dst.copy_(src), [()], calls=10)
+    us = min(graph_time_us(lambda: dst.copy_(src), [()]),
+             graph_time_us(lambda: torch.bitwise_not(src, out=dst), [()]))
     del src, dst
     return 2 * nbytes / us / 1e3
 

@@ -1,0 +1,136 @@
+// Torch binding of the cuda backend: reads sizes and pointers off tensors that the Python
+// launchers (torch_fp4/kernels/cuda/quantize.py) allocated and validated, and enqueues the
+// kernels on the current CUDA stream of the tensors' device.
+#include <optional>
+
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/extension.h>
+
+#include "launch.h"
+
+namespace {
+
+using namespace torch_fp4;
+
+int dtype_code(const at::Tensor& t, const char* what) {
+  switch (t.scalar_type()) {
+    case at::kBFloat16: return kBFloat16;
+    case at::kHalf: return kFloat16;
+    case at::kFloat: return kFloat32;
+    case at::kFloat8_e4m3fn: return kFloat8E4M3;
+    default: TORCH_CHECK(false, "torch_fp4 cuda backend: unsupported dtype of ", what, ": ", t.scalar_type());
+  }
+  return -1;
+}
+
+void check_cuda(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.is_cuda(), "torch_fp4 cuda backend: ", what, " must be a CUDA tensor");
+  TORCH_CHECK(t.is_contiguous(), "torch_fp4 cuda backend: ", what, " must be contiguous");
+}
+
+// Global-scale pointer and the element stride between batch entries (0 for a single scale).
+std::pair<const float*, int64_t> global_scale_ptr(const at::Tensor& gs) {
+  TORCH_CHECK(gs.is_cuda() && gs.scalar_type() == at::kFloat,
+              "torch_fp4 cuda backend: global_scale must be a CUDA float32 tensor");
+  const int64_t stride = gs.numel() == 1 ? 0 : gs.stride(0);
+  return {gs.data_ptr<float>(), stride};
+}
+
+QuantizeArgs quantize_args(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale, int64_t layout) {
+  check_cuda(x, "x");
+  check_cuda(data, "data");
+  check_cuda(scale, "scale");
+  TORCH_CHECK(x.dim() == 2 || x.dim() == 3, "torch_fp4 cuda backend: x must be 2-D or 3-D");
+  QuantizeArgs a{};
+  a.x = x.data_ptr();
+  a.data = static_cast<uint8_t*>(data.data_ptr());
+  a.scale = static_cast<uint8_t*>(scale.data_ptr());
+  a.batch = x.dim() == 3 ? x.size(0) : 1;
+  a.rows = x.size(-2);
+  a.k = x.size(-1);
+  a.rows_padded = scale.size(-2);
+  a.kb_padded = scale.size(-1);
+  a.layout = static_cast<int>(layout);
+  a.in_dtype = dtype_code(x, "x");
+  TORCH_CHECK(a.rows_padded * a.kb_padded <= kMaxThreadsPerMatrix,
+              "torch_fp4 cuda backend: scale matrix too large for 32-bit indexing");
+  return a;
+}
+
+void nvfp4_quantize(const at::Tensor& x, const at::Tensor& global_scale, const at::Tensor& data,
+                    const at::Tensor& scale, int64_t layout) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  QuantizeArgs a = quantize_args(x, data, scale, layout);
+  const auto gs = global_scale_ptr(global_scale);
+  a.gs = gs.first;
+  a.gs_stride = gs.second;
+  launch_nvfp4_quantize(a, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void mxfp4_quantize(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale, int64_t layout) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const QuantizeArgs a = quantize_args(x, data, scale, layout);
+  launch_mxfp4_quantize(a, c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void dequantize(const at::Tensor& data, const at::Tensor& scale,
+                const std::optional<at::Tensor>& global_scale, const at::Tensor& out, int64_t block_size,
+                int64_t layout) {
+  const c10::cuda::CUDAGuard guard(data.device());
+  check_cuda(data, "data");
+  check_cuda(scale, "scale");
+  check_cuda(out, "out");
+  TORCH_CHECK(data.dim() == 2 || data.dim() == 3, "torch_fp4 cuda backend: data must be 2-D or 3-D");
+  TORCH_CHECK(block_size == 16 || block_size == 32, "torch_fp4 cuda backend: block_size must be 16 or 32");
+  DequantizeArgs a{};
+  a.data = static_cast<const uint8_t*>(data.data_ptr());
+  a.scale = static_cast<const uint8_t*>(scale.data_ptr());
+  if (global_scale.has_value()) {
+    const auto gs = global_scale_ptr(*global_scale);
+    a.gs = gs.first;
+    a.gs_stride = gs.second;
+  }
+  a.out = out.data_ptr();
+  a.batch = data.dim() == 3 ? data.size(0) : 1;
+  a.rows = data.size(-2);
+  a.k = data.size(-1) * 2;
+  a.rows_padded = scale.size(-2);
+  a.kb_padded = scale.size(-1);
+  a.layout = static_cast<int>(layout);
+  a.out_dtype = dtype_code(out, "out");
+  TORCH_CHECK(a.out_dtype != kFloat8E4M3, "torch_fp4 cuda backend: out must be bf16, fp16 or fp32");
+  TORCH_CHECK(a.rows * (a.k / 8) <= kMaxThreadsPerMatrix && a.rows_padded * a.kb_padded <= kMaxThreadsPerMatrix,
+              "torch_fp4 cuda backend: matrix too large for 32-bit indexing");
+  launch_dequantize(a, static_cast<int>(block_size), c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void global_scale(const at::Tensor& x, const at::Tensor& out, const at::Tensor& workspace) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  check_cuda(x, "x");
+  check_cuda(out, "out");
+  check_cuda(workspace, "workspace");
+  TORCH_CHECK(out.scalar_type() == at::kFloat && out.numel() == 1,
+              "torch_fp4 cuda backend: out must be one float32 element");
+  TORCH_CHECK(workspace.scalar_type() == at::kInt && workspace.numel() >= 2,
+              "torch_fp4 cuda backend: workspace must hold two int32 words");
+  int num_sms = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, x.device().index()));
+  launch_global_scale(x.data_ptr(), x.numel(), dtype_code(x, "x"), out.data_ptr<float>(),
+                      reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>()), num_sms,
+                      c10::cuda::getCurrentCUDAStream());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("nvfp4_quantize", &nvfp4_quantize, "NVFP4 quantize into preallocated data and scale");
+  m.def("mxfp4_quantize", &mxfp4_quantize, "MXFP4 quantize into preallocated data and scale");
+  m.def("dequantize", &dequantize, "FP4 dequantize into a preallocated output");
+  m.def("global_scale", &global_scale, "NVFP4 global scale of a whole tensor (one launch)");
+}

@@ -1,0 +1,149 @@
+// NVFP4 global scale of a whole tensor in one launch: gs = RN(2688 / amax), 1.0 when amax == 0
+// or the quotient is not finite (formats.global_scale_from_amax).
+//
+// Each CTA (2 per SM) reduces a grid-stride slice to the fp32 bit pattern of its max |x| and
+// folds it into workspace[0] with atomicMax (absolute-value patterns order like magnitudes and NaN patterns lie
+// above Inf's, so a NaN propagates). The CTA that increments workspace[1] last reads the maximum,
+// writes gs and sets both words back to zero for the next launch. No host synchronization.
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include "launch.h"
+
+namespace torch_fp4 {
+namespace {
+
+constexpr int kThreads = 512;
+constexpr int kUnroll = 8;  // 16-byte loads in flight per thread and iteration
+
+// Running max of absolute-value bit patterns in the source type's own width (lanes of a word).
+template <int kDType>
+struct AbsMax {
+  uint32_t acc = 0;
+
+  __device__ __forceinline__ void add_word(uint32_t w) {
+    if constexpr (kDType == kFloat32) {
+      acc = max(acc, w & 0x7FFFFFFFu);
+    } else if constexpr (kDType == kBFloat16 || kDType == kFloat16) {
+      acc = __vmaxu2(acc, w & 0x7FFF7FFFu);
+    } else {
+      acc = __vmaxu4(acc, w & 0x7F7F7F7Fu);
+    }
+  }
+
+  // One element given in the low bits of `bits`.
+  __device__ __forceinline__ void add_element(uint32_t bits) {
+    if constexpr (kDType == kFloat32) {
+      acc = max(acc, bits & 0x7FFFFFFFu);
+    } else if constexpr (kDType == kBFloat16 || kDType == kFloat16) {
+      acc = max(acc, bits & 0x7FFFu);
+    } else {
+      acc = max(acc, bits & 0x7Fu);
+    }
+  }
+
+  // The fp32 bit pattern of the maximum (monotone in the narrow pattern; NaN stays NaN).
+  __device__ __forceinline__ uint32_t fp32_bits() const {
+    if constexpr (kDType == kFloat32) {
+      return acc;
+    } else if constexpr (kDType == kBFloat16) {
+      return max(acc & 0xFFFFu, acc >> 16) << 16;
+    } else if constexpr (kDType == kFloat16) {
+      const uint32_t top = max(acc & 0xFFFFu, acc >> 16);
+      return __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(top))));
+    } else {
+      const uint32_t top = max(max(acc & 0xFFu, (acc >> 8) & 0xFFu), max((acc >> 16) & 0xFFu, acc >> 24));
+      const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(top), __NV_E4M3);
+      return __float_as_uint(__half2float(__ushort_as_half(h.x)));
+    }
+  }
+};
+
+template <int kElemBytes>
+__device__ __forceinline__ uint32_t load_element(const uint8_t* x, int64_t i) {
+  if constexpr (kElemBytes == 4) return __ldg(reinterpret_cast<const uint32_t*>(x) + i);
+  if constexpr (kElemBytes == 2) return __ldg(reinterpret_cast<const uint16_t*>(x) + i);
+  return __ldg(x + i);
+}
+
+template <int kDType, int kElemBytes>
+__global__ void __launch_bounds__(kThreads) global_scale_kernel(const uint8_t* x, int64_t n,
+                                                                 float* out, uint32_t* workspace) {
+  AbsMax<kDType> am;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
+
+  // 16-byte vectors over the aligned body (kUnroll loads in flight per thread; vectors past the
+  // end read as zero, which no maximum of absolute values changes), then single elements for the
+  // unaligned head and the tail.
+  const int64_t head = std::min<int64_t>(n, ((16 - reinterpret_cast<uintptr_t>(x) % 16) % 16) / kElemBytes);
+  const uint4* body = reinterpret_cast<const uint4*>(x + head * kElemBytes);
+  const int64_t vectors = (n - head) * kElemBytes / 16;
+  for (int64_t v = tid; v < vectors; v += kUnroll * stride) {
+    uint4 u[kUnroll];
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      u[j] = v + j * stride < vectors ? __ldg(body + v + j * stride) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kUnroll; ++j) {
+      am.add_word(u[j].x);
+      am.add_word(u[j].y);
+      am.add_word(u[j].z);
+      am.add_word(u[j].w);
+    }
+  }
+  const int64_t tail = head + vectors * 16 / kElemBytes;
+  for (int64_t i = tid; i < head; i += stride) am.add_element(load_element<kElemBytes>(x, i));
+  for (int64_t i = tail + tid; i < n; i += stride) am.add_element(load_element<kElemBytes>(x, i));
+
+  // CTA reduction of the fp32 patterns.
+  __shared__ uint32_t warp_max[kThreads / 32];
+  const uint32_t mine = __reduce_max_sync(0xFFFFFFFFu, am.fp32_bits());
+  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = mine;
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const uint32_t cta = __reduce_max_sync(0xFFFFFFFFu, threadIdx.x < kThreads / 32 ? warp_max[threadIdx.x] : 0u);
+  if (threadIdx.x != 0) return;
+
+  atomicMax(workspace, cta);
+  __threadfence();
+  const uint32_t done = atomicAdd(workspace + 1, 1u);
+  if (done != gridDim.x - 1) return;
+
+  // Last CTA: every other CTA's atomicMax precedes its counter increment.
+  __threadfence();
+  const float amax = __uint_as_float(atomicExch(workspace, 0u));
+  atomicExch(workspace + 1, 0u);
+  const float gs = __fdiv_rn(2688.0f, amax);
+  const bool ok = amax != 0.0f && (__float_as_uint(gs) & 0x7FFFFFFFu) < 0x7F800000u;
+  out[0] = ok ? gs : 1.0f;
+}
+
+template <int kDType, int kElemBytes>
+void launch_typed(const void* x, int64_t n, float* out, uint32_t* workspace, int num_sms,
+                  cudaStream_t stream) {
+  const int64_t per_cta = int64_t{kThreads} * kUnroll * 16 / kElemBytes;
+  const int64_t wanted = (n + per_cta - 1) / per_cta;
+  const int ctas = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{num_sms} * 2)));
+  global_scale_kernel<kDType, kElemBytes>
+      <<<ctas, kThreads, 0, stream>>>(static_cast<const uint8_t*>(x), n, out, workspace);
+}
+
+}  // namespace
+
+void launch_global_scale(const void* x, int64_t n, int in_dtype, float* out, uint32_t* workspace,
+                         int num_sms, cudaStream_t stream) {
+  switch (in_dtype) {
+    case kBFloat16: launch_typed<kBFloat16, 2>(x, n, out, workspace, num_sms, stream); break;
+    case kFloat16: launch_typed<kFloat16, 2>(x, n, out, workspace, num_sms, stream); break;
+    case kFloat32: launch_typed<kFloat32, 4>(x, n, out, workspace, num_sms, stream); break;
+    case kFloat8E4M3: launch_typed<kFloat8E4M3, 1>(x, n, out, workspace, num_sms, stream); break;
+    default: break;
+  }
+}
+
+}  // namespace torch_fp4

@@ -1,0 +1,165 @@
+// NVFP4 and MXFP4 quantization kernels (spec sections 1-4) on raw pointers.
+//
+// One thread per entry of the padded scale matrix [rows_padded, kb_padded] of one batch entry
+// (blockIdx.y strides over the batch). A thread whose entry lies in the padding writes a zero
+// scale byte; every other thread loads its whole block (16-byte loads), computes the block scale,
+// encodes the block's elements and writes its packed bytes and its scale byte. Every output byte
+// is written by exactly one thread.
+#include <algorithm>
+#include <cstdint>
+
+#include "fp4_numerics.cuh"
+#include "launch.h"
+#include "scale_layout.cuh"
+#include "source_block.cuh"
+
+namespace torch_fp4 {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct QuantizeParams {
+  const uint8_t* x;
+  const float* gs;
+  int64_t gs_stride;
+  uint8_t* data;
+  uint8_t* scale;
+  int64_t batch;
+  uint32_t rows;
+  uint32_t k_blocks;
+  uint32_t kb_padded;
+  uint32_t entries;  // rows_padded * kb_padded
+  FastDivmod by_kb_padded;
+  int layout;
+};
+
+template <int kWords>
+__device__ __forceinline__ void store_words(uint8_t* p, const uint32_t* w) {
+  if constexpr (kWords == 2) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(w[0], w[1]);
+  } else {
+    static_assert(kWords == 4, "an NVFP4 block packs to 8 bytes, an MXFP4 block to 16");
+    *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
+template <int kDType, bool kNvfp4, bool kVec>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams p) {
+  constexpr int kBlock = kNvfp4 ? 16 : 32;
+  constexpr int kElemBytes = SourceType<kDType>::kBytes;
+  constexpr int kInWords = kBlock * kElemBytes / 4;
+  constexpr int kOutWords = kBlock / 8;
+
+  const uint32_t entry = blockIdx.x * kThreads + threadIdx.x;
+  if (entry >= p.entries) return;
+  uint32_t m, kb;
+  p.by_kb_padded.divmod(entry, m, kb);
+  const uint32_t scale_in_matrix = scale_offset(p.layout, m, kb, p.kb_padded);
+  const bool in_data = m < p.rows && kb < p.k_blocks;
+
+  for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
+    uint8_t* scale = p.scale + b * static_cast<int64_t>(p.entries) + scale_in_matrix;
+    if (!in_data) {
+      *scale = 0;
+      continue;
+    }
+    const int64_t block = (b * p.rows + m) * static_cast<int64_t>(p.k_blocks) + kb;
+
+    uint32_t w[kInWords];
+    load_words<kInWords, kElemBytes, kVec>(p.x + block * (kBlock * kElemBytes), w);
+    const float amax = __uint_as_float(block_amax_bits<kDType, kInWords>(w));
+
+    BlockScale bs;
+    if constexpr (kNvfp4) {
+      const float gs = __ldg(p.gs + b * p.gs_stride);
+      bs = nvfp4_block_scale(amax, gs, __frcp_rn(gs));
+    } else {
+      bs = mxfp4_block_scale(amax);
+    }
+
+    // Eight elements at a time: widen, scale by o (one RN multiply each), encode.
+    uint32_t out[kOutWords];
+    float v[8];
+    if (block_products_never_nan(amax, bs.o)) {
+#if !TORCH_FP4_HAS_E2M1_CVT
+      // sign(x * o) = sign(x) xor sign(o) for every non-NaN product.
+      const uint32_t flip = (__float_as_uint(bs.o) >> 31) * 0x88888888u;
+#endif
+#pragma unroll
+      for (int j = 0; j < kOutWords; ++j) {
+        widen8<kDType>(w, j, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], bs.o);
+#if TORCH_FP4_HAS_E2M1_CVT
+        out[j] = e2m1_encode8_hw(v);
+#else
+        out[j] = e2m1_magnitudes8(v) | (sign_nibbles<kDType>(w, j) ^ flip);
+#endif
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < kOutWords; ++j) {
+        widen8<kDType>(w, j, v);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], bs.o);
+        out[j] = e2m1_encode8_nan_safe(v);
+      }
+    }
+    store_words<kOutWords>(p.data + block * (kBlock / 2), out);
+    *scale = static_cast<uint8_t>(bs.byte);
+  }
+}
+
+template <bool kNvfp4>
+void launch_quantize(const QuantizeArgs& a, cudaStream_t stream) {
+  const int block = kNvfp4 ? 16 : 32;
+  const int64_t entries = a.rows_padded * a.kb_padded;
+  if (a.batch <= 0 || entries <= 0) return;
+
+  QuantizeParams p;
+  p.x = static_cast<const uint8_t*>(a.x);
+  p.gs = a.gs;
+  p.gs_stride = a.gs_stride;
+  p.data = a.data;
+  p.scale = a.scale;
+  p.batch = a.batch;
+  p.rows = static_cast<uint32_t>(a.rows);
+  p.k_blocks = static_cast<uint32_t>(a.k / block);
+  p.kb_padded = static_cast<uint32_t>(a.kb_padded);
+  p.entries = static_cast<uint32_t>(entries);
+  p.by_kb_padded = FastDivmod(p.kb_padded);
+  p.layout = a.layout;
+
+  const dim3 grid(static_cast<unsigned>((entries + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(std::min<int64_t>(a.batch, 65535)));
+  const bool vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
+
+#define TORCH_FP4_LAUNCH(DT)                                                             \
+  do {                                                                                   \
+    if (vec)                                                                             \
+      quantize_kernel<DT, kNvfp4, true><<<grid, kThreads, 0, stream>>>(p);               \
+    else                                                                                 \
+      quantize_kernel<DT, kNvfp4, false><<<grid, kThreads, 0, stream>>>(p);              \
+  } while (0)
+
+  switch (a.in_dtype) {
+    case kBFloat16: TORCH_FP4_LAUNCH(kBFloat16); break;
+    case kFloat16: TORCH_FP4_LAUNCH(kFloat16); break;
+    case kFloat32: TORCH_FP4_LAUNCH(kFloat32); break;
+    case kFloat8E4M3: TORCH_FP4_LAUNCH(kFloat8E4M3); break;
+    default: break;
+  }
+#undef TORCH_FP4_LAUNCH
+}
+
+}  // namespace
+
+void launch_nvfp4_quantize(const QuantizeArgs& args, cudaStream_t stream) {
+  launch_quantize<true>(args, stream);
+}
+
+void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream) {
+  launch_quantize<false>(args, stream);
+}
+
+}  // namespace torch_fp4

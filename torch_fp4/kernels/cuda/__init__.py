@@ -1,0 +1,74 @@
+"""CUDA C++ backend: kernels in torch_fp4/csrc, built with ninja on first use, plus launchers with
+the reference backend's signatures.
+
+Importing this package is cheap: nothing is compiled or loaded until an op runs on this backend.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+from typing import Optional
+
+import torch
+
+from ... import formats as F
+from .._common import cuda_requirement
+
+OPS = {
+    "compute_global_scale": "quantize:compute_global_scale",
+    "nvfp4_quantize": "quantize:nvfp4_quantize",
+    "mxfp4_quantize": "quantize:mxfp4_quantize",
+    "fp4_dequantize": "quantize:fp4_dequantize",
+}
+
+# The kernels index one matrix (per batch entry) with 32-bit arithmetic: quantize has one thread
+# per padded scale entry, dequantize one per 8 elements.
+MAX_THREADS_PER_MATRIX = 2**31 - 1
+
+
+@functools.cache
+def toolchain_reason() -> Optional[str]:
+    """None when this PyTorch can build the extension (CUDA build, nvcc, ninja), else why not."""
+    if torch.version.cuda is None:
+        return "needs a CUDA build of PyTorch"
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
+    if nvcc is None or not os.path.exists(nvcc):
+        return "needs nvcc (set CUDA_HOME) to build its kernels"
+    if shutil.which("ninja") is None:
+        return "needs ninja on PATH to build its kernels"
+    return None
+
+
+def _scale_blocks(rows: int, k: int, block: int, layout: F.SfLayout) -> int:
+    mp, kp = F.padded_scale_shape(rows, k // block, layout)
+    return mp * kp
+
+
+def _size_reason(op: str, args: tuple) -> Optional[str]:
+    if op in ("nvfp4_quantize", "mxfp4_quantize"):
+        x, layout = args[0], args[-1]
+        block = 16 if op == "nvfp4_quantize" else 32
+        threads = _scale_blocks(x.shape[-2], x.shape[-1], block, layout)
+    elif op == "fp4_dequantize":
+        data, fmt, layout = args[0], args[3], args[4]
+        rows, k = data.shape[-2], data.shape[-1] * 2
+        threads = max(rows * k // 8, _scale_blocks(rows, k, fmt.block_size, layout))
+    else:
+        return None
+    if threads > MAX_THREADS_PER_MATRIX:
+        return (f"one matrix needs {threads} threads, more than its 32-bit indexing allows "
+                f"({MAX_THREADS_PER_MATRIX})")
+    return None
+
+
+def requirement(op: str, *args) -> Optional[str]:
+    # fp32 -> e4m3 conversion instructions need sm_89+.
+    reason = cuda_requirement(args, "torch.utils.cpp_extension", (8, 9))
+    if reason is None:
+        reason = toolchain_reason()
+    if reason is None:
+        reason = _size_reason(op, args)
+    return reason
