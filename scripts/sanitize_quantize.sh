@@ -7,7 +7,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python3 scripts/sanitize_quantize.py > /dev/null || exit 1
 rc=0
 for tool in memcheck racecheck initcheck; do
-  out=$(compute-sanitizer --tool "$tool" --target-processes all python3 scripts/sanitize_quantize.py 2>&1)
+  out=$(timeout 240 compute-sanitizer --tool "$tool" --target-processes all python3 scripts/sanitize_quantize.py 2>&1)
   echo "$out" | grep -E "^[a-z-]+: (ran|skipped)|ERROR SUMMARY" | sed "s/^/[$tool] /"
   echo "$out" | grep -q "ERROR SUMMARY: 0 errors" || rc=1
 done
