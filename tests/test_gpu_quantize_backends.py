@@ -219,3 +219,21 @@ def test_quantize_on_side_stream(backend):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     _assert_same(got, want, f"{backend} side stream")
+
+
+def test_auto_picks_a_gpu_backend_and_captures():
+    x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
+    order = t4.supported_backends("nvfp4_quantize", x, x, t4.SfLayout.LAYOUT_128x4)
+    assert order[0] is not Backend.REFERENCE and order[-1] is Backend.REFERENCE
+    t4.nvfp4_quantize(x, t4.compute_global_scale(x))  # warm-up: compiles outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        gs = t4.compute_global_scale(x)
+        got = t4.nvfp4_quantize(x, gs)
+    x.copy_(torch.randn_like(x) * 7)
+    graph.replay()
+    torch.cuda.synchronize()
+    _common.POISON_OUTPUTS = False
+    want_gs = t4.compute_global_scale(x, backend="reference")
+    _assert_same([gs], [want_gs], "auto global scale in a graph")
+    _assert_same(got, t4.nvfp4_quantize(x, want_gs, backend="reference"), "auto quantize in a graph")
