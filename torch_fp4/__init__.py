@@ -14,7 +14,15 @@ from .ops import (ROUTING_METHODS, compute_global_scale, fp4_dequantize, fused_m
 
 __version__ = "0.1.0"
 
+
+def set_pdl(enabled: bool = True) -> None:
+    """Launch GPU kernels with programmatic dependent launch (sm_90+): a kernel may start while the
+    previous kernel on its stream finishes, hiding launch latency between back-to-back ops. Each
+    kernel waits for the previous kernel's memory before reading any. Off by default."""
+    from .kernels import _common
+    _common.PDL = bool(enabled)
+
 __all__ = ["formats", "Backend", "Fp4Format", "NVFP4", "MXFP4", "SfLayout", "nvfp4_alpha",
            "compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
            "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",
-           "unsupported_reason", "__version__"]
+           "unsupported_reason", "set_pdl", "__version__"]

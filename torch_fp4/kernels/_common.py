@@ -6,6 +6,17 @@ from typing import Optional
 
 import torch
 
+# Programmatic dependent launch (sm_90+), off by default; torch_fp4.set_pdl() sets it. When on,
+# every kernel of every backend is launched so it may start while the previous kernel on the
+# stream finishes, and waits for that kernel's memory (griddepcontrol.wait) before touching any.
+PDL = False
+
+
+def use_pdl(device: torch.device) -> bool:
+    """Whether launches on `device` use programmatic dependent launch."""
+    return PDL and torch.cuda.get_device_capability(device)[0] >= 9
+
+
 # Tests set this to True so every freshly allocated output starts as 0xFF bytes: an element a
 # kernel forgets to write then shows up as a mismatch against the reference.
 POISON_OUTPUTS = False
