@@ -11,12 +11,12 @@ is the kernel's bandwidth over that of a copy of its input's bytes (same size, s
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
 
 import torch_fp4 as t4
 from torch_fp4 import formats as F
+from torch_fp4.bench.timing import graph_time_us
 from torch_fp4.kernels import _common
 
 _INT_VIEW = {1: torch.uint8, 2: torch.int16, 4: torch.int32}
@@ -143,30 +143,9 @@ def run_checks() -> list:
     return failures
 
 
-def graph_seconds(fn, reps: int = 20, trials: int = 7) -> float:
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(reps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    del graph
-    torch.cuda.empty_cache()
-    return statistics.median(times) * 1e-3
+def graph_seconds(fn) -> float:
+    """Seconds per call of fn, from CUDA-graph replays (torch_fp4.bench.timing)."""
+    return graph_time_us(fn, [()]) * 1e-6
 
 
 def copy_bandwidth(nbytes: int) -> float:

@@ -237,3 +237,35 @@ def test_auto_picks_a_gpu_backend_and_captures():
     want_gs = t4.compute_global_scale(x, backend="reference")
     _assert_same([gs], [want_gs], "auto global scale in a graph")
     _assert_same(got, t4.nvfp4_quantize(x, want_gs, backend="reference"), "auto quantize in a graph")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pdl_chain_bitexact_eager_and_graph(backend):
+    """With programmatic dependent launch on, back-to-back kernels (global scale -> quantize ->
+    dequantize, each reading the previous one's output) still match the reference."""
+    x = torch.randn(1024, 2048, device="cuda", dtype=torch.bfloat16)
+    _need("compute_global_scale", backend, x)
+
+    def chain():
+        gs = t4.compute_global_scale(x, backend=backend)
+        d, s = t4.nvfp4_quantize(x, gs, backend=backend)
+        return gs, d, s, t4.fp4_dequantize(d, s, gs, backend=backend)
+
+    t4.set_pdl(True)
+    try:
+        eager = chain()
+        chain()  # warm-up outside capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = chain()
+        x.mul_(3.0)
+        graph.replay()
+        torch.cuda.synchronize()
+    finally:
+        t4.set_pdl(False)
+    _common.POISON_OUTPUTS = False
+    for got, inp_scale in ((eager, 1.0), (captured, 3.0)):
+        xr = x if inp_scale == 3.0 else x / 3.0
+        gs = t4.compute_global_scale(xr, backend="reference")
+        d, s = t4.nvfp4_quantize(xr, gs, backend="reference")
+        _assert_same(got, (gs, d, s, t4.fp4_dequantize(d, s, gs, backend="reference")), f"{backend} pdl")

@@ -19,6 +19,8 @@ COMMON = {"M": "i32", "half_k": "i32", "n_kb": "i32", "mp": "i32", "kp": "i32", 
 
 
 def _ptx(fn, signature, constexprs, divisible, arch):
+    signature = {**signature, "USE_GDC": "constexpr"}
+    constexprs = {"USE_GDC": False, **constexprs}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs,
                     attrs={(i,): DIV16 for i in divisible})
     kernel = triton.compile(src, target=GPUTarget("cuda", arch, 32),
@@ -75,3 +77,14 @@ def test_encoder_under_interpreter():
     res = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True,
                          text=True, timeout=600)
     assert res.returncode == 0 and "encoder ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_pdl_variant_waits_on_the_previous_grid():
+    sig = {"x_ptr": "*i32", "gs_ptr": "*fp32", "data_ptr": "*u8", "scale_ptr": "*u8", **COMMON,
+           "SRC": "constexpr", "IS_MX": "constexpr", "LAYOUT": "constexpr", "BLOCK": "constexpr",
+           "BM": "constexpr", "BKB": "constexpr"}
+    consts = {"SRC": 0, "IS_MX": False, "LAYOUT": 0, "BLOCK": 16, "BM": 8, "BKB": 16, "USE_GDC": True}
+    ptx = _ptx(Q._quantize_kernel, sig, consts, (0, 1, 2, 3, 5), 90)
+    assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
+    assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
+    assert "griddepcontrol" not in _quantize_ptx(False, 0, 90)

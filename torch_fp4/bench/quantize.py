@@ -71,7 +71,8 @@ def run(quick: bool = False, csv_path: str | None = None, fmt_name: str = "nvfp4
             for b in usable:
                 us = graph_time_us(_call(fmt, b), inputs)
                 row[f"{b.label}_us"] = us
-                row[f"{b.label}_frac"] = nbytes / us / 1e3 / copy_bw
+                row[f"{b.label}_gbs"] = nbytes / us / 1e3
+                row[f"{b.label}_frac"] = row[f"{b.label}_gbs"] / copy_bw
             rows.append(row)
             del inputs, x0
         print(f"  M={m}: done ({i + 1}/{len(ms)})", flush=True)
@@ -92,12 +93,13 @@ def run(quick: bool = False, csv_path: str | None = None, fmt_name: str = "nvfp4
 
 
 def _print_table(rows: list[dict], usable: list[Backend]) -> None:
-    cols = "".join(f" {b.label + ' us':>12} {'%copy':>6}" for b in usable)
+    cols = "".join(f" {b.label + ' us':>12} {'GB/s':>6} {'%copy':>6}" for b in usable)
     print(f"\n{'M':>7} {'K':>6} {'compile us':>11}{cols} {'best vs compile':>16}")
     for r in rows:
         line = f"{r['M']:>7} {r['K']:>6} {r.get('compile_us', float('nan')):>11.1f}"
         for b in usable:
-            line += f" {r[b.label + '_us']:>12.1f} {100 * r[b.label + '_frac']:>5.0f}%"
+            line += (f" {r[b.label + '_us']:>12.1f} {r[b.label + '_gbs']:>6.0f}"
+                     f" {100 * r[b.label + '_frac']:>5.0f}%")
         best = min(r[b.label + "_us"] for b in usable)
         line += f" {r.get('compile_us', float('nan')) / best:>15.1f}x"
         print(line)

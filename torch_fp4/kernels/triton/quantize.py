@@ -14,12 +14,18 @@ import triton.language as tl
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs
+from .._common import prepare_outputs, use_pdl
 from .numerics import (LAYOUT_LINEAR, e2m1_decode, e2m1_encode_doubled, mxfp4_block_scale, nan_amax,
                        nvfp4_block_scale, pair, rcp_rn, scale_offsets, ue8m0_to_float, unpair)
 
 # No fused multiply-add may merge two of the contract's rounding steps.
 _LAUNCH = dict(num_warps=4, enable_fp_fusion=False)
+
+
+def _launch(device: torch.device, **overrides) -> dict:
+    """Launch options: _LAUNCH, plus programmatic dependent launch when enabled (set_pdl)."""
+    pdl = use_pdl(device)
+    return {**_LAUNCH, **overrides, "USE_GDC": pdl, "launch_pdl": pdl}
 _LAYOUT_ID = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.LINEAR: 2}
 
 
@@ -33,7 +39,10 @@ def _tile(pid_m, pid_k, BM: tl.constexpr, BKB: tl.constexpr):
 @triton.jit
 def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp, gs_stride,
                      SRC: tl.constexpr, IS_MX: tl.constexpr, LAYOUT: tl.constexpr,
-                     BLOCK: tl.constexpr, BM: tl.constexpr, BKB: tl.constexpr):
+                     BLOCK: tl.constexpr, BM: tl.constexpr, BKB: tl.constexpr,
+                     USE_GDC: tl.constexpr = False):
+    if USE_GDC:  # launched with PDL: wait for the previous kernel's memory
+        tl.extra.cuda.gdc_wait()
     pid_m, pid_k, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows, kbs = _tile(pid_m, pid_k, BM, BKB)
     valid = (rows < M) & (kbs < n_kb)
@@ -41,6 +50,8 @@ def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp
     base = (b.to(tl.int64) * M + rows) * half_k + kbs * (BLOCK // 2)
     j = tl.arange(0, BLOCK // 2)
     p = tl.load(x_ptr + base[:, None] + j[None, :], mask=valid[:, None], other=0)
+    if USE_GDC:
+        tl.extra.cuda.gdc_launch_dependents()
     lo, hi = unpair(p, SRC)
     amax = nan_amax(lo, hi, 1)
     if IS_MX:
@@ -63,7 +74,9 @@ def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp
 def _dequantize_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, M, half_k, n_kb, mp, kp, gs_stride,
                        DST: tl.constexpr, IS_MX: tl.constexpr, HAS_GS: tl.constexpr,
                        LAYOUT: tl.constexpr, BLOCK: tl.constexpr, BM: tl.constexpr,
-                       BKB: tl.constexpr):
+                       BKB: tl.constexpr, USE_GDC: tl.constexpr = False):
+    if USE_GDC:  # launched with PDL: wait for the previous kernel's memory
+        tl.extra.cuda.gdc_wait()
     pid_m, pid_k, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     rows, kbs = _tile(pid_m, pid_k, BM, BKB)
     valid = (rows < M) & (kbs < n_kb)
@@ -90,9 +103,12 @@ def _dequantize_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, M, half_k, n_kb, mp
 
 
 @triton.jit
-def _global_scale_kernel(x_ptr, n, ws_ptr, out_ptr, BLOCK: tl.constexpr):
+def _global_scale_kernel(x_ptr, n, ws_ptr, out_ptr, BLOCK: tl.constexpr,
+                         USE_GDC: tl.constexpr = False):
     """Grid-stride max of |x| (as fp32 bit patterns, so NaN wins over Inf), then the last
     program to finish turns it into RN(2688 / amax) and resets the workspace."""
+    if USE_GDC:  # launched with PDL: wait for the previous kernel's memory
+        tl.extra.cuda.gdc_wait()
     pid, nprog = tl.program_id(0), tl.num_programs(0)
     acc = tl.zeros([BLOCK], tl.int32)
     for start in range(pid * BLOCK, n, nprog * BLOCK):
@@ -143,7 +159,7 @@ def _quantize(x: torch.Tensor, gs: torch.Tensor | None, fmt: F.Fp4Format, layout
                            data.view(torch.uint8), scale_bytes, rows, k // 2, n_kb, mp, kp,
                            1 if gs is not None and gs.numel() > 1 else 0, SRC=src,
                            IS_MX=fmt is F.MXFP4, LAYOUT=_LAYOUT_ID[layout], BLOCK=fmt.block_size,
-                           BM=bm, BKB=bkb, **_LAUNCH)
+                           BM=bm, BKB=bkb, **_launch(x.device))
     return data, scale
 
 
@@ -168,7 +184,7 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.
                              1 if global_scale is not None and global_scale.numel() > 1 else 0,
                              DST=dst, IS_MX=fmt is F.MXFP4, HAS_GS=global_scale is not None,
                              LAYOUT=_LAYOUT_ID[sf_layout], BLOCK=fmt.block_size, BM=bm, BKB=bkb,
-                             **_LAUNCH)
+                             **_launch(data.device))
     return out
 
 
@@ -200,5 +216,5 @@ def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
     sms = _sm_count(x.device)
     grid = (max(1, min(triton.cdiv(flat.numel(), block), 4 * sms)),)
     _global_scale_kernel[grid](flat, flat.numel(), _workspace(x.device), out, BLOCK=block,
-                               num_warps=8, enable_fp_fusion=False)
+                               **_launch(x.device, num_warps=8))
     return out
