@@ -4,6 +4,7 @@ Each kernel .cu in torch_fp4/csrc (raw pointers, no torch headers) is compiled b
 for sm_90a and sm_100a with the flags the extension build uses, keeping the PTX. The hardware E2M1
 conversion must appear in the sm_100a PTX and nowhere in the sm_90a PTX, and no approximate
 reciprocal/division or flush-to-zero may appear anywhere (the numerics contract needs RN).
+Every kernel must execute griddepcontrol.wait (programmatic dependent launch, sm_90+).
 Skipped when nvcc is not found.
 """
 import os
@@ -87,3 +88,14 @@ def test_only_correctly_rounded_arithmetic(compiled):
             assert "rcp.rn.f32" in ptx
         if src == "global_scale.cu":
             assert "div.rn.f32" in ptx
+
+
+def test_every_kernel_waits_for_the_previous_grid_on_sm90(compiled):
+    """Programmatic dependent launch: every kernel entry of the sm_90a (and sm_100a) PTX executes
+    griddepcontrol.wait (before its first global-memory access, see torch_fp4/csrc/pdl.cuh)."""
+    for (src, target), ptx in compiled.items():
+        assert "griddepcontrol.wait" in ptx, (src, target)
+        entries = ptx.count(".entry ")
+        assert entries > 0, (src, target)
+        # One wait per kernel entry (each is a separate PTX function; the wait is inlined once).
+        assert ptx.count("griddepcontrol.wait") >= entries, (src, target)

@@ -5,7 +5,8 @@ imported). Checked on the output: the PTX targets the requested architecture, th
 CUDA ELF for that SM, the TMA quantize kernel contains the bulk tensor copy
 (`cp.async.bulk.tensor`) completing on an mbarrier, the vector kernel does not, and no kernel
 uses an approximate instruction (`.approx`), so every reciprocal and division is correctly
-rounded.
+rounded. Configs with pdl=True (programmatic dependent launch) contain `griddepcontrol.wait`
+and `griddepcontrol.launch_dependents`; every other config contains no `griddepcontrol`.
 """
 import importlib.util
 import json
@@ -37,6 +38,10 @@ configs += [C("quantize", "bf16", "mxfp4", "linear", "vector"),
             C("dequantize", "bf16", "nvfp4", "128x4", has_gs=True),
             C("dequantize", "f32", "mxfp4", "8x4"),
             C("dequantize", "f16", "nvfp4", "linear")]
+configs += [C("quantize", "bf16", "nvfp4", "128x4", "vector", pdl=True),
+            C("quantize", "f32", "mxfp4", "8x4", "tma", tma_shape(4096, "f32", 32), pdl=True),
+            C("global_scale", "bf16", pdl=True),
+            C("dequantize", "bf16", "nvfp4", "128x4", has_gs=True, pdl=True)]
 out = []
 for cfg in configs:
     fn = L.compile_only(cfg)
@@ -51,6 +56,10 @@ for cfg in configs:
         "bulk_tensor": "cp.async.bulk.tensor" in ptx,
         "mbarrier_wait": "mbarrier.try_wait" in ptx,
         "approx": ".approx" in ptx,
+        "pdl": cfg.pdl,
+        "gdc_wait": "griddepcontrol.wait" in ptx,
+        "gdc_launch": "griddepcontrol.launch_dependents" in ptx,
+        "gdc_any": "griddepcontrol" in ptx,
     })
 print(json.dumps(out))
 """
@@ -65,12 +74,17 @@ def test_cute_kernels_compile_for_arch(arch, tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 17
+    assert len(results) == 21
+    assert sum(r["pdl"] for r in results) == 4
     sm = int(arch[3:-1])
     for r in results:
         assert r["target"] == arch, r
         assert r["elf"] and sm in r["sm"], r
         assert not r["approx"], r
+        if r["pdl"]:
+            assert r["gdc_wait"] and r["gdc_launch"], r
+        else:
+            assert not r["gdc_any"], r
         if r["variant"] == "tma":
             assert r["bulk_tensor"] and r["mbarrier_wait"], r
         else:

@@ -1,6 +1,7 @@
 // Torch binding of the cuda backend: reads sizes and pointers off tensors that the Python
 // launchers (torch_fp4/kernels/cuda/quantize.py) allocated and validated, and enqueues the
-// kernels on the current CUDA stream of the tensors' device.
+// kernels on the current CUDA stream of the tensors' device. `pdl` (from use_pdl(), true only on
+// sm_90+): launch with programmatic dependent launch (pdl.cuh).
 #include <optional>
 
 #include <c10/cuda/CUDAException.h>
@@ -60,26 +61,27 @@ QuantizeArgs quantize_args(const at::Tensor& x, const at::Tensor& data, const at
 }
 
 void nvfp4_quantize(const at::Tensor& x, const at::Tensor& global_scale, const at::Tensor& data,
-                    const at::Tensor& scale, int64_t layout) {
+                    const at::Tensor& scale, int64_t layout, bool pdl) {
   const c10::cuda::CUDAGuard guard(x.device());
   QuantizeArgs a = quantize_args(x, data, scale, layout);
   const auto gs = global_scale_ptr(global_scale);
   a.gs = gs.first;
   a.gs_stride = gs.second;
-  launch_nvfp4_quantize(a, c10::cuda::getCurrentCUDAStream());
+  launch_nvfp4_quantize(a, c10::cuda::getCurrentCUDAStream(), pdl);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void mxfp4_quantize(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale, int64_t layout) {
+void mxfp4_quantize(const at::Tensor& x, const at::Tensor& data, const at::Tensor& scale, int64_t layout,
+                    bool pdl) {
   const c10::cuda::CUDAGuard guard(x.device());
   const QuantizeArgs a = quantize_args(x, data, scale, layout);
-  launch_mxfp4_quantize(a, c10::cuda::getCurrentCUDAStream());
+  launch_mxfp4_quantize(a, c10::cuda::getCurrentCUDAStream(), pdl);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void dequantize(const at::Tensor& data, const at::Tensor& scale,
                 const std::optional<at::Tensor>& global_scale, const at::Tensor& out, int64_t block_size,
-                int64_t layout) {
+                int64_t layout, bool pdl) {
   const c10::cuda::CUDAGuard guard(data.device());
   check_cuda(data, "data");
   check_cuda(scale, "scale");
@@ -105,11 +107,11 @@ void dequantize(const at::Tensor& data, const at::Tensor& scale,
   TORCH_CHECK(a.out_dtype != kFloat8E4M3, "torch_fp4 cuda backend: out must be bf16, fp16 or fp32");
   TORCH_CHECK(a.rows * (a.k / 8) <= kMaxThreadsPerMatrix && a.rows_padded * a.kb_padded <= kMaxThreadsPerMatrix,
               "torch_fp4 cuda backend: matrix too large for 32-bit indexing");
-  launch_dequantize(a, static_cast<int>(block_size), c10::cuda::getCurrentCUDAStream());
+  launch_dequantize(a, static_cast<int>(block_size), c10::cuda::getCurrentCUDAStream(), pdl);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-void global_scale(const at::Tensor& x, const at::Tensor& out, const at::Tensor& workspace) {
+void global_scale(const at::Tensor& x, const at::Tensor& out, const at::Tensor& workspace, bool pdl) {
   const c10::cuda::CUDAGuard guard(x.device());
   check_cuda(x, "x");
   check_cuda(out, "out");
@@ -122,7 +124,7 @@ void global_scale(const at::Tensor& x, const at::Tensor& out, const at::Tensor& 
   C10_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, x.device().index()));
   launch_global_scale(x.data_ptr(), x.numel(), dtype_code(x, "x"), out.data_ptr<float>(),
                       reinterpret_cast<uint32_t*>(workspace.data_ptr<int32_t>()), num_sms,
-                      c10::cuda::getCurrentCUDAStream());
+                      c10::cuda::getCurrentCUDAStream(), pdl);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -12,6 +12,7 @@
 
 #include "fp4_numerics.cuh"
 #include "launch.h"
+#include "pdl.cuh"
 #include "scale_layout.cuh"
 
 namespace torch_fp4 {
@@ -94,6 +95,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantizePa
   constexpr uint32_t kUnitsPerBlock = (kNvfp4 ? 2 : 4) / kWords;
   constexpr int kOutBytes = kOutDType == kFloat32 ? 4 : 2;
 
+  pdl_wait();  // before any global-memory access (the previous kernel's writes are visible)
   const uint32_t index = blockIdx.x * kThreads + threadIdx.x;
   if (index >= p.units) return;
   uint32_t m, unit_in_row;
@@ -112,6 +114,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantizePa
 
     uint32_t w[kWords];
     load_packed<kWords, kVec>(p.data + unit * (4 * kWords), w);
+    if (b == blockIdx.y) pdl_launch_dependents();  // once, after this thread's first loads
     float v[kCount];
 #pragma unroll
     for (int j = 0; j < kWords; ++j) e2m1_decode8_scaled(w[j], v + 8 * j);
@@ -132,7 +135,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const DequantizePa
 }
 
 template <int kOutDType, bool kNvfp4>
-void launch_typed(const DequantizeArgs& a, cudaStream_t stream) {
+void launch_typed(const DequantizeArgs& a, cudaStream_t stream, bool pdl) {
   const int64_t units_per_row = a.k / (8 * words_per_thread<kOutDType>());
   const int64_t units = a.rows * units_per_row;
   if (a.batch <= 0 || units <= 0) return;
@@ -153,29 +156,29 @@ void launch_typed(const DequantizeArgs& a, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((units + kThreads - 1) / kThreads),
                   static_cast<unsigned>(std::min<int64_t>(a.batch, 65535)));
   if (reinterpret_cast<uintptr_t>(a.data) % (4 * words_per_thread<kOutDType>()) == 0) {
-    dequantize_kernel<kOutDType, kNvfp4, true><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel(dequantize_kernel<kOutDType, kNvfp4, true>, grid, kThreads, stream, pdl, p);
   } else {
-    dequantize_kernel<kOutDType, kNvfp4, false><<<grid, kThreads, 0, stream>>>(p);
+    launch_kernel(dequantize_kernel<kOutDType, kNvfp4, false>, grid, kThreads, stream, pdl, p);
   }
 }
 
 template <bool kNvfp4>
-void launch(const DequantizeArgs& a, cudaStream_t stream) {
+void launch(const DequantizeArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.out_dtype) {
-    case kBFloat16: launch_typed<kBFloat16, kNvfp4>(a, stream); break;
-    case kFloat16: launch_typed<kFloat16, kNvfp4>(a, stream); break;
-    case kFloat32: launch_typed<kFloat32, kNvfp4>(a, stream); break;
+    case kBFloat16: launch_typed<kBFloat16, kNvfp4>(a, stream, pdl); break;
+    case kFloat16: launch_typed<kFloat16, kNvfp4>(a, stream, pdl); break;
+    case kFloat32: launch_typed<kFloat32, kNvfp4>(a, stream, pdl); break;
     default: break;
   }
 }
 
 }  // namespace
 
-void launch_dequantize(const DequantizeArgs& args, int block_size, cudaStream_t stream) {
+void launch_dequantize(const DequantizeArgs& args, int block_size, cudaStream_t stream, bool pdl) {
   if (block_size == 16) {
-    launch<true>(args, stream);
+    launch<true>(args, stream, pdl);
   } else {
-    launch<false>(args, stream);
+    launch<false>(args, stream, pdl);
   }
 }
 

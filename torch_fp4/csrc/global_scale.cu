@@ -12,6 +12,7 @@
 #include <cuda_fp8.h>
 
 #include "launch.h"
+#include "pdl.cuh"
 
 namespace torch_fp4 {
 namespace {
@@ -72,6 +73,9 @@ __device__ __forceinline__ uint32_t load_element(const uint8_t* x, int64_t i) {
 template <int kDType, int kElemBytes>
 __global__ void __launch_bounds__(kThreads) global_scale_kernel(const uint8_t* x, int64_t n,
                                                                  float* out, uint32_t* workspace) {
+  // Before any global-memory access: the previous kernel (possibly an earlier launch on this
+  // workspace, whose last CTA resets it) has completed and its writes are visible.
+  pdl_wait();
   AbsMax<kDType> am;
   const int64_t tid = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
@@ -99,6 +103,9 @@ __global__ void __launch_bounds__(kThreads) global_scale_kernel(const uint8_t* x
   const int64_t tail = head + vectors * 16 / kElemBytes;
   for (int64_t i = tid; i < head; i += stride) am.add_element(load_element<kElemBytes>(x, i));
   for (int64_t i = tail + tid; i < n; i += stride) am.add_element(load_element<kElemBytes>(x, i));
+  // Every input load is done; the next kernel may start (it waits for this grid, workspace reset
+  // included, before touching memory).
+  pdl_launch_dependents();
 
   // CTA reduction of the fp32 patterns.
   __shared__ uint32_t warp_max[kThreads / 32];
@@ -125,23 +132,23 @@ __global__ void __launch_bounds__(kThreads) global_scale_kernel(const uint8_t* x
 
 template <int kDType, int kElemBytes>
 void launch_typed(const void* x, int64_t n, float* out, uint32_t* workspace, int num_sms,
-                  cudaStream_t stream) {
+                  cudaStream_t stream, bool pdl) {
   const int64_t per_cta = int64_t{kThreads} * kUnroll * 16 / kElemBytes;
   const int64_t wanted = (n + per_cta - 1) / per_cta;
   const int ctas = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(wanted, int64_t{num_sms} * 2)));
-  global_scale_kernel<kDType, kElemBytes>
-      <<<ctas, kThreads, 0, stream>>>(static_cast<const uint8_t*>(x), n, out, workspace);
+  launch_kernel(global_scale_kernel<kDType, kElemBytes>, ctas, kThreads, stream, pdl,
+                static_cast<const uint8_t*>(x), n, out, workspace);
 }
 
 }  // namespace
 
 void launch_global_scale(const void* x, int64_t n, int in_dtype, float* out, uint32_t* workspace,
-                         int num_sms, cudaStream_t stream) {
+                         int num_sms, cudaStream_t stream, bool pdl) {
   switch (in_dtype) {
-    case kBFloat16: launch_typed<kBFloat16, 2>(x, n, out, workspace, num_sms, stream); break;
-    case kFloat16: launch_typed<kFloat16, 2>(x, n, out, workspace, num_sms, stream); break;
-    case kFloat32: launch_typed<kFloat32, 4>(x, n, out, workspace, num_sms, stream); break;
-    case kFloat8E4M3: launch_typed<kFloat8E4M3, 1>(x, n, out, workspace, num_sms, stream); break;
+    case kBFloat16: launch_typed<kBFloat16, 2>(x, n, out, workspace, num_sms, stream, pdl); break;
+    case kFloat16: launch_typed<kFloat16, 2>(x, n, out, workspace, num_sms, stream, pdl); break;
+    case kFloat32: launch_typed<kFloat32, 4>(x, n, out, workspace, num_sms, stream, pdl); break;
+    case kFloat8E4M3: launch_typed<kFloat8E4M3, 1>(x, n, out, workspace, num_sms, stream, pdl); break;
     default: break;
   }
 }

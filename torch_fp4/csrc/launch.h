@@ -55,14 +55,15 @@ struct DequantizeArgs {
 constexpr int64_t kMaxThreadsPerMatrix = (int64_t{1} << 31) - 1;
 
 // Each launcher enqueues its kernels on `stream` and returns without synchronizing; the caller
-// checks the launch with cudaGetLastError.
-void launch_nvfp4_quantize(const QuantizeArgs& args, cudaStream_t stream);
-void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream);
-void launch_dequantize(const DequantizeArgs& args, int block_size, cudaStream_t stream);
+// checks the launch with cudaGetLastError. `pdl` (sm_90+ only): launch with programmatic
+// dependent launch (pdl.cuh); every kernel waits for the previous grid before touching memory.
+void launch_nvfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool pdl);
+void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool pdl);
+void launch_dequantize(const DequantizeArgs& args, int block_size, cudaStream_t stream, bool pdl);
 
 // out[0] = NVFP4 global scale of the n elements at x. workspace: two uint32 words, zero before
 // the call and zero again after it (the last block resets them). num_sms sizes the grid.
 void launch_global_scale(const void* x, int64_t n, int in_dtype, float* out, uint32_t* workspace,
-                         int num_sms, cudaStream_t stream);
+                         int num_sms, cudaStream_t stream, bool pdl);
 
 }  // namespace torch_fp4

@@ -10,6 +10,7 @@
 
 #include "fp4_numerics.cuh"
 #include "launch.h"
+#include "pdl.cuh"
 #include "scale_layout.cuh"
 #include "source_block.cuh"
 
@@ -50,6 +51,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
   constexpr int kInWords = kBlock * kElemBytes / 4;
   constexpr int kOutWords = kBlock / 8;
 
+  pdl_wait();  // before any global-memory access (the previous kernel's writes are visible)
   const uint32_t entry = blockIdx.x * kThreads + threadIdx.x;
   if (entry >= p.entries) return;
   uint32_t m, kb;
@@ -67,6 +69,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
 
     uint32_t w[kInWords];
     load_words<kInWords, kElemBytes, kVec>(p.x + block * (kBlock * kElemBytes), w);
+    if (b == blockIdx.y) pdl_launch_dependents();  // once, after this thread's first loads
     const float amax = __uint_as_float(block_amax_bits<kDType, kInWords>(w));
 
     BlockScale bs;
@@ -111,7 +114,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
 }
 
 template <bool kNvfp4>
-void launch_quantize(const QuantizeArgs& a, cudaStream_t stream) {
+void launch_quantize(const QuantizeArgs& a, cudaStream_t stream, bool pdl) {
   const int block = kNvfp4 ? 16 : 32;
   const int64_t entries = a.rows_padded * a.kb_padded;
   if (a.batch <= 0 || entries <= 0) return;
@@ -137,9 +140,9 @@ void launch_quantize(const QuantizeArgs& a, cudaStream_t stream) {
 #define TORCH_FP4_LAUNCH(DT)                                                             \
   do {                                                                                   \
     if (vec)                                                                             \
-      quantize_kernel<DT, kNvfp4, true><<<grid, kThreads, 0, stream>>>(p);               \
+      launch_kernel(quantize_kernel<DT, kNvfp4, true>, grid, kThreads, stream, pdl, p);  \
     else                                                                                 \
-      quantize_kernel<DT, kNvfp4, false><<<grid, kThreads, 0, stream>>>(p);              \
+      launch_kernel(quantize_kernel<DT, kNvfp4, false>, grid, kThreads, stream, pdl, p); \
   } while (0)
 
   switch (a.in_dtype) {
@@ -154,12 +157,12 @@ void launch_quantize(const QuantizeArgs& a, cudaStream_t stream) {
 
 }  // namespace
 
-void launch_nvfp4_quantize(const QuantizeArgs& args, cudaStream_t stream) {
-  launch_quantize<true>(args, stream);
+void launch_nvfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool pdl) {
+  launch_quantize<true>(args, stream, pdl);
 }
 
-void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream) {
-  launch_quantize<false>(args, stream);
+void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool pdl) {
+  launch_quantize<false>(args, stream, pdl);
 }
 
 }  // namespace torch_fp4

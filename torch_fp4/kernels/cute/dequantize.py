@@ -19,8 +19,9 @@ OUT_BYTES = {"bf16": 2, "f16": 2, "f32": 4}
 
 
 class Dequantize:
-    def __init__(self, nvfp4: bool, layout: str, out: str, has_gs: bool):
+    def __init__(self, nvfp4: bool, layout: str, out: str, has_gs: bool, pdl: bool = False):
         self.nvfp4, self.layout, self.out, self.has_gs = nvfp4, layout, out, has_gs
+        self.pdl = pdl
         self.block = 16 if nvfp4 else 32
         self.in_bytes = self.block // 2
         self.out_block_bytes = self.block * OUT_BYTES[out]
@@ -34,13 +35,15 @@ class Dequantize:
         self.kernel(data, scale, gs, out, kb, kp, mp * kp, total, gs_stride,
                     cute.fast_divmod_create_divisor_v2(kb),
                     cute.fast_divmod_create_divisor_v2(rows)).launch(
-            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream)
+            grid=[grid, 1, 1], block=[THREADS, 1, 1], stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, data: cute.Pointer, scale: cute.Pointer, gs: cute.Pointer,
                out: cute.Pointer, kb: Int32, kp: Int32, per_batch: Int32, total: Int32,
                gs_stride: Int32, div_kb: cute.FastDivmodDivisorV2,
                div_rows: cute.FastDivmodDivisorV2):
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()    # the previous grid's writes are visible
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         blk = bidx * THREADS + tidx
@@ -61,6 +64,8 @@ class Dequantize:
             rgs = None
             if cutlass.const_expr(self.has_gs):
                 rgs = P.rcp_rn(P.ld_u32(gs.toint() + Int64(b * gs_stride) * 4))
+            if cutlass.const_expr(self.pdl):
+                cute.arch.griddepcontrol_launch_dependents()
             res = N.dequantize_words(packed, sf, rgs, self.out)
             dst = out.toint() + Int64(blk) * self.out_block_bytes
             for i in cutlass.range_constexpr(len(res) // 4):

@@ -6,7 +6,10 @@ maxima of magnitude patterns are float maxima with NaN winning. Lane 0 of each w
 its warp's maximum into workspace[0] with an atomic max. Each CTA then counts itself in
 workspace[1]; the CTA that counts last reads workspace[0], writes
 gs = RN(2688 / amax) (1.0 if amax == 0 or gs is not finite) and zeroes both workspace words
-for the next launch on the stream.
+for the next launch on the stream. With PDL (pdl=True) every thread executes
+griddepcontrol.wait before its first global access (input, workspace or output), so a launch
+that starts early still sees the workspace zeroed by the previous launch; dependents are let
+launch once the input loads are done (they wait for this grid's completion themselves).
 """
 from __future__ import annotations
 
@@ -47,8 +50,8 @@ def _to_f32(mag, dtype: str) -> Uint32:
 
 
 class GlobalScale:
-    def __init__(self, dtype: str):
-        self.dtype = dtype
+    def __init__(self, dtype: str, pdl: bool = False):
+        self.dtype, self.pdl = dtype, pdl
         self.esize = N.ELEMENT_BYTES[dtype]
         self.per_vector = 16 // self.esize
 
@@ -56,11 +59,13 @@ class GlobalScale:
     def __call__(self, x: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, vectors: Int32,
                  tail: Int32, grid: Int32, stream: cuda.CUstream):
         self.kernel(x, out, ws, vectors, tail).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1],
-                                                      stream=stream)
+                                                      stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, out: cute.Pointer, ws: cute.Pointer, vectors: Int32,
                tail: Int32):
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()    # the previous grid's writes are visible
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -81,6 +86,8 @@ class GlobalScale:
             else:
                 e = e & Uint32(0x7FFF)
             mag = P.umax(mag, e)
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_launch_dependents()
         amax = P.warp_max(_to_f32(mag, self.dtype))
         lane = tidx % 32
         if lane == 0:

@@ -4,6 +4,10 @@ Kernels are compiled on first use and cached under a frozen KernelConfig (everyt
 about a kernel: op, dtypes, format, layout, variant, TMA shape); sizes, pointers and strides
 are runtime arguments, so a warmed-up config never compiles again (in particular not during
 CUDA-graph capture). Every launch goes on torch.cuda.current_stream(), passed explicitly.
+With programmatic dependent launch on (torch_fp4.set_pdl, sm_90+), configs carry pdl=True: the
+kernel is launched with the programmatic-stream-serialization attribute (`.launch(use_pdl=True)`)
+and executes griddepcontrol.wait before its first global-memory access. pdl is part of the
+config key (a separately compiled kernel); with PDL off no griddepcontrol is emitted.
 Inputs that are not contiguous or not 16-byte aligned are copied first (the kernels use
 16-byte vector loads and TMA).
 """
@@ -24,7 +28,7 @@ from cutlass.runtime import make_fake_stream
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs
+from .._common import prepare_outputs, use_pdl
 from .dequantize import Dequantize
 from .global_scale import THREADS as GLOBAL_SCALE_THREADS
 from .global_scale import GlobalScale
@@ -57,16 +61,17 @@ class KernelConfig:
     variant: str = ""       # quantize: "vector" or "tma"
     tma: Optional[TmaShape] = None  # quantize, tma: tile, warps and stages
     has_gs: bool = False    # dequantize: a global scale is applied
+    pdl: bool = False       # programmatic dependent launch (launch attribute + griddepcontrol)
 
     def build(self):
         nv = self.fmt == "nvfp4"
         if self.op == "quantize" and self.variant == "tma":
-            return TmaQuantize(self.dtype, nv, self.layout, self.tma)
+            return TmaQuantize(self.dtype, nv, self.layout, self.tma, self.pdl)
         if self.op == "quantize":
-            return VectorQuantize(self.dtype, nv, self.layout)
+            return VectorQuantize(self.dtype, nv, self.layout, self.pdl)
         if self.op == "dequantize":
-            return Dequantize(nv, self.layout, self.dtype, self.has_gs)
-        return GlobalScale(self.dtype)
+            return Dequantize(nv, self.layout, self.dtype, self.has_gs, self.pdl)
+        return GlobalScale(self.dtype, self.pdl)
 
 
 _compiled: dict = {}
@@ -154,18 +159,19 @@ def _quantize(x: torch.Tensor, gs: Optional[torch.Tensor], fmt: F.Fp4Format,
     mp, kp = F.padded_scale_shape(rows, kb, layout)
     dtype = _DTYPES[x.dtype]
     variant = quantize_variant(x.numel(), fmt.name, dtype)
+    pdl = use_pdl(x.device)
     gs_args = (_ptr(gs, cutlass.Float32, 4), Int32(_gs_stride(gs) if gs is not None else 0))
     sizes = (Int32(rows), Int32(kb), Int32(kp), Int32(mp), Int32(batches))
     if variant == "tma":
         shape = tma_shape(k, dtype, fmt.block_size, **TMA_SHAPE_OVERRIDE)
-        cfg = KernelConfig("quantize", dtype, fmt.name, layout.value, "tma", shape)
+        cfg = KernelConfig("quantize", dtype, fmt.name, layout.value, "tma", shape, pdl=pdl)
         tiles = -(-batches * rows // shape.rows) * -(-k // shape.cols)
         per_sm = ctas_per_sm(shape, dtype, fmt is F.NVFP4)
         grid = max(1, min(tiles, per_sm * _sm_count(x.device)))
         _run(cfg, x.device, _ptr(x), gs_args[0], _ptr(data), _ptr(scale, align=1), *sizes,
              gs_args[1], Int32(grid), _stream(x.device))
     else:
-        cfg = KernelConfig("quantize", dtype, fmt.name, layout.value, "vector")
+        cfg = KernelConfig("quantize", dtype, fmt.name, layout.value, "vector", pdl=pdl)
         _run(cfg, x.device, _ptr(x), gs_args[0], _ptr(data), _ptr(scale, align=1), *sizes,
              gs_args[1], _stream(x.device))
     return data, scale
@@ -193,7 +199,7 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Option
     rows, kb = data.shape[-2], data.shape[-1] * 2 // fmt.block_size
     mp, kp = F.padded_scale_shape(rows, kb, sf_layout)
     cfg = KernelConfig("dequantize", _DTYPES[out_dtype], fmt.name, sf_layout.value,
-                       has_gs=global_scale is not None)
+                       has_gs=global_scale is not None, pdl=use_pdl(data.device))
     gs = global_scale
     _run(cfg, data.device, _ptr(raw), _ptr(F.as_uint8(scale), align=1),
          _ptr(gs, cutlass.Float32, 4), _ptr(out), Int32(rows), Int32(kb), Int32(kp), Int32(mp),
@@ -205,7 +211,9 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Option
 # Global scale
 # ---------------------------------------------------------------------------------------------
 def _workspace(device: torch.device) -> torch.Tensor:
-    """Two zeroed int32 words per (device, stream); the kernel leaves them zeroed."""
+    """Two zeroed int32 words per (device, stream); the kernel leaves them zeroed. Under PDL
+    the next launch on the stream may start early, but every CTA waits (griddepcontrol.wait)
+    for the previous grid, and so for its zeroing, before touching the words."""
     key = (device.index, torch.cuda.current_stream(device).cuda_stream)
     ws = _workspaces.get(key)
     if ws is None:
@@ -221,7 +229,8 @@ def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
     vectors, tail = divmod(x.numel(), per_vector)
     grid = max(1, min(-(-vectors // GLOBAL_SCALE_THREADS),
                       GLOBAL_SCALE_CTAS_PER_SM * _sm_count(out.device)))
-    _run(KernelConfig("global_scale", dtype), out.device, _ptr(x if x.numel() else None),
+    cfg = KernelConfig("global_scale", dtype, pdl=use_pdl(out.device))
+    _run(cfg, out.device, _ptr(x if x.numel() else None),
          _ptr(out, cutlass.Float32, 4), _ptr(_workspace(out.device), cutlass.Int32, 4),
          Int32(vectors), Int32(tail), Int32(grid), _stream(out.device))
     return out

@@ -8,6 +8,8 @@ shared memory (each consumer thread owns whole blocks), write packed data and sc
 global memory, and release the stage. TMA fills the parts of a tile beyond R or K with zeros;
 consumers skip those blocks. Scale padding is written by the consumers: columns Kb..Kp-1 by
 the thread that owns a row's last block, rows M..Mp-1 of each batch entry after the tile loop.
+With PDL (pdl=True) every thread executes griddepcontrol.wait first, and the producer warp
+executes griddepcontrol.launch_dependents once it has issued its last TMA load.
 """
 from __future__ import annotations
 
@@ -68,8 +70,8 @@ def ctas_per_sm(shape: TmaShape, dtype: str, nvfp4: bool) -> int:
 
 
 class TmaQuantize:
-    def __init__(self, dtype: str, nvfp4: bool, layout: str, shape: TmaShape):
-        self.dtype, self.nvfp4, self.layout = dtype, nvfp4, layout
+    def __init__(self, dtype: str, nvfp4: bool, layout: str, shape: TmaShape, pdl: bool = False):
+        self.dtype, self.nvfp4, self.layout, self.pdl = dtype, nvfp4, layout, pdl
         self.block = 16 if nvfp4 else 32
         self.esize = N.ELEMENT_BYTES[dtype]
         self.block_bytes = self.block * self.esize
@@ -107,7 +109,7 @@ class TmaQuantize:
                     cute.fast_divmod_create_divisor_v2(cutlass.max(pad_rows * kp, 1)),
                     cute.fast_divmod_create_divisor_v2(kp)).launch(
             grid=[grid, 1, 1], block=[self.consumers + 32, 1, 1], stream=stream,
-            min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=100)
+            min_blocks_per_mp=self.ctas_per_sm, preferred_smem_carveout=100, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, atom: cute.CopyAtom, tma_x: cute.Tensor, gs: cute.Pointer, q: cute.Pointer,
@@ -116,6 +118,8 @@ class TmaQuantize:
                gs_stride: Int32, div_rows: cute.FastDivmodDivisorV2,
                div_col_tiles: cute.FastDivmodDivisorV2, div_pad_batch: cute.FastDivmodDivisorV2,
                div_kp: cute.FastDivmodDivisorV2):
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()    # the previous grid's writes are visible
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         nctas, _, _ = cute.arch.grid_dim()
@@ -153,6 +157,8 @@ class TmaQuantize:
                               tma_bar_ptr=pipe.producer_get_barrier(state))
                 state.advance()
                 t = t + nctas
+            if cutlass.const_expr(self.pdl):
+                cute.arch.griddepcontrol_launch_dependents()   # every load of this CTA issued
             pipe.producer_tail(state)
         else:
             state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)

@@ -21,8 +21,8 @@ THREADS = 256
 
 
 class VectorQuantize:
-    def __init__(self, dtype: str, nvfp4: bool, layout: str):
-        self.dtype, self.nvfp4, self.layout = dtype, nvfp4, layout
+    def __init__(self, dtype: str, nvfp4: bool, layout: str, pdl: bool = False):
+        self.dtype, self.nvfp4, self.layout, self.pdl = dtype, nvfp4, layout, pdl
         self.block = 16 if nvfp4 else 32
         self.block_bytes = self.block * N.ELEMENT_BYTES[dtype]     # input bytes per block
         self.out_bytes = self.block // 2                            # packed bytes per block
@@ -38,13 +38,15 @@ class VectorQuantize:
         grid = (total + (THREADS - 1)) // THREADS
         self.kernel(x, gs, q, s, rows, kb, kp, per_batch, total, gs_stride,
                     div_batch, div_kp).launch(grid=[grid, 1, 1], block=[THREADS, 1, 1],
-                                              stream=stream)
+                                              stream=stream, use_pdl=self.pdl)
 
     @cute.kernel
     def kernel(self, x: cute.Pointer, gs: cute.Pointer, q: cute.Pointer, s: cute.Pointer,
                rows: Int32, kb: Int32, kp: Int32, per_batch: Int32, total: Int32,
                gs_stride: Int32, div_batch: cute.FastDivmodDivisorV2,
                div_kp: cute.FastDivmodDivisorV2):
+        if cutlass.const_expr(self.pdl):
+            cute.arch.griddepcontrol_wait()    # the previous grid's writes are visible
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         slot = bidx * THREADS + tidx
@@ -59,6 +61,8 @@ class VectorQuantize:
                 words = []
                 for i in cutlass.range_constexpr(self.block_bytes // 16):
                     words.extend(P.ld_v4(src + 16 * i))
+                if cutlass.const_expr(self.pdl):
+                    cute.arch.griddepcontrol_launch_dependents()
                 sbyte = quantize_store(words, self.dtype, self.nvfp4, gs, b, gs_stride,
                                        q.toint() + blk * self.out_bytes)
             P.st_u8(s.toint() + Int64(soff), sbyte)
