@@ -5,6 +5,7 @@ Runs on the GPU when there is one, on the CPU otherwise, with the backend chosen
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -13,69 +14,36 @@ import torch.nn.functional as Fn
 
 from . import formats as F
 from . import ops
+from .nn import QuantConfig, quantize_model
 
 
 @dataclass(frozen=True)
 class Mode:
     name: str
     fmt: F.Fp4Format
-    w4a4: bool
+    activations: str
 
 
-MODES = (Mode("NVFP4 W4A16", F.NVFP4, False), Mode("NVFP4 W4A4", F.NVFP4, True),
-         Mode("MXFP4 W4A16", F.MXFP4, False), Mode("MXFP4 W4A4", F.MXFP4, True))
+MODES = (Mode("NVFP4 W4A16", F.NVFP4, "bf16"), Mode("NVFP4 W4A4", F.NVFP4, "fp4"),
+         Mode("MXFP4 W4A16", F.MXFP4, "bf16"), Mode("MXFP4 W4A4", F.MXFP4, "fp4"))
 
 
-class Linear:
-    """y = x @ W^T in bf16, or through mm_fp4 once `quantize` has run."""
-
-    def __init__(self, w: torch.Tensor):
-        self.w = w
-        self.mode: Mode | None = None
-
-    def quantize(self, mode: Mode) -> int:
-        self.mode = mode
-        if mode.fmt is F.NVFP4:
-            self.gs = ops.compute_global_scale(self.w)
-            self.q, self.s = ops.nvfp4_quantize(self.w, self.gs)
-        else:
-            self.gs = None
-            self.q, self.s = ops.mxfp4_quantize(self.w)
-        return self.q.numel() + self.s.numel() + (4 if self.gs is not None else 0)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.reshape(-1, shape[-1])
-        m = self.mode
-        if m is None:
-            y = x @ self.w.T
-        elif not m.w4a4:
-            alpha = F.nvfp4_alpha(None, self.gs) if self.gs is not None else None
-            y = ops.mm_fp4(x, self.q.T, None, self.s.T, alpha, block_size=m.fmt.block_size)
-        elif m.fmt is F.NVFP4:
-            gs_a = ops.compute_global_scale(x)
-            xq, xs = ops.nvfp4_quantize(x, gs_a)
-            y = ops.mm_fp4(xq, self.q.T, xs, self.s.T, F.nvfp4_alpha(gs_a, self.gs))
-        else:
-            xq, xs = ops.mxfp4_quantize(x)
-            y = ops.mm_fp4(xq, self.q.T, xs, self.s.T, block_size=32)
-        return y.reshape(*shape[:-1], y.shape[-1])
-
-
-class Block:
+class Block(torch.nn.Module):
     """Pre-norm attention + SwiGLU MLP, random weights, bf16 activations."""
 
     def __init__(self, hidden: int, heads: int, ffn: int, device: torch.device, seed: int = 0):
+        super().__init__()
         g = torch.Generator().manual_seed(seed)
 
-        def w(n, k):
-            return (torch.randn(n, k, generator=g) / k ** 0.5).to(device, torch.bfloat16)
+        def lin(n, k):
+            layer = torch.nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
+            layer.weight.data.copy_(torch.randn(n, k, generator=g) / k ** 0.5)
+            return layer
         self.heads = heads
-        self.qkv, self.o = Linear(w(3 * hidden, hidden)), Linear(w(hidden, hidden))
-        self.gate_up, self.down = Linear(w(2 * ffn, hidden)), Linear(w(hidden, ffn))
-        self.linears = (self.qkv, self.o, self.gate_up, self.down)
+        self.qkv, self.o = lin(3 * hidden, hidden), lin(hidden, hidden)
+        self.gate_up, self.down = lin(2 * ffn, hidden), lin(hidden, ffn)
 
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, t, h = x.shape
         q, k, v = self.qkv(Fn.rms_norm(x, (h,))).view(b, t, 3, self.heads, -1).unbind(2)
         att = Fn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
@@ -123,13 +91,17 @@ def run(device: str | None = None, seed: int = 0) -> list[tuple]:
           f"block hidden={hidden} heads={heads} ffn={ffn}, tokens={batch}x{seq}", flush=True)
     block = Block(hidden, heads, ffn, dev, seed)
     x = torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(seed + 1)).to(dev, torch.bfloat16)
-    ref = block(x)
-    bf16_bytes = sum(lin.w.numel() * 2 for lin in block.linears)
+    with torch.inference_mode():
+        ref = block(x)
+    bf16_bytes = sum(p.numel() * 2 for p in block.parameters())
     rows = []
     for i, mode in enumerate(MODES, 1):
         t0 = time.perf_counter()
-        nbytes = sum(lin.quantize(mode) for lin in block.linears)
-        out = block(x)
+        fp4 = quantize_model(copy.deepcopy(block), QuantConfig(mode.fmt.name, mode.activations))
+        nbytes = sum(b.numel() * b.element_size() for n, b in fp4.named_buffers()
+                     if not n.endswith("input_global_scale_bits"))
+        with torch.inference_mode():
+            out = fp4(x)
         rows.append((mode.name, *_compare(out, ref), bf16_bytes / nbytes, time.perf_counter() - t0))
         print(f"  [{i}/{len(MODES) + 1}] {mode.name}: done in {rows[-1][-1]:.2f}s", flush=True)
     moe = _moe_rows(dev, tokens=64, hidden=hidden, inter=128, experts=8, top_k=2)
