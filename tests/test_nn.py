@@ -139,3 +139,18 @@ def test_quantized_model_compiles_fullgraph(activations):
     eager = model(x)
     torch._dynamo.reset()
     assert torch.equal(torch.compile(model, fullgraph=True)(x), eager)
+
+
+def test_from_checkpoint_uses_the_stored_weight():
+    from torch_fp4 import checkpoint as ckpt
+    lin = _linear(k=96, n=40)
+    ref_mod = FP4Linear.from_linear(lin, "nvfp4")
+    tensors = {
+        "layer.weight_packed": ref_mod.weight.clone(),
+        "layer.weight_scale": t4.formats.unswizzle(ref_mod.weight_scale, 40, 6, "128x4").view(torch.float8_e4m3fn).clone(),
+        "layer.weight_global_scale": ref_mod.weight_global_scale.clone(),
+    }
+    w = ckpt.load_nvfp4(tensors, "layer", "compressed-tensors")
+    mod = FP4Linear.from_checkpoint(w, bias=lin.bias)
+    x = torch.randn(7, 96, dtype=torch.bfloat16)
+    assert torch.equal(mod(x), ref_mod(x))

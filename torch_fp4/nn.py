@@ -77,6 +77,19 @@ class FP4Linear(torch.nn.Module):
             mod.bias.data.copy_(linear.bias.detach().to(compute))
         return mod
 
+    @classmethod
+    def from_checkpoint(cls, weight, bias: Optional[torch.Tensor] = None, activations: str = "bf16",
+                        compute_dtype: torch.dtype = torch.bfloat16) -> "FP4Linear":
+        """An NVFP4 FP4Linear from a loaded checkpoint weight (torch_fp4.checkpoint.NVFP4Weight).
+        Its input global scale, when the checkpoint has one, becomes the fixed W4A4 scale."""
+        n, half_k = weight.data.shape
+        mod = cls(2 * half_k, n, bias is not None, F.NVFP4, activations, compute_dtype,
+                  weight.data.device)
+        mod.set_quantized(weight.data, weight.scale, weight.global_scale, weight.input_global_scale)
+        if bias is not None:
+            mod.bias.data.copy_(bias.detach().to(compute_dtype))
+        return mod
+
     def set_weight(self, w: torch.Tensor) -> None:
         """Quantize a dense weight [out_features, in_features] into this module."""
         if tuple(w.shape) != (self.out_features, self.in_features):
