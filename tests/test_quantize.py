@@ -284,7 +284,6 @@ def test_nvfp4_inf_element():
     # 448 -> RN(448 * RN(1/448)) ~ 1 -> code 2, 1 -> 0. Dequantizes to +-2688, not Inf.
     xs = [INF, -INF, 448, 1, 2688, 0, 0, 0] + [0] * 8
     for gs in (1.0, 268.79998779296875):
-        g = fp32([gs])
         _, o_codes = oracle_nvfp4(fp32(xs).view(1, 16), gs)
         out = check_nvfp4_block(xs, gs, 0x7E, pack_codes(o_codes.view(-1).tolist()))
         assert torch.isfinite(out).all()

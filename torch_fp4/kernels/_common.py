@@ -1,6 +1,7 @@
 """Shared by every GPU backend: requirement checks and output allocation."""
 from __future__ import annotations
 
+import functools
 import importlib.util
 from typing import Optional
 
@@ -30,6 +31,12 @@ def prepare_outputs(*tensors: torch.Tensor):
     return tensors if len(tensors) > 1 else tensors[0]
 
 
+@functools.cache
+def _installed(module: str) -> bool:
+    """Whether `module` can be imported (asked once per process: this runs on every op call)."""
+    return importlib.util.find_spec(module) is not None
+
+
 def cuda_requirement(args: tuple, module: str, min_capability: tuple[int, int]) -> Optional[str]:
     """None when the first tensor argument is on a CUDA device of at least `min_capability` and
     `module` can be imported; otherwise the reason."""
@@ -39,6 +46,6 @@ def cuda_requirement(args: tuple, module: str, min_capability: tuple[int, int]) 
     cap = torch.cuda.get_device_capability(t.device)
     if cap < min_capability:
         return f"needs compute capability >= {min_capability[0]}.{min_capability[1]} (device has {cap[0]}.{cap[1]})"
-    if importlib.util.find_spec(module) is None:
+    if not _installed(module):
         return f"needs the Python package {module!r}, which is not installed"
     return None

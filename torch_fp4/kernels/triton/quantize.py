@@ -30,10 +30,30 @@ _LAYOUT_ID = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.L
 
 
 @triton.jit
-def _tile(pid_m, pid_k, BM: tl.constexpr, BKB: tl.constexpr):
-    """(rows, k-blocks) of the BM x BKB blocks a program handles, one block per tile row."""
+def _tile(M, half_k, n_kb, BLOCK: tl.constexpr, BM: tl.constexpr, BKB: tl.constexpr,
+          USE_GDC: tl.constexpr):
+    """The BM x BKB blocks a program handles, one block per tile row: (batch index, rows,
+    k-blocks, valid blocks, first pair of each block, pair index within a block). Element pairs
+    and packed bytes share one index: pair i holds elements 2i and 2i+1, byte i their codes."""
+    if USE_GDC:  # launched with PDL: wait for the previous kernel's memory
+        tl.extra.cuda.gdc_wait()
+    pid_m, pid_k, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     r = tl.arange(0, BM * BKB)
-    return pid_m * BM + r // BKB, pid_k * BKB + r % BKB
+    rows = pid_m * BM + r // BKB
+    kbs = pid_k * BKB + r % BKB
+    valid = (rows < M) & (kbs < n_kb)
+    base = (b.to(tl.int64) * M + rows) * half_k + kbs * (BLOCK // 2)
+    return b, rows, kbs, valid, base, tl.arange(0, BLOCK // 2)
+
+
+@triton.jit
+def _scale_base(b, M, n_kb, mp, kp, LAYOUT: tl.constexpr):
+    """Offset of batch entry b's scale matrix (padded for the swizzled layouts)."""
+    if LAYOUT == LAYOUT_LINEAR:
+        base = b.to(tl.int64) * M * n_kb
+    else:
+        base = b.to(tl.int64) * mp * kp
+    return base
 
 
 @triton.jit
@@ -41,14 +61,7 @@ def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp
                      SRC: tl.constexpr, IS_MX: tl.constexpr, LAYOUT: tl.constexpr,
                      BLOCK: tl.constexpr, BM: tl.constexpr, BKB: tl.constexpr,
                      USE_GDC: tl.constexpr = False):
-    if USE_GDC:  # launched with PDL: wait for the previous kernel's memory
-        tl.extra.cuda.gdc_wait()
-    pid_m, pid_k, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows, kbs = _tile(pid_m, pid_k, BM, BKB)
-    valid = (rows < M) & (kbs < n_kb)
-    # element pairs and output bytes share one index: pair i holds elements 2i and 2i+1
-    base = (b.to(tl.int64) * M + rows) * half_k + kbs * (BLOCK // 2)
-    j = tl.arange(0, BLOCK // 2)
+    b, rows, kbs, valid, base, j = _tile(M, half_k, n_kb, BLOCK, BM, BKB, USE_GDC)
     p = tl.load(x_ptr + base[:, None] + j[None, :], mask=valid[:, None], other=0)
     if USE_GDC:
         tl.extra.cuda.gdc_launch_dependents()
@@ -64,10 +77,11 @@ def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp
     tl.store(data_ptr + base[:, None] + j[None, :], packed.to(tl.uint8), mask=valid[:, None])
     sbits = tl.where(valid, sbits, 0)
     soffs = scale_offsets(rows, kbs, n_kb, kp, LAYOUT)
+    sptr = scale_ptr + _scale_base(b, M, n_kb, mp, kp, LAYOUT) + soffs
     if LAYOUT == LAYOUT_LINEAR:
-        tl.store(scale_ptr + b.to(tl.int64) * M * n_kb + soffs, sbits, mask=valid)
+        tl.store(sptr, sbits, mask=valid)
     else:
-        tl.store(scale_ptr + b.to(tl.int64) * mp * kp + soffs, sbits, mask=(rows < mp) & (kbs < kp))
+        tl.store(sptr, sbits, mask=(rows < mp) & (kbs < kp))
 
 
 @triton.jit
@@ -75,20 +89,11 @@ def _dequantize_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, M, half_k, n_kb, mp
                        DST: tl.constexpr, IS_MX: tl.constexpr, HAS_GS: tl.constexpr,
                        LAYOUT: tl.constexpr, BLOCK: tl.constexpr, BM: tl.constexpr,
                        BKB: tl.constexpr, USE_GDC: tl.constexpr = False):
-    if USE_GDC:  # launched with PDL: wait for the previous kernel's memory
-        tl.extra.cuda.gdc_wait()
-    pid_m, pid_k, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    rows, kbs = _tile(pid_m, pid_k, BM, BKB)
-    valid = (rows < M) & (kbs < n_kb)
-    base = (b.to(tl.int64) * M + rows) * half_k + kbs * (BLOCK // 2)
-    j = tl.arange(0, BLOCK // 2)
+    b, rows, kbs, valid, base, j = _tile(M, half_k, n_kb, BLOCK, BM, BKB, USE_GDC)
     c = tl.load(data_ptr + base[:, None] + j[None, :], mask=valid[:, None], other=0).to(tl.int32)
     soffs = scale_offsets(rows, kbs, n_kb, kp, LAYOUT)
-    if LAYOUT == LAYOUT_LINEAR:
-        sbase = b.to(tl.int64) * M * n_kb
-    else:
-        sbase = b.to(tl.int64) * mp * kp
-    sbits = tl.load(scale_ptr + sbase + soffs, mask=valid, other=0)
+    sptr = scale_ptr + _scale_base(b, M, n_kb, mp, kp, LAYOUT) + soffs
+    sbits = tl.load(sptr, mask=valid, other=0)
     if IS_MX:
         sf = ue8m0_to_float(sbits.to(tl.int32))
     else:
