@@ -1,5 +1,6 @@
 """Command line: `python -m torch_fp4 demo [--device cpu|cuda] [--seed N]` and
-`python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]`."""
+`python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]` and
+`python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--tactics [--m M --n N --k K]]`."""
 from __future__ import annotations
 
 import argparse
@@ -22,6 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     bq.add_argument("--csv", default=None, help="write every measurement to this CSV file")
     bq.add_argument("--format", default="nvfp4", choices=["nvfp4", "mxfp4"])
     bq.add_argument("--backends", nargs="*", default=None, help="triton cute-dsl cuda (default: all)")
+    bm = bench_sub.add_parser("mm", help="FP4 GEMM on Llama-3.1-70B shapes vs torch bf16 matmul "
+                                         "and fp8 _scaled_mm")
+    bm.add_argument("--quick", action="store_true", help="M in {1, 16, 128, 2048} only")
+    bm.add_argument("--csv", default=None, help="write every measurement to this CSV file")
+    bm.add_argument("--tune", action="store_true", help="autotune each problem first "
+                                                        "(torch_fp4.autotune; fills the tactic cache)")
+    bm.add_argument("--tactics", action="store_true", help="time every tactic of one problem")
+    bm.add_argument("--m", type=int, default=16)
+    bm.add_argument("--n", type=int, default=8192)
+    bm.add_argument("--k", type=int, default=28672)
+    bm.add_argument("--mode", default="w4a16", choices=["w4a16", "w4a4"])
     args = parser.parse_args(argv)
     if args.command == "demo":
         from . import demo as demo_mod
@@ -30,8 +42,15 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         if not torch.cuda.is_available():
             parser.error("bench needs a CUDA GPU")
-        from .bench import quantize as bench_quantize
-        bench_quantize.run(args.quick, args.csv, args.format, args.backends)
+        if args.what == "quantize":
+            from .bench import quantize as bench_quantize
+            bench_quantize.run(args.quick, args.csv, args.format, args.backends)
+        elif args.tactics:
+            from .bench import mm as bench_mm
+            bench_mm.run_tactics(args.m, args.n, args.k, args.csv, args.mode)
+        else:
+            from .bench import mm as bench_mm
+            bench_mm.run(args.quick, args.csv, args.tune)
     return 0
 
 

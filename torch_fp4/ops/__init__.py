@@ -3,7 +3,7 @@
 Importing this package registers torch.ops.torch_fp4.{compute_global_scale, nvfp4_quantize,
 mxfp4_quantize, fp4_dequantize, mm_fp4, route, fused_moe}.
 """
-from .gemm import mm_fp4
+from .gemm import mm_fp4, mm_fp4_tactics
 from .moe import ROUTING_METHODS, fused_moe, route, swap_gate_up
 from .quantize import compute_global_scale, fp4_dequantize, mxfp4_quantize, nvfp4_quantize
 from ._registry import register_backend_package, supported_backends, unsupported_reason
@@ -15,5 +15,5 @@ for _backend, _package in ((Backend.TRITON, "torch_fp4.kernels.triton"),
     register_backend_package(_backend, _package)
 
 __all__ = ["compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
-           "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",
+           "mm_fp4_tactics",           "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",
            "unsupported_reason"]

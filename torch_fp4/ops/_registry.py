@@ -8,6 +8,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .. import tactics
 from ..backends import Backend
 from ..tuning import auto_order
 
@@ -41,8 +42,8 @@ def _lazy(module: str, name: str) -> Callable:
     def target() -> Callable:
         return getattr(importlib.import_module(module), name)
 
-    def call(*args):
-        return target()(*args)
+    def call(*args, **kwargs):
+        return target()(*args, **kwargs)
     call.__name__ = name
     return call
 
@@ -59,6 +60,15 @@ def register_backend_package(backend: Backend, package: str) -> None:
         module, name = target.split(":")
         register_impl(op, backend, _lazy(f"{package}.{module}", name),
                       functools.partial(mod.requirement, op))
+    # Tactic spaces live in modules that are cheap to import (no GPU toolchain at import time).
+    for op, target in getattr(mod, "TACTIC_SPACES", {}).items():
+        module, name = target.split(":")
+        try:
+            sp = getattr(importlib.import_module(f"{package}.{module}"), name)
+        except Exception as exc:
+            _BROKEN[backend] = f"{package}.{module} failed to import: {exc!r}"
+            continue
+        tactics.register_space(op, backend, sp)
 
 
 def unsupported_reason(op: str, backend: Backend, *args) -> Optional[str]:
@@ -77,18 +87,36 @@ def supported_backends(op: str, *args) -> list[Backend]:
     return [b for b in auto_order(op, args) if unsupported_reason(op, b, *args) is None]
 
 
-def resolve(op: str, backend: Backend, *args) -> Callable:
-    """The implementation of `op` for `backend` (AUTO: the first supported backend in the
-    measured preference order of torch_fp4.tuning)."""
+def resolve_backend(op: str, backend: Backend, *args) -> Backend:
+    """`backend`, checked, or for AUTO the first supported backend in the measured preference
+    order of torch_fp4.tuning."""
     if backend is Backend.AUTO:
         for b in auto_order(op, args):
             if unsupported_reason(op, b, *args) is None:
-                return _IMPLS[op][b].fn
+                return b
         raise RuntimeError(f"{op}: no backend supports these inputs")
     reason = unsupported_reason(op, backend, *args)
     if reason is not None:
         raise ValueError(f"{op}: backend: {backend.label!r} cannot run here: {reason}")
-    return _IMPLS[op][backend].fn
+    return backend
+
+
+def resolve(op: str, backend: Backend, *args) -> Callable:
+    """The implementation of `op` for `backend` (see resolve_backend)."""
+    return _IMPLS[op][resolve_backend(op, backend, *args)].fn
+
+
+def run_tuned(op: str, backend: Backend, *args):
+    """Run `op` on `args` with `backend` (AUTO resolved); a backend with a tactic space for the
+    op gets the tactic torch_fp4.tactics chooses (a forced tactic also picks the backend)."""
+    forced = tactics.forced()
+    if backend is Backend.AUTO and forced is not None:
+        backend = forced.backend
+    b = resolve_backend(op, backend, *args)
+    fn = _IMPLS[op][b].fn
+    if tactics.space(op, b) is None:
+        return fn(*args)
+    return fn(*args, tactic=tactics.choose(op, b, args, fn))
 
 
 INFERENCE_ONLY = ("torch_fp4 ops are inference-only: {op} has no backward. Run it under "

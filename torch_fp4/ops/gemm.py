@@ -9,7 +9,8 @@ from .. import formats as F
 from .. import meta, reference
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, resolve
+from ._registry import define, register_impl, run_tuned, supported_backends
+from .. import tactics as T
 from .quantize import check_scale
 
 OP = "mm_fp4"
@@ -58,8 +59,7 @@ def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b
             alpha: Optional[torch.Tensor], out_dtype: torch.dtype, block_size: int, sf_layout: str,
             backend: int) -> torch.Tensor:
     fmt, layout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend)
-    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
-    return resolve(OP, bk, *args)(*args)
+    return run_tuned(OP, bk, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
 
 
 def _mm_fp4_fake(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend):
@@ -87,3 +87,22 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_
     C.tensors(OP, a=a, b=b, b_scale=b_scale)
     return mm_fp4_op(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
                      F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)))
+
+
+def mm_fp4_tactics(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor],
+                   b_scale: torch.Tensor, alpha: Optional[torch.Tensor] = None,
+                   out_dtype: torch.dtype = torch.bfloat16, block_size: int = 16,
+                   sf_layout: F.SfLayout | str = "128x4", backend: Backend | str = "auto") -> list:
+    """The tactics that can run this mm_fp4 problem (every supported backend's for "auto"),
+    the heuristic default of each backend first. Run one with `torch_fp4.use_tactic(t)`."""
+    layout = F.SfLayout.parse(sf_layout)
+    fmt, layout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, layout.value,
+                                int(Backend.parse(backend)))
+    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
+    backends = supported_backends(OP, *args) if bk is Backend.AUTO else [bk]
+    out = []
+    for b_ in backends:
+        sp = T.space(OP, b_)
+        if sp is not None:
+            out += sp.candidates(*args)
+    return out

@@ -13,7 +13,9 @@ OPS = {
     "nvfp4_quantize": "quantize:nvfp4_quantize",
     "mxfp4_quantize": "quantize:mxfp4_quantize",
     "fp4_dequantize": "quantize:fp4_dequantize",
+    "mm_fp4": "mm:mm_fp4",
 }
+TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE"}
 
 
 def requirement(op: str, *args) -> Optional[str]:

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# mm_fp4 on the GPU: GPU tests, then `bench mm` (quick grid or full) and tactic sweeps.
+# Usage: scripts/device_mm.sh [tests] [quick|full] [tactics]   (writes under $OUT)
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=.
+[ -f .carry/device-env.sh ] && source .carry/device-env.sh
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+for step in "$@"; do
+  case $step in
+    tests) timeout ${TEST_TIMEOUT:-900} python -m pytest -q -x -rs ${PYTEST_ARGS:-tests/test_gpu_mm.py} 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
+    quick) python -m torch_fp4 bench mm --quick --csv "$OUT/mm_quick.csv" 2>&1 | tee "$OUT/mm_quick.txt" ;;
+    full) python -m torch_fp4 bench mm --csv "$OUT/mm_full.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/mm_full.txt" ;;
+    tactics)
+      for mk in "1 w4a16" "16 w4a16" "128 w4a16" "2048 w4a16" "16 w4a4" "128 w4a4"; do
+        set -- $mk
+        echo "== M=$1 $2 N=8192 K=28672" >> "$OUT/tactics.txt"
+        timeout 300 python -m torch_fp4 bench mm --tactics --m $1 --mode $2 >> "$OUT/tactics.txt" 2>&1
+      done ;;
+  esac
+done

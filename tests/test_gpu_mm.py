@@ -1,0 +1,196 @@
+"""mm_fp4 GPU backends and their tactics against the spec (section 5).
+
+Exact on grid-exact operands (partial sums exact in fp32); within the spec's bound on random
+quantized data; outputs poisoned with NaN at allocation; CUDA-graph capture + replay equal to
+eager; identical bits across runs; the autotuner never tunes during capture; a tactic that cannot
+run a problem says why. Every tactic family is covered by a structural sample of tactics (swap /
+no swap, split-K 1 and > 1, every block_k), and every tactic of one small problem runs once.
+"""
+import pytest
+import torch
+
+import torch_fp4 as t4
+from torch_fp4 import formats as F
+from torch_fp4 import tactics
+from torch_fp4 import testing as T
+from torch_fp4.backends import Backend
+from torch_fp4.kernels import _common
+
+pytestmark = pytest.mark.gpu
+FMTS = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}
+GPU_BACKENDS = ("triton", "cute-dsl")
+
+
+@pytest.fixture(autouse=True)
+def _poison(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_FP4_CACHE_DIR", str(tmp_path))
+    tactics.forget()
+    _common.POISON_OUTPUTS = True
+    yield
+    _common.POISON_OUTPUTS = False
+    tactics.forget()
+
+
+def _gen(seed):
+    return torch.Generator().manual_seed(seed)
+
+
+def problem(m, n, k, fmt, a_mode, layout="128x4", seed=0, grid=True):
+    """(args of the public op, a_hat, w_hat): grid-exact or random quantized operands."""
+    g = _gen(seed)
+    if grid:
+        wd, ws, what = T.grid_exact_operand(n, k, fmt, "128x4", g, "cuda")
+    else:
+        wd, ws, gs = T.quantized_weight(n, k, fmt, "cuda")
+        what = t4.fp4_dequantize(wd, ws, None, block_size=fmt.block_size, out_dtype=torch.float32)
+    if a_mode == "fp4":
+        if grid:
+            ad, as_, ahat = T.grid_exact_operand(m, k, fmt, layout, g, "cuda")
+        else:
+            x = torch.randn(m, k, generator=g).cuda()
+            if fmt is F.NVFP4:
+                ad, as_ = t4.nvfp4_quantize(x, torch.ones(1, device="cuda"), sf_layout=layout)
+            else:
+                ad, as_ = t4.mxfp4_quantize(x, sf_layout=layout)
+            ahat = t4.fp4_dequantize(ad, as_, None, block_size=fmt.block_size, sf_layout=layout,
+                                     out_dtype=torch.float32)
+    else:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a_mode]
+        if grid:
+            ahat = torch.randint(-16, 17, (m, k), generator=g).float().div(8).cuda()
+        else:
+            ahat = torch.randn(m, k, generator=g).to(dtype).float().cuda()
+        ad, as_ = ahat.to(dtype), None
+    return (ad, wd.T, as_, ws.T), ahat, what
+
+
+def call(args, fmt, layout="128x4", out_dtype=torch.float32, alpha=None, backend="auto"):
+    a, b, a_scale, b_scale = args
+    return t4.mm_fp4(a, b, a_scale, b_scale, alpha=alpha, out_dtype=out_dtype,
+                     block_size=fmt.block_size, sf_layout=layout, backend=backend)
+
+
+def _need(backend, args, fmt, layout="128x4", out_dtype=torch.float32):
+    a, b, a_scale, b_scale = args
+    reason = t4.unsupported_reason("mm_fp4", Backend.parse(backend), a, b, a_scale, b_scale, None,
+                                   out_dtype, fmt, F.SfLayout.parse(layout))
+    if reason is not None:
+        pytest.skip(f"{backend}: {reason}")
+
+
+def structural_sample(args, fmt, layout, backend):
+    """A few tactics covering each structural choice of the backend's tactic space."""
+    ts = t4.mm_fp4_tactics(*args, block_size=fmt.block_size, sf_layout=layout, backend=backend)
+    picked, seen = [], set()
+    for t in ts:
+        sig = tuple(getattr(t, f, None) for f in ("swap_ab", "block_k", "block_m")) + (
+            getattr(t, "split_k", 1) > 1,)
+        if sig not in seen:
+            seen.add(sig)
+            picked.append(t)
+    return picked
+
+
+MODES = [("fp4", "128x4"), ("fp4", "8x4"), ("fp4", "linear"), ("bf16", "128x4"), ("fp16", "128x4")]
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("fmt_name", FMTS)
+@pytest.mark.parametrize("a_mode,layout", MODES)
+@pytest.mark.parametrize("m", [1, 129])
+def test_grid_exact_every_structural_tactic(backend, fmt_name, a_mode, layout, m):
+    fmt = FMTS[fmt_name]
+    n, k = 200, 640  # N not a multiple of 128, K not a multiple of 128 (a multiple of both blocks)
+    args, ahat, what = problem(m, n, k, fmt, a_mode, layout, seed=m)
+    _need(backend, args, fmt, layout)
+    want = (ahat.double() @ what.double().T)
+    for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for t in structural_sample(args, fmt, layout, backend):
+            with t4.use_tactic(t):
+                got = call(args, fmt, layout, out_dtype)
+            assert torch.equal(got, want.to(out_dtype)), (t.label(), out_dtype,
+                                                          (got.double() - want).abs().max().item())
+
+
+@pytest.mark.parametrize("backend", GPU_BACKENDS)
+@pytest.mark.parametrize("fmt_name", FMTS)
+@pytest.mark.parametrize("a_mode,layout", MODES)
+def test_random_within_bound(backend, fmt_name, a_mode, layout):
+    fmt = FMTS[fmt_name]
+    for m, n, k in ((1, 256, 4096), (129, 136, 1056), (300, 384, 512)):
+        args, ahat, what = problem(m, n, k, fmt, a_mode, layout, seed=k, grid=False)
+        _need(backend, args, fmt, layout)
+        alpha = torch.tensor([0.37], device="cuda")
+        for t in structural_sample(args, fmt, layout, backend):
+            with t4.use_tactic(t):
+                out = call(args, fmt, layout, torch.float32, alpha)
+            T.assert_mm_within_bound(out, ahat, what, alpha)
+        out = call(args, fmt, layout, torch.bfloat16, alpha, backend)
+        T.assert_mm_within_bound(out, ahat, what, alpha)
+
+
+def test_every_tactic_of_one_problem():
+    fmt = F.NVFP4
+    for a_mode, m in (("bf16", 8), ("fp4", 300)):
+        args, ahat, what = problem(m, 264, 1024, fmt, a_mode, seed=m)
+        want = (ahat.double() @ what.double().T).float()
+        ts = t4.mm_fp4_tactics(*args)
+        assert ts, "no tactic listed"
+        for t in ts:
+            with t4.use_tactic(t):
+                got = call(args, fmt)
+            assert torch.equal(got, want), t.label()
+
+
+@pytest.mark.parametrize("a_mode", ["bf16", "fp4"])
+@pytest.mark.parametrize("m", [1, 16, 200])
+def test_graph_replay_and_determinism(a_mode, m):
+    fmt = F.NVFP4
+    args, ahat, what = problem(m, 1000, 2048, fmt, a_mode, seed=3, grid=False)
+    alpha = torch.tensor([1.5], device="cuda")
+    eager = call(args, fmt, out_dtype=torch.bfloat16, alpha=alpha)
+    for _ in range(3):
+        assert torch.equal(call(args, fmt, out_dtype=torch.bfloat16, alpha=alpha), eager)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(args, fmt, out_dtype=torch.bfloat16, alpha=alpha)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, eager)
+    alpha.fill_(3.0)   # device-side alpha is read at replay time
+    graph.replay()
+    assert torch.equal(out, call(args, fmt, out_dtype=torch.bfloat16, alpha=alpha))
+
+
+def test_autotune_stores_and_never_tunes_in_capture(monkeypatch, tmp_path):
+    fmt = F.NVFP4
+    args, _, _ = problem(16, 512, 2048, fmt, "bf16", seed=5)
+    with t4.autotune():
+        tuned = call(args, fmt)
+    assert (tmp_path / "tactics.json").exists()
+    tactics.forget()   # a fresh process: read back from the JSON file
+    assert torch.equal(call(args, fmt), tuned)
+
+    def boom(*a, **k):
+        raise AssertionError("tuned during capture")
+    from torch_fp4.bench import tune
+    monkeypatch.setattr(tune, "fastest", boom)
+    args2, _, _ = problem(32, 512, 4096, fmt, "bf16", seed=6)   # not tuned yet
+    call(args2, fmt)   # warm-up compiles the heuristic tactic
+    graph = torch.cuda.CUDAGraph()
+    with t4.autotune(), torch.cuda.graph(graph):
+        out = call(args2, fmt)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, call(args2, fmt))
+
+
+def test_tactic_that_cannot_run_says_why():
+    fmt = F.MXFP4
+    args, _, _ = problem(4, 256, 256, fmt, "bf16")
+    bad = t4.mm_fp4_tactics(*args)[0]
+    import dataclasses
+    bad = dataclasses.replace(bad, block_k=48)     # not a multiple of the MXFP4 block
+    with pytest.raises(ValueError, match="block_k=48 is not a multiple"):
+        with t4.use_tactic(bad):
+            call(args, fmt)

@@ -1,0 +1,141 @@
+"""`python -m torch_fp4 bench mm`: FP4 GEMM (NVFP4 weights, W4A16 and W4A4) on the
+Llama-3.1-70B linear shapes against torch bf16 matmul and torch fp8 `_scaled_mm`, all measured
+in the same run with CUDA-graph replays (torch_fp4/bench/timing.py).
+
+Columns: time per call; TFLOP/s; speed-up over bf16 and over fp8; fraction of the FP4 memory
+floor (weight + scale bytes at the measured copy bandwidth, divided by the measured time).
+W4A4 times include the activation quantization (global scale given, one quantize launch).
+`--tactics` times every tactic of one problem and writes them to a CSV file.
+"""
+from __future__ import annotations
+
+import csv
+import sys
+
+import torch
+
+from .. import formats as F
+from .. import ops, tactics
+from .timing import copy_bandwidth_gbs, graph_time_us
+
+SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
+MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+QUICK_MS = (1, 16, 128, 2048)
+
+
+def nvfp4_weight(n: int, k: int, device: torch.device, seed: int = 0):
+    """Random NVFP4 weight: (data [N, K/2] uint8, 128x4 scales [Np, Kp], gs fp32 [1]). Codes are
+    uniform, block scales e4m3 powers of two in [2^-4, 2^2]: a realistic spread, made fast."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    data = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, device=device, generator=g)
+    exps = torch.randint(-4, 3, (n, k // 16), device=device, generator=g).float()
+    scale = F.swizzle(torch.exp2(exps).to(torch.float8_e4m3fn), "128x4")
+    return data, scale, torch.ones(1, device=device)
+
+
+class Problem:
+    """Inputs of every contender for one (M, N, K)."""
+
+    def __init__(self, m: int, n: int, k: int, w, device: torch.device):
+        self.m, self.n, self.k = m, n, k
+        self.w_data, self.w_scale, self.gs_w = w
+        self.a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        self.gs_a = torch.full((1,), 448.0 * 6 / 4.0, device=device)
+        self.alpha = F.nvfp4_alpha(self.gs_a, self.gs_w)
+
+    def w4a16(self):
+        return ops.mm_fp4(self.a, self.w_data.T, None, self.w_scale.T, self.alpha)
+
+    def w4a4(self):
+        q, s = ops.nvfp4_quantize(self.a, self.gs_a)
+        return ops.mm_fp4(q, self.w_data.T, s, self.w_scale.T, self.alpha)
+
+    def w4a4_args(self):
+        q, s = ops.nvfp4_quantize(self.a, self.gs_a)
+        return (q, self.w_data.T, s, self.w_scale.T, self.alpha)
+
+
+def _peers(m: int, n: int, k: int, w_bf16: torch.Tensor, w_fp8: torch.Tensor, device):
+    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+    a8 = a.to(torch.float8_e4m3fn)
+    one = torch.ones((), device=device)
+    bf16 = graph_time_us(lambda: torch.matmul(a, w_bf16.T), [()])
+    try:
+        fp8 = graph_time_us(lambda: torch._scaled_mm(a8, w_fp8.T, one, one, out_dtype=torch.bfloat16), [()])
+    except RuntimeError:  # cuBLASLt shape limits
+        fp8 = float("nan")
+    return bf16, fp8
+
+
+def run(quick: bool = False, csv_path: str | None = None, tune: bool = False) -> list[dict]:
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(dev)
+    copy_bw = copy_bandwidth_gbs(dev)
+    print(f"bench mm (NVFP4 weights, 128x4 scales, bf16 out) on {name}; torch {torch.__version__}; "
+          f"copy bandwidth {copy_bw:.0f} GB/s; tactics: {'autotuned' if tune else 'heuristic/cache'}",
+          flush=True)
+    rows = []
+    hdr = (f"{'N':>6} {'K':>6} {'M':>6} | {'bf16 us':>9} {'fp8 us':>9} | {'W4A16 us':>9} {'TFLOP/s':>7} "
+           f"{'x bf16':>6} {'x fp8':>6} {'floor':>5} | {'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6}")
+    print(hdr)
+    for n, k in SHAPES:
+        w = nvfp4_weight(n, k, dev)
+        w_bf16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        w_fp8 = w_bf16.to(torch.float8_e4m3fn)
+        floor_us = (n * k // 2 + w[1].numel()) / copy_bw / 1e3
+        for m in (QUICK_MS if quick else MS):
+            p = Problem(m, n, k, w, dev)
+            with tactics.autotune(tune):
+                p.w4a16()
+                p.w4a4()
+            t16 = graph_time_us(p.w4a16, [()])
+            t4 = graph_time_us(p.w4a4, [()])
+            bf16, fp8 = _peers(m, n, k, w_bf16, w_fp8, dev)
+            flops = 2.0 * m * n * k
+            r = dict(gpu=name, n=n, k=k, m=m, bf16_us=bf16, fp8_us=fp8, w4a16_us=t16, w4a4_us=t4,
+                     w4a16_tflops=flops / t16 / 1e6, w4a16_x_bf16=bf16 / t16, w4a16_x_fp8=fp8 / t16,
+                     w4a16_floor=floor_us / t16, w4a4_x_bf16=bf16 / t4, w4a4_over_w4a16=t4 / t16,
+                     copy_gbs=copy_bw)
+            rows.append(r)
+            print(f"{n:>6} {k:>6} {m:>6} | {bf16:>9.1f} {fp8:>9.1f} | {t16:>9.1f} {r['w4a16_tflops']:>7.0f} "
+                  f"{r['w4a16_x_bf16']:>6.2f} {r['w4a16_x_fp8']:>6.2f} {r['w4a16_floor']:>5.2f} | "
+                  f"{t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f}", flush=True)
+            del p
+        del w, w_bf16, w_fp8
+        torch.cuda.empty_cache()
+    _write(csv_path, rows)
+    return rows
+
+
+def run_tactics(m: int, n: int, k: int, csv_path: str | None, mode: str = "w4a16") -> list[dict]:
+    """Time every tactic of one problem (like a tactic sweep script) and write a CSV."""
+    from .tune import time_tactics
+    dev = torch.device("cuda")
+    p = Problem(m, n, k, nvfp4_weight(n, k, dev), dev)
+    if mode == "w4a16":
+        args = (p.a, p.w_data.T, None, p.w_scale.T, p.alpha)
+    else:
+        args = p.w4a4_args()
+    bf16, fp8 = _peers(m, n, k, torch.randn(n, k, device=dev, dtype=torch.bfloat16),
+                       torch.randn(n, k, device=dev).to(torch.float8_e4m3fn), dev)
+    rows = []
+    for t in ops.mm_fp4_tactics(*args):
+        def launch(*a, tactic, t=t):
+            with tactics.use_tactic(tactic):
+                return ops.mm_fp4(*a)
+        res = time_tactics([t], launch, args)
+        us = res[0][1] if res else float("nan")
+        rows.append(dict(gpu=torch.cuda.get_device_name(dev), m=m, n=n, k=k, mode=mode,
+                         tactic=t.label(), us=us, x_bf16=bf16 / us, bf16_us=bf16, fp8_us=fp8))
+        print(f"{t.label():<110} {us:9.1f} us  x bf16 {bf16 / us:5.2f}", flush=True)
+    _write(csv_path, rows)
+    return rows
+
+
+def _write(csv_path: str | None, rows: list[dict]) -> None:
+    if csv_path and rows:
+        with open(csv_path, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+        print(f"wrote {len(rows)} rows to {csv_path}", file=sys.stderr)

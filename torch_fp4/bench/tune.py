@@ -1,0 +1,48 @@
+"""The autotuner's timing step: run every candidate tactic on rotating copies of the inputs."""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Callable, Sequence
+
+import torch
+
+from .timing import graph_time_us, rotation
+
+log = logging.getLogger("torch_fp4.autotune")
+
+
+def _copies(args: tuple, n: int) -> list[tuple]:
+    """args plus n-1 copies of its tensors (non-tensors shared)."""
+    out = [args]
+    for _ in range(n - 1):
+        out.append(tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+    return out
+
+
+def time_tactics(candidates: Sequence, launch: Callable, args: tuple) -> list[tuple[object, float]]:
+    """(tactic, microseconds per call) for every candidate that runs; failures are logged and
+    left out."""
+    nbytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
+    device = next(a for a in args if isinstance(a, torch.Tensor)).device
+    inputs = _copies(args, rotation(nbytes, device))
+    results = []
+    for t in candidates:
+        try:
+            us = graph_time_us(lambda *a, t=t: launch(*a, tactic=t), inputs, repeats=3, budget_ms=10.0)
+        except Exception as exc:  # a tactic that cannot compile here is skipped, not fatal
+            log.warning("tactic %s failed: %r", t.label(), exc)
+            continue
+        results.append((t, us))
+    return results
+
+
+def fastest(what: str, candidates: Sequence, launch: Callable, args: tuple):
+    """The fastest candidate tactic (ties: the earlier one)."""
+    log.info("autotuning %s: %d tactics", what, len(candidates))
+    results = time_tactics(candidates, launch, args)
+    if not results:
+        raise RuntimeError(f"autotune {what}: no tactic ran ({len(candidates)} tried)")
+    best, us = min(results, key=lambda r: (r[1] if math.isfinite(r[1]) else math.inf))
+    log.info("autotune %s: %s (%.1f us)", what, best.label(), us)
+    return best

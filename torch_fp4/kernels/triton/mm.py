@@ -1,0 +1,160 @@
+"""Triton FP4 GEMM: out = RN_out(alpha * A @ W^T), W FP4 [N, K/2] (passed as b = w.T).
+
+FP4 operands are decoded in registers: each E2M1 code becomes an fp16 by bit placement (sign to
+bit 15, exponent and mantissa to bits 9-11; times 2^14 gives the E2M1 value, subnormal 0.5
+included), is multiplied by its block scale in fp32 (e4m3 or 2^(e-127); the product is exact),
+and is rounded to the MMA operand type (bf16, fp16 or tf32), exactly. The MMA accumulates in
+fp32 (wgmma on sm_90). So every product is exact and only the fp32 accumulation rounds, which the
+spec's bound allows; on grid-exact inputs the result is exact.
+
+Tactics (torch_fp4/kernels/triton/mm_tactics.py) choose tiles, operand swap and split-K. Split-K
+partial sums go to an fp32 workspace and a second kernel adds them in split order.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import formats as F
+from ... import meta
+from .._common import prepare_outputs, use_pdl
+from .mm_tactics import MM_SPACE, TritonMmTactic, dot_dtype, k_per_split
+from .numerics import LAYOUT_128x4, scale_offsets, ue8m0_to_float
+
+_LAYOUT_ID = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.LINEAR: 2}
+_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
+@triton.jit
+def _e2m1_f16(c):
+    """E2M1 code (low 4 bits of an int16) -> the fp16 value / 2^14 (exact bit placement)."""
+    return (((c & 7) << 9) | ((c & 8) << 12)).to(tl.float16, bitcast=True)
+
+
+@triton.jit
+def _decode(data_ptr, scale_ptr, rows, n_rows, k0, half_k, n_kb, kp, row_stride,
+            LAYOUT: tl.constexpr, MX: tl.constexpr, BLOCK: tl.constexpr, BK: tl.constexpr,
+            OUT: tl.constexpr):
+    """Rows `rows` x K elements [k0, k0 + BK) of a packed FP4 matrix, dequantized (no global
+    scale) to OUT; rows >= n_rows and K beyond the end read as 0."""
+    R: tl.constexpr = rows.shape[0]
+    kh = k0 // 2 + tl.arange(0, BK // 2)
+    kb = k0 // BLOCK + tl.arange(0, BK // BLOCK)
+    row_ok = rows < n_rows
+    packed = tl.load(data_ptr + rows.to(tl.int64)[:, None] * row_stride + kh[None, :],
+                     mask=row_ok[:, None] & (kh < half_k)[None, :], other=0)
+    sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], kb[None, :], n_kb, kp, LAYOUT),
+                    mask=row_ok[:, None] & (kb < n_kb)[None, :], other=0)
+    if MX:
+        scale = ue8m0_to_float(sbits.to(tl.int32))
+    else:
+        scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    p = packed.to(tl.int16)
+    v = tl.join(_e2m1_f16(p), _e2m1_f16(p >> 4)) * 16384.0     # [R, BK/2, 2], exact in fp16
+    v = tl.reshape(v, (R, BK // BLOCK, BLOCK)).to(tl.float32) * scale[:, :, None]
+    return tl.reshape(v, (R, BK)).to(OUT)
+
+
+@triton.jit
+def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
+               M, N, K, a_kp, b_kp, k_per_split,
+               A_FP4: tl.constexpr, A_LAYOUT: tl.constexpr, MX: tl.constexpr, BLOCK: tl.constexpr,
+               HAS_ALPHA: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
+               DOT: tl.constexpr, OUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               BK: tl.constexpr, GROUP_M: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+    pid, pid_k = tl.program_id(0), tl.program_id(1)
+    tiles_m, tiles_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    group = GROUP_M * tiles_n
+    first_m = (pid // group) * GROUP_M
+    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % rows_in_group
+    pid_n = (pid % group) // rows_in_group
+    rm = pid_m * BM + tl.arange(0, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    half_k, n_kb = K // 2, K // BLOCK
+    if SWAP:
+        acc = tl.zeros((BN, BM), tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), tl.float32)
+    k_begin = pid_k * k_per_split
+    k_end = tl.minimum(K, k_begin + k_per_split)
+    for k0 in range(k_begin, k_end, BK):
+        w = _decode(b_ptr, bs_ptr, rn, N, k0, half_k, n_kb, b_kp, half_k, LAYOUT_128x4, MX, BLOCK,
+                    BK, DOT)
+        if A_FP4:
+            x = _decode(a_ptr, as_ptr, rm, M, k0, half_k, n_kb, a_kp, half_k, A_LAYOUT, MX, BLOCK,
+                        BK, DOT)
+        else:
+            kk = k0 + tl.arange(0, BK)
+            x = tl.load(a_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :],
+                        mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0).to(DOT)
+        if SWAP:
+            acc = tl.dot(w, tl.trans(x), acc)
+        else:
+            acc = tl.dot(x, tl.trans(w), acc)
+    if SWAP:
+        acc = tl.trans(acc)
+    mask = (rm < M)[:, None] & (rn < N)[None, :]
+    offs = rm.to(tl.int64)[:, None] * N + rn[None, :]
+    if SPLIT > 1:
+        tl.store(ws_ptr + pid_k.to(tl.int64) * M * N + offs, acc, mask=mask)
+    else:
+        if HAS_ALPHA:
+            acc = acc * tl.load(alpha_ptr)
+        tl.store(out_ptr + offs, acc.to(OUT), mask=mask)
+
+
+@triton.jit
+def _split_reduce_kernel(ws_ptr, alpha_ptr, out_ptr, MN, SPLIT: tl.constexpr,
+                         HAS_ALPHA: tl.constexpr, OUT: tl.constexpr, BLOCK: tl.constexpr,
+                         USE_GDC: tl.constexpr):
+    """out = RN_out(alpha * sum of the split partials, added in split order)."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < MN
+    acc = tl.load(ws_ptr + offs, mask=mask, other=0.0)
+    for s in tl.static_range(1, SPLIT):
+        acc += tl.load(ws_ptr + s * MN + offs, mask=mask, other=0.0)
+    if HAS_ALPHA:
+        acc = acc * tl.load(alpha_ptr)
+    tl.store(out_ptr + offs, acc.to(OUT), mask=mask)
+
+
+def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
+           alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
+           layout: F.SfLayout, tactic: TritonMmTactic | None = None) -> torch.Tensor:
+    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
+    t = tactic if tactic is not None else MM_SPACE.default(*args)
+    reason = MM_SPACE.why_not(t, *args)
+    if reason is not None:
+        raise ValueError(f"mm_fp4: tactic {t.label()} cannot run this problem: {reason}")
+    out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
+    m, n, k = a.shape[0], b.shape[1], 2 * b.shape[0]
+    if m == 0 or n == 0:
+        return out
+    per_split = k_per_split(args, t)
+    ws = torch.empty((t.split_k, m, n), dtype=torch.float32, device=a.device) if t.split_k > 1 else out
+    pdl = use_pdl(a.device)
+    a_fp4 = a_scale is not None
+    a_kp = F.padded_scale_shape(m, k // fmt.block_size, layout)[1] if a_fp4 else 0
+    b_kp = b_scale.shape[0]
+    grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), t.split_k)
+    _mm_kernel[grid](
+        a.view(torch.uint8) if a_fp4 else a, a_scale.view(torch.uint8) if a_fp4 else b_scale.view(torch.uint8),
+        b.view(torch.uint8), b_scale.view(torch.uint8), alpha if alpha is not None else ws, out, ws,
+        m, n, k, a_kp, b_kp, per_split,
+        A_FP4=a_fp4, A_LAYOUT=_LAYOUT_ID[layout], MX=fmt is F.MXFP4, BLOCK=fmt.block_size,
+        HAS_ALPHA=alpha is not None, SPLIT=t.split_k, SWAP=t.swap_ab, DOT=_TL[dot_dtype(args)],
+        OUT=_TL[out_dtype], BM=t.block_m, BN=t.block_n, BK=t.block_k, GROUP_M=t.group_m,
+        USE_GDC=pdl, launch_pdl=pdl, num_warps=t.num_warps, num_stages=t.num_stages)
+    if t.split_k > 1:
+        block = 1024
+        _split_reduce_kernel[(triton.cdiv(m * n, block),)](
+            ws, alpha if alpha is not None else ws, out, m * n, SPLIT=t.split_k,
+            HAS_ALPHA=alpha is not None, OUT=_TL[out_dtype], BLOCK=block, USE_GDC=pdl,
+            launch_pdl=pdl, num_warps=4)
+    return out

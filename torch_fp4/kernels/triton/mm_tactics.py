@@ -1,0 +1,154 @@
+"""Tactics of the Triton FP4 GEMM (cheap to import: no triton).
+
+One kernel (torch_fp4/kernels/triton/mm.py) serves every architecture; a tactic is its launch
+configuration. Small M swaps the operands (the MMA's M dimension runs over the weight rows N and
+the activations are the narrow N side), so a decode-sized batch still fills the tensor cores, and
+splits K so that enough programs stream the weight at once; the split partial sums are added in
+a fixed order by a second kernel (deterministic, no atomics).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ... import formats as F
+from ...backends import Backend
+from ...tactics import Tactic, TacticSpace, register_family
+
+
+@register_family
+@dataclass(frozen=True)
+class TritonMmTactic(Tactic):
+    block_m: int        # rows of A per program (the MMA's N side when swap_ab)
+    block_n: int        # weight rows per program
+    block_k: int        # K elements per step (a multiple of the FP4 block)
+    split_k: int = 1    # programs along K; > 1 adds a fixed-order reduction launch
+    swap_ab: bool = False
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8    # programs along M sharing weight tiles in L2 (grouped order)
+
+    backend = Backend.TRITON
+    family = "triton_mm"
+
+
+def problem(args) -> tuple[int, int, int]:
+    a, b = args[0], args[1]
+    return a.shape[0], b.shape[1], 2 * b.shape[0]
+
+
+def _dot_dtype_bytes(args) -> int:
+    return 4 if dot_dtype(args) == torch.float32 else 2
+
+
+def dot_dtype(args) -> torch.dtype:
+    """The operand type fed to the MMA: every decoded FP4 value is exact in it. bf16 covers both
+    formats' ranges; fp16 activations with MXFP4 weights (whose values can exceed fp16's range)
+    multiply in tf32, exact for fp16 inputs and FP4 values."""
+    a, a_scale, fmt = args[0], args[2], args[6]
+    if a_scale is not None:
+        return torch.bfloat16
+    if a.dtype == torch.float16:
+        return torch.float16 if fmt is F.NVFP4 else torch.float32
+    return torch.bfloat16
+
+
+def why_not(t: TritonMmTactic, *args) -> Optional[str]:
+    m, n, k = problem(args)
+    fmt = args[6]
+    if t.block_k % fmt.block_size:
+        return f"block_k={t.block_k} is not a multiple of the {fmt.name.upper()} block ({fmt.block_size})"
+    for name in ("block_m", "block_n", "block_k"):
+        v = getattr(t, name)
+        if v < 16 or v & (v - 1):
+            return f"{name}={v} must be a power of two >= 16"
+    per_split = _k_per_split(k, t)
+    if (t.split_k - 1) * per_split >= k:
+        return f"split_k={t.split_k} leaves an empty K slice for K={k} with block_k={t.block_k}"
+    # Pipelined raw tiles (packed FP4 or 16-bit activations, scale bytes) plus one decoded
+    # operand tile staged for the MMA.
+    a_bytes = t.block_m * t.block_k // 2 if args[2] is not None else t.block_m * t.block_k * args[0].element_size()
+    w_bytes = t.block_n * t.block_k // 2 + t.block_n * t.block_k // 16
+    smem = t.num_stages * (a_bytes + w_bytes) + (t.block_m + t.block_n) * t.block_k * _dot_dtype_bytes(args)
+    if smem > 200 * 1024:
+        return f"needs about {smem // 1024} KiB of shared memory (more than the 227 KiB of sm_90)"
+    return None
+
+
+def _k_per_split(k: int, t: TritonMmTactic) -> int:
+    steps = -(-k // t.block_k)
+    return -(-steps // t.split_k) * t.block_k
+
+
+def k_per_split(args, t: TritonMmTactic) -> int:
+    return _k_per_split(problem(args)[2], t)
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _split_for(m: int, n: int, k: int, bm: int, bn: int, bk: int, sms: int) -> int:
+    """Enough K slices that about two waves of programs stream the weight, each slice at least
+    four steps long."""
+    tiles = -(-m // bm) * -(-n // bn)
+    split = 1
+    while tiles * split < 2 * sms and k // (2 * split) >= 4 * bk and split < 16:
+        split *= 2
+    return split
+
+
+def default(*args) -> TritonMmTactic:
+    """The heuristic tactic (measured on H100 with `bench mm --tactics`)."""
+    m, n, k = problem(args)
+    sms = _sm_count(args[0].device.index or 0) if args[0].is_cuda else 132
+    if dot_dtype(args) == torch.float32:
+        bm = 16 if m <= 16 else 64
+        return TritonMmTactic(bm, 64, 64, _split_for(m, n, k, bm, 64, 64, sms), swap_ab=m <= 64)
+    if m <= 64:
+        bm = max(16, 1 << (m - 1).bit_length())
+        return TritonMmTactic(bm, 128, 256, _split_for(m, n, k, bm, 128, 256, sms), swap_ab=True,
+                              num_stages=3 if bm <= 32 else 2)
+    if m <= 256:
+        return TritonMmTactic(64, 128, 128, _split_for(m, n, k, 64, 128, 128, sms), num_stages=3)
+    return TritonMmTactic(128, 256, 64, 1, num_warps=8, num_stages=3)
+
+
+def candidates(*args) -> list[TritonMmTactic]:
+    m, n, k = problem(args)
+    sms = _sm_count(args[0].device.index or 0) if args[0].is_cuda else 132
+    out: list[TritonMmTactic] = [default(*args)]
+    if m <= 64:
+        bm = max(16, 1 << (m - 1).bit_length())
+        for bn, bk in ((64, 256), (128, 128), (128, 256), (64, 512)):
+            base = _split_for(m, n, k, bm, bn, bk, sms)
+            for split in sorted({base, 2 * base, max(1, base // 2)}):
+                out.append(TritonMmTactic(bm, bn, bk, split, swap_ab=True, num_stages=3))
+            out.append(TritonMmTactic(bm, bn, bk, base, swap_ab=True, num_stages=4))
+    else:
+        for bm, bn, bk, warps in ((64, 128, 128, 4), (128, 128, 64, 4), (128, 128, 128, 8),
+                                  (128, 256, 64, 8), (256, 128, 64, 8), (64, 256, 128, 4)):
+            for stages in (3, 4):
+                for split in sorted({1, _split_for(m, n, k, bm, bn, bk, sms)}):
+                    out.append(TritonMmTactic(bm, bn, bk, split, num_warps=warps, num_stages=stages))
+    seen, unique = set(), []
+    for t in out:
+        if t not in seen and why_not(t, *args) is None:
+            seen.add(t)
+            unique.append(t)
+    return unique
+
+
+def key(*args) -> str:
+    m, n, k = problem(args)
+    a, a_scale, out_dtype, fmt, layout = args[0], args[2], args[5], args[6], args[7]
+    bucket = 1 << max(0, (m - 1).bit_length())
+    a_kind = f"fp4:{layout.value}" if a_scale is not None else str(a.dtype).removeprefix("torch.")
+    return f"M<={bucket},N={n},K={k},{fmt.name},{a_kind},{str(out_dtype).removeprefix('torch.')}"
+
+
+MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)
