@@ -26,18 +26,45 @@ _LAYOUT_ID = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.L
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
-@triton.jit
-def _e2m1_f16(c):
-    """E2M1 code (low 4 bits of an int16) -> the fp16 value / 2^14 (exact bit placement)."""
-    return (((c & 7) << 9) | ((c & 8) << 12)).to(tl.float16, bitcast=True)
+# E2M1 -> 16-bit float, four packed codes per instance: bytes b0..b3 of $4 are spread to 16-bit
+# halves (prmt), each code's sign goes to bit 15 and its exponent and mantissa to the top of the
+# mantissa field, which encodes value * 2^-126 (bf16) or value * 2^-14 (fp16), subnormal 0.5
+# included; one multiply by 2^126 (2^14) gives the value and one by the block scale ($5, $6)
+# the dequantized value, both exact. Outputs: $0,$1 the low codes (even elements), $2,$3 the
+# high codes (odd elements) of the four bytes.
+_DECODE_ASM = """
+{
+.reg .b32 x0, x1, m, s, u, z;
+mov.b32 u, {unit};
+mov.b32 z, 0x80008000;
+prmt.b32 x0, $4, 0, 0x4140;
+prmt.b32 x1, $4, 0, 0x4342;
+and.b32 m, x0, 0x00070007; shl.b32 m, m, {lo_m}; and.b32 s, x0, 0x00080008; shl.b32 s, s, 12;
+or.b32 m, m, s; fma.rn.{t}x2 m, m, u, z; fma.rn.{t}x2 $0, m, $5, z;
+and.b32 m, x1, 0x00070007; shl.b32 m, m, {lo_m}; and.b32 s, x1, 0x00080008; shl.b32 s, s, 12;
+or.b32 m, m, s; fma.rn.{t}x2 m, m, u, z; fma.rn.{t}x2 $1, m, $6, z;
+and.b32 m, x0, 0x00700070; shl.b32 m, m, {hi_m}; and.b32 s, x0, 0x00800080; shl.b32 s, s, 8;
+or.b32 m, m, s; fma.rn.{t}x2 m, m, u, z; fma.rn.{t}x2 $2, m, $5, z;
+and.b32 m, x1, 0x00700070; shl.b32 m, m, {hi_m}; and.b32 s, x1, 0x00800080; shl.b32 s, s, 8;
+or.b32 m, m, s; fma.rn.{t}x2 m, m, u, z; fma.rn.{t}x2 $3, m, $6, z;
+}
+"""
+DECODE_BF16: tl.constexpr = tl.constexpr(
+    _DECODE_ASM.replace("{lo_m}", "6").replace("{hi_m}", "2").replace("{t}", "bf16")
+    .replace("{unit}", "0x7E807E80"))
+DECODE_F16: tl.constexpr = tl.constexpr(
+    _DECODE_ASM.replace("{lo_m}", "9").replace("{hi_m}", "5").replace("{t}", "f16")
+    .replace("{unit}", "0x74007400"))
 
 
 @triton.jit
 def _decode(data_ptr, scale_ptr, rows, n_rows, k0, half_k, n_kb, kp, row_stride,
             LAYOUT: tl.constexpr, MX: tl.constexpr, BLOCK: tl.constexpr, BK: tl.constexpr,
-            OUT: tl.constexpr):
+            HALF: tl.constexpr):
     """Rows `rows` x K elements [k0, k0 + BK) of a packed FP4 matrix, dequantized (no global
-    scale) to OUT; rows >= n_rows and K beyond the end read as 0."""
+    scale) to HALF (bf16 or fp16) as (even elements, odd elements), each [R, BK/2]; rows >= n_rows
+    and K beyond the end read as 0. Splitting by parity instead of interleaving keeps every code in
+    the register that loaded it; the caller splits the other operand the same way."""
     R: tl.constexpr = rows.shape[0]
     kh = k0 // 2 + tl.arange(0, BK // 2)
     kb = k0 // BLOCK + tl.arange(0, BK // BLOCK)
@@ -46,14 +73,20 @@ def _decode(data_ptr, scale_ptr, rows, n_rows, k0, half_k, n_kb, kp, row_stride,
                      mask=row_ok[:, None] & (kh < half_k)[None, :], other=0)
     sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], kb[None, :], n_kb, kp, LAYOUT),
                     mask=row_ok[:, None] & (kb < n_kb)[None, :], other=0)
-    if MX:
-        scale = ue8m0_to_float(sbits.to(tl.int32))
+    if MX:  # 2^(e-127) as bf16 bits: e=0 is the subnormal 2^-127, e=255 NaN
+        e = sbits.to(tl.int32)
+        bits = tl.where(e == 0, 0x40, tl.where(e == 255, 0x7FC0, e << 7))
+        scale = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
-        scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    p = packed.to(tl.int16)
-    v = tl.join(_e2m1_f16(p), _e2m1_f16(p >> 4)) * 16384.0     # [R, BK/2, 2], exact in fp16
-    v = tl.reshape(v, (R, BK // BLOCK, BLOCK)).to(tl.float32) * scale[:, :, None]
-    return tl.reshape(v, (R, BK)).to(OUT)
+        scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(HALF)
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (R, BK // BLOCK, BLOCK // 2)), (R, BK // 2))
+    if HALF == tl.float16:
+        lo, hi = tl.inline_asm_elementwise(DECODE_F16, "=r,=r,=r,=r,r,r,r", [packed, scale],
+                                           dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
+    else:
+        lo, hi = tl.inline_asm_elementwise(DECODE_BF16, "=r,=r,=r,=r,r,r,r", [packed, scale],
+                                           dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4)
+    return lo, hi
 
 
 @triton.jit
@@ -61,7 +94,7 @@ def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
                M, N, K, a_kp, b_kp, k_per_split,
                A_FP4: tl.constexpr, A_LAYOUT: tl.constexpr, MX: tl.constexpr, BLOCK: tl.constexpr,
                HAS_ALPHA: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
-               DOT: tl.constexpr, OUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+               DOT: tl.constexpr, HALF: tl.constexpr, OUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                BK: tl.constexpr, GROUP_M: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
@@ -82,19 +115,23 @@ def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)
     for k0 in range(k_begin, k_end, BK):
-        w = _decode(b_ptr, bs_ptr, rn, N, k0, half_k, n_kb, b_kp, half_k, LAYOUT_128x4, MX, BLOCK,
-                    BK, DOT)
+        w0, w1 = _decode(b_ptr, bs_ptr, rn, N, k0, half_k, n_kb, b_kp, half_k, LAYOUT_128x4, MX,
+                         BLOCK, BK, HALF)
         if A_FP4:
-            x = _decode(a_ptr, as_ptr, rm, M, k0, half_k, n_kb, a_kp, half_k, A_LAYOUT, MX, BLOCK,
-                        BK, DOT)
+            x0, x1 = _decode(a_ptr, as_ptr, rm, M, k0, half_k, n_kb, a_kp, half_k, A_LAYOUT, MX,
+                             BLOCK, BK, HALF)
         else:
             kk = k0 + tl.arange(0, BK)
             x = tl.load(a_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :],
-                        mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0).to(DOT)
+                        mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
+            x0, x1 = tl.split(tl.reshape(x, (BM, BK // 2, 2)))
+        w0, w1, x0, x1 = w0.to(DOT), w1.to(DOT), x0.to(DOT), x1.to(DOT)
         if SWAP:
-            acc = tl.dot(w, tl.trans(x), acc)
+            acc = tl.dot(w0, tl.trans(x0), acc)
+            acc = tl.dot(w1, tl.trans(x1), acc)
         else:
-            acc = tl.dot(x, tl.trans(w), acc)
+            acc = tl.dot(x0, tl.trans(w0), acc)
+            acc = tl.dot(x1, tl.trans(w1), acc)
     if SWAP:
         acc = tl.trans(acc)
     mask = (rm < M)[:, None] & (rn < N)[None, :]
@@ -149,6 +186,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
         m, n, k, a_kp, b_kp, per_split,
         A_FP4=a_fp4, A_LAYOUT=_LAYOUT_ID[layout], MX=fmt is F.MXFP4, BLOCK=fmt.block_size,
         HAS_ALPHA=alpha is not None, SPLIT=t.split_k, SWAP=t.swap_ab, DOT=_TL[dot_dtype(args)],
+        HALF=tl.float16 if dot_dtype(args) == torch.float16 else tl.bfloat16,
         OUT=_TL[out_dtype], BM=t.block_m, BN=t.block_n, BK=t.block_k, GROUP_M=t.group_m,
         USE_GDC=pdl, launch_pdl=pdl, num_warps=t.num_warps, num_stages=t.num_stages)
     if t.split_k > 1:
