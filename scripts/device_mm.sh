@@ -9,7 +9,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu
 python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
 for step in "$@"; do
   case $step in
-    tests) timeout ${TEST_TIMEOUT:-900} python -m pytest -q -x -rs ${PYTEST_ARGS:-tests/test_gpu_mm.py} 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
+    tests) timeout ${TEST_TIMEOUT:-900} python -m pytest -q -x -rs ${PYTEST_ARGS:-tests/test_gpu_mm.py} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
     quick) python -m torch_fp4 bench mm --quick --csv "$OUT/mm_quick.csv" 2>&1 | tee "$OUT/mm_quick.txt" ;;
     full) python -m torch_fp4 bench mm --csv "$OUT/mm_full.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/mm_full.txt" ;;
     tactics)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import torch
+
 from ... import formats as F
 from .._common import cuda_requirement
 
@@ -24,7 +26,12 @@ OPS = {
     "nvfp4_quantize": "launch:nvfp4_quantize",
     "mxfp4_quantize": "launch:mxfp4_quantize",
     "fp4_dequantize": "launch:fp4_dequantize",
+    "mm_fp4": "mm_blockscaled:mm_fp4",
 }
+# Tactic spaces (module:attribute, cheap to import: no cutlass) of the tunable ops.
+TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE"}
+# mm_fp4 runs on native block-scaled MMA: tcgen05 (10.0, 10.3) and warp mma.sync (12.x).
+_MM_CAPABILITIES = ((10, 0), (10, 3))
 
 
 def _index_count(op: str, args: tuple) -> int:
@@ -40,7 +47,27 @@ def _index_count(op: str, args: tuple) -> int:
     return batches * mp * kp
 
 
+def _mm_requirement(args: tuple) -> Optional[str]:
+    a, a_scale, layout = args[0], args[2], args[7]
+    t = a if isinstance(a, torch.Tensor) else None
+    if t is None or t.device.type != "cuda":
+        return f"needs CUDA tensors (got {'no tensor' if t is None else t.device})"
+    cap = tuple(torch.cuda.get_device_capability(t.device))
+    if cap not in _MM_CAPABILITIES and cap[0] != 12:
+        return (f"mm_fp4 needs compute capability 10.0, 10.3 or 12.x (block-scaled MMA); "
+                f"device has {cap[0]}.{cap[1]}")
+    if a_scale is None:
+        return "W4A4 only (a_scale is None: W4A16 is served by another backend)"
+    if F.SfLayout.parse(layout) is not F.SfLayout.LAYOUT_128x4:
+        return f"the activation scales must use the 128x4 layout, got {F.SfLayout.parse(layout).value!r}"
+    if (2 * a.shape[1]) % 32:
+        return f"K = {2 * a.shape[1]} must be a multiple of 32 (TMA rows of 16 bytes)"
+    return cuda_requirement(args, "cutlass", (10, 0))
+
+
 def requirement(op: str, *args) -> Optional[str]:
+    if op == "mm_fp4":
+        return _mm_requirement(args)
     # The kernels use sm_90 instructions (max.u16x2, e4m3 conversions, TMA).
     reason = cuda_requirement(args, "cutlass", (9, 0))
     if reason is None and _index_count(op, args) >= _INDEX_LIMIT:

@@ -19,8 +19,9 @@ import triton.language as tl
 from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, use_pdl
-from .mm_tactics import MM_SPACE, TritonMmTactic, dot_dtype, k_per_split
-from .numerics import LAYOUT_128x4, scale_offsets, ue8m0_to_float
+from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
+from .quantize import fp4_dequantize
+from .numerics import LAYOUT_128x4, scale_offsets
 
 _LAYOUT_ID = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.LINEAR: 2}
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -58,28 +59,42 @@ DECODE_F16: tl.constexpr = tl.constexpr(
 
 
 @triton.jit
-def _decode(data_ptr, scale_ptr, rows, n_rows, k0, half_k, n_kb, kp, row_stride,
-            LAYOUT: tl.constexpr, MX: tl.constexpr, BLOCK: tl.constexpr, BK: tl.constexpr,
-            HALF: tl.constexpr):
-    """Rows `rows` x K elements [k0, k0 + BK) of a packed FP4 matrix, dequantized (no global
-    scale) to HALF (bf16 or fp16) as (even elements, odd elements), each [R, BK/2]; rows >= n_rows
-    and K beyond the end read as 0. Splitting by parity instead of interleaving keeps every code in
-    the register that loaded it; the caller splits the other operand the same way."""
-    R: tl.constexpr = rows.shape[0]
+def _load_fp4(data_ptr, scale_ptr, rows, n_rows, k0, k_end, n_kb, kp, row_stride,
+              LAYOUT: tl.constexpr, BLOCK: tl.constexpr, BK: tl.constexpr):
+    """Packed codes [R, BK/2] and scale bytes [R, BK/BLOCK] of rows `rows`, K elements
+    [k0, k0 + BK) of a packed FP4 matrix; rows >= n_rows and K >= k_end read as 0."""
     kh = k0 // 2 + tl.arange(0, BK // 2)
     kb = k0 // BLOCK + tl.arange(0, BK // BLOCK)
     row_ok = rows < n_rows
     packed = tl.load(data_ptr + rows.to(tl.int64)[:, None] * row_stride + kh[None, :],
-                     mask=row_ok[:, None] & (kh < half_k)[None, :], other=0)
+                     mask=row_ok[:, None] & (kh < k_end // 2)[None, :], other=0)
     sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], kb[None, :], n_kb, kp, LAYOUT),
-                    mask=row_ok[:, None] & (kb < n_kb)[None, :], other=0)
+                    mask=row_ok[:, None] & (kb < k_end // BLOCK)[None, :], other=0)
+    return packed, sbits
+
+
+@triton.jit
+def _load_half(a_ptr, rows, n_rows, k0, k_end, K, BK: tl.constexpr):
+    """Rows `rows` x K elements [k0, k0 + BK) of a 16-bit matrix; outside reads as 0."""
+    kk = k0 + tl.arange(0, BK)
+    return tl.load(a_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
+                   mask=(rows < n_rows)[:, None] & (kk < k_end)[None, :], other=0.0)
+
+
+@triton.jit
+def _unpack(packed, sbits, MX: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr):
+    """Dequantize (no global scale) to HALF (bf16 or fp16) as (even elements, odd elements), each
+    [R, BK/2]. Splitting by parity instead of interleaving keeps every code in the register that
+    loaded it; the caller splits the other operand the same way."""
+    R: tl.constexpr = packed.shape[0]
+    C: tl.constexpr = packed.shape[1]
     if MX:  # 2^(e-127) as bf16 bits: e=0 is the subnormal 2^-127, e=255 NaN
         e = sbits.to(tl.int32)
         bits = tl.where(e == 0, 0x40, tl.where(e == 255, 0x7FC0, e << 7))
         scale = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
         scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(HALF)
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (R, BK // BLOCK, BLOCK // 2)), (R, BK // 2))
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (R, C * 2 // BLOCK, BLOCK // 2)), (R, C))
     if HALF == tl.float16:
         lo, hi = tl.inline_asm_elementwise(DECODE_F16, "=r,=r,=r,=r,r,r,r", [packed, scale],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
@@ -114,17 +129,28 @@ def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
         acc = tl.zeros((BM, BN), tl.float32)
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)
+    # Each step loads the next step's tiles before decoding and multiplying the current ones,
+    # so one tile per program is always in flight.
+    pw, sw = _load_fp4(b_ptr, bs_ptr, rn, N, k_begin, k_end, n_kb, b_kp, half_k, LAYOUT_128x4,
+                       BLOCK, BK)
+    if A_FP4:
+        pa, sa = _load_fp4(a_ptr, as_ptr, rm, M, k_begin, k_end, n_kb, a_kp, half_k, A_LAYOUT,
+                           BLOCK, BK)
+    else:
+        xa = _load_half(a_ptr, rm, M, k_begin, k_end, K, BK)
     for k0 in range(k_begin, k_end, BK):
-        w0, w1 = _decode(b_ptr, bs_ptr, rn, N, k0, half_k, n_kb, b_kp, half_k, LAYOUT_128x4, MX,
-                         BLOCK, BK, HALF)
+        pw_next, sw_next = _load_fp4(b_ptr, bs_ptr, rn, N, k0 + BK, k_end, n_kb, b_kp, half_k,
+                                     LAYOUT_128x4, BLOCK, BK)
+        w0, w1 = _unpack(pw, sw, MX, BLOCK, HALF)
         if A_FP4:
-            x0, x1 = _decode(a_ptr, as_ptr, rm, M, k0, half_k, n_kb, a_kp, half_k, A_LAYOUT, MX,
-                             BLOCK, BK, HALF)
+            pa_next, sa_next = _load_fp4(a_ptr, as_ptr, rm, M, k0 + BK, k_end, n_kb, a_kp, half_k,
+                                         A_LAYOUT, BLOCK, BK)
+            x0, x1 = _unpack(pa, sa, MX, BLOCK, HALF)
+            pa, sa = pa_next, sa_next
         else:
-            kk = k0 + tl.arange(0, BK)
-            x = tl.load(a_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :],
-                        mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
-            x0, x1 = tl.split(tl.reshape(x, (BM, BK // 2, 2)))
+            xa_next = _load_half(a_ptr, rm, M, k0 + BK, k_end, K, BK)
+            x0, x1 = tl.split(tl.reshape(xa, (BM, BK // 2, 2)))
+            xa = xa_next
         w0, w1, x0, x1 = w0.to(DOT), w1.to(DOT), x0.to(DOT), x1.to(DOT)
         if SWAP:
             acc = tl.dot(w0, tl.trans(x0), acc)
@@ -132,6 +158,7 @@ def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
         else:
             acc = tl.dot(x0, tl.trans(w0), acc)
             acc = tl.dot(x1, tl.trans(w1), acc)
+        pw, sw = pw_next, sw_next
     if SWAP:
         acc = tl.trans(acc)
     mask = (rm < M)[:, None] & (rn < N)[None, :]
@@ -169,6 +196,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     reason = MM_SPACE.why_not(t, *args)
     if reason is not None:
         raise ValueError(f"mm_fp4: tactic {t.label()} cannot run this problem: {reason}")
+    if isinstance(t, DequantMmTactic):
+        return _dequantize_then_mm(*args)
     out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
     m, n, k = a.shape[0], b.shape[1], 2 * b.shape[0]
     if m == 0 or n == 0:
@@ -196,3 +225,15 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
             HAS_ALPHA=alpha is not None, OUT=_TL[out_dtype], BLOCK=block, USE_GDC=pdl,
             launch_pdl=pdl, num_warps=4)
     return out
+
+
+def _dequantize_then_mm(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout) -> torch.Tensor:
+    """DequantMmTactic: exact 16-bit operands, torch.mm accumulating into fp32, then
+    RN_out(alpha * acc)."""
+    half = dot_dtype((a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout))
+    w = fp4_dequantize(b.T, b_scale.T, None, fmt, F.SfLayout.LAYOUT_128x4, half)
+    x = fp4_dequantize(a, a_scale, None, fmt, layout, half) if a_scale is not None else a
+    acc = torch.mm(x, w.T, out_dtype=torch.float32)
+    if alpha is not None:
+        acc.mul_(alpha)
+    return acc if out_dtype == torch.float32 else acc.to(out_dtype)

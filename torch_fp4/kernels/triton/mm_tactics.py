@@ -35,6 +35,16 @@ class TritonMmTactic(Tactic):
     family = "triton_mm"
 
 
+@register_family
+@dataclass(frozen=True)
+class DequantMmTactic(Tactic):
+    """Large M: dequantize the FP4 operands to bf16/fp16 (exact) with the Triton dequantize kernel,
+    multiply with torch.mm into fp32 (cuBLAS, fp32 accumulation), then alpha and the output
+    rounding. Needs a temporary of N x K 16-bit values (and M x K for W4A4)."""
+    backend = Backend.TRITON
+    family = "triton_dequant_mm"
+
+
 def problem(args) -> tuple[int, int, int]:
     a, b = args[0], args[1]
     return a.shape[0], b.shape[1], 2 * b.shape[0]
@@ -56,9 +66,15 @@ def dot_dtype(args) -> torch.dtype:
     return torch.bfloat16
 
 
-def why_not(t: TritonMmTactic, *args) -> Optional[str]:
+def why_not(t: Tactic, *args) -> Optional[str]:
     m, n, k = problem(args)
     fmt = args[6]
+    if isinstance(t, DequantMmTactic):
+        if dot_dtype(args) == torch.float32:
+            return "fp16 activations with MXFP4 weights have no exact 16-bit dequantized form"
+        return None
+    if not isinstance(t, TritonMmTactic):
+        return f"{t.family} is not a Triton tactic"
     if t.block_k % fmt.block_size:
         return f"block_k={t.block_k} is not a multiple of the {fmt.name.upper()} block ({fmt.block_size})"
     for name in ("block_m", "block_n", "block_k"):
@@ -135,6 +151,8 @@ def candidates(*args) -> list[TritonMmTactic]:
             for stages in (3, 4):
                 for split in sorted({1, _split_for(m, n, k, bm, bn, bk, sms)}):
                     out.append(TritonMmTactic(bm, bn, bk, split, num_warps=warps, num_stages=stages))
+    if m >= 256 and dot_dtype(args) != torch.float32:
+        out.append(DequantMmTactic())
     seen, unique = set(), []
     for t in out:
         if t not in seen and why_not(t, *args) is None:
