@@ -12,6 +12,9 @@ for step in "$@"; do
     tests) timeout ${TEST_TIMEOUT:-900} python -m pytest -q -x -rs ${PYTEST_ARGS:-tests/test_gpu_mm.py} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
     quick) python -m torch_fp4 bench mm --quick --csv "$OUT/mm_quick.csv" 2>&1 | tee "$OUT/mm_quick.txt" ;;
     full) python -m torch_fp4 bench mm --csv "$OUT/mm_full.csv" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/mm_full.txt" ;;
+    ncu) ncu --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+           -k regex:_mm_kernel -s 1 -c 1 python scripts/ncu_mm.py 16 8192 28672 > "$OUT/ncu.txt" 2>&1
+         grep -E "Throughput|Duration|Occupancy|Registers|Stall|Block Limit|Warp Cycles|L2 Hit|Mem Busy|Max Bandwidth" "$OUT/ncu.txt" | head -40 ;;
     tactics)
       for mk in "1 w4a16" "16 w4a16" "128 w4a16" "2048 w4a16" "16 w4a4" "128 w4a4"; do
         set -- $mk

@@ -83,8 +83,7 @@ def structural_sample(args, fmt, layout, backend):
     ts = t4.mm_fp4_tactics(*args, block_size=fmt.block_size, sf_layout=layout, backend=backend)
     picked, seen = [], set()
     for t in ts:
-        sig = tuple(getattr(t, f, None) for f in ("swap_ab", "block_k", "block_m")) + (
-            getattr(t, "split_k", 1) > 1,)
+        sig = (t.family, getattr(t, "swap_ab", None), getattr(t, "split_k", 1) > 1)
         if sig not in seen:
             seen.add(sig)
             picked.append(t)

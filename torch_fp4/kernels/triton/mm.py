@@ -1,14 +1,17 @@
 """Triton FP4 GEMM: out = RN_out(alpha * A @ W^T), W FP4 [N, K/2] (passed as b = w.T).
 
-FP4 operands are decoded in registers: each E2M1 code becomes an fp16 by bit placement (sign to
-bit 15, exponent and mantissa to bits 9-11; times 2^14 gives the E2M1 value, subnormal 0.5
-included), is multiplied by its block scale in fp32 (e4m3 or 2^(e-127); the product is exact),
-and is rounded to the MMA operand type (bf16, fp16 or tf32), exactly. The MMA accumulates in
-fp32 (wgmma on sm_90). So every product is exact and only the fp32 accumulation rounds, which the
-spec's bound allows; on grid-exact inputs the result is exact.
+FP4 operands are decoded in registers, four codes per inline-asm instance (_DECODE_ASM): bit
+placement gives the E2M1 value times a power of two in bf16 (fp16 for fp16 activations with
+NVFP4), one multiply restores it and one multiplies by the block scale; both products are exact.
+The packed tile is decoded into its even and odd elements and the other operand is split the
+same way, so no interleaving shuffle is needed: A @ W^T = A_even @ W_even^T + A_odd @ W_odd^T.
+The MMA (wgmma on sm_90) accumulates in fp32, so only the fp32 accumulation rounds, which the
+spec's bound allows; on grid-exact inputs the result is exact. fp16 activations with MXFP4 (values
+beyond fp16's range) multiply in tf32, exact for fp16 and FP4 values.
 
 Tactics (torch_fp4/kernels/triton/mm_tactics.py) choose tiles, operand swap and split-K. Split-K
-partial sums go to an fp32 workspace and a second kernel adds them in split order.
+partial sums go to an fp32 workspace and a second kernel adds them in split order. For large M
+the DequantMmTactic dequantizes to 16-bit and uses torch.mm (cuBLAS) with fp32 output.
 """
 from __future__ import annotations
 
@@ -20,8 +23,8 @@ from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, use_pdl
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
-from .quantize import fp4_dequantize
 from .numerics import LAYOUT_128x4, scale_offsets
+from .quantize import fp4_dequantize
 
 _LAYOUT_ID = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.LINEAR: 2}
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -59,42 +62,28 @@ DECODE_F16: tl.constexpr = tl.constexpr(
 
 
 @triton.jit
-def _load_fp4(data_ptr, scale_ptr, rows, n_rows, k0, k_end, n_kb, kp, row_stride,
-              LAYOUT: tl.constexpr, BLOCK: tl.constexpr, BK: tl.constexpr):
-    """Packed codes [R, BK/2] and scale bytes [R, BK/BLOCK] of rows `rows`, K elements
-    [k0, k0 + BK) of a packed FP4 matrix; rows >= n_rows and K >= k_end read as 0."""
+def _decode(data_ptr, scale_ptr, rows, n_rows, k0, half_k, n_kb, kp, row_stride,
+            LAYOUT: tl.constexpr, MX: tl.constexpr, BLOCK: tl.constexpr, BK: tl.constexpr,
+            HALF: tl.constexpr):
+    """Rows `rows` x K elements [k0, k0 + BK) of a packed FP4 matrix, dequantized (no global
+    scale) to HALF (bf16 or fp16) as (even elements, odd elements), each [R, BK/2]; rows >= n_rows
+    and K beyond the end read as 0. Splitting by parity instead of interleaving keeps every code in
+    the register that loaded it; the caller splits the other operand the same way."""
+    R: tl.constexpr = rows.shape[0]
     kh = k0 // 2 + tl.arange(0, BK // 2)
     kb = k0 // BLOCK + tl.arange(0, BK // BLOCK)
     row_ok = rows < n_rows
     packed = tl.load(data_ptr + rows.to(tl.int64)[:, None] * row_stride + kh[None, :],
-                     mask=row_ok[:, None] & (kh < k_end // 2)[None, :], other=0)
+                     mask=row_ok[:, None] & (kh < half_k)[None, :], other=0)
     sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], kb[None, :], n_kb, kp, LAYOUT),
-                    mask=row_ok[:, None] & (kb < k_end // BLOCK)[None, :], other=0)
-    return packed, sbits
-
-
-@triton.jit
-def _load_half(a_ptr, rows, n_rows, k0, k_end, K, BK: tl.constexpr):
-    """Rows `rows` x K elements [k0, k0 + BK) of a 16-bit matrix; outside reads as 0."""
-    kk = k0 + tl.arange(0, BK)
-    return tl.load(a_ptr + rows.to(tl.int64)[:, None] * K + kk[None, :],
-                   mask=(rows < n_rows)[:, None] & (kk < k_end)[None, :], other=0.0)
-
-
-@triton.jit
-def _unpack(packed, sbits, MX: tl.constexpr, BLOCK: tl.constexpr, HALF: tl.constexpr):
-    """Dequantize (no global scale) to HALF (bf16 or fp16) as (even elements, odd elements), each
-    [R, BK/2]. Splitting by parity instead of interleaving keeps every code in the register that
-    loaded it; the caller splits the other operand the same way."""
-    R: tl.constexpr = packed.shape[0]
-    C: tl.constexpr = packed.shape[1]
+                    mask=row_ok[:, None] & (kb < n_kb)[None, :], other=0)
     if MX:  # 2^(e-127) as bf16 bits: e=0 is the subnormal 2^-127, e=255 NaN
         e = sbits.to(tl.int32)
         bits = tl.where(e == 0, 0x40, tl.where(e == 255, 0x7FC0, e << 7))
         scale = bits.to(tl.int16).to(tl.bfloat16, bitcast=True)
     else:
         scale = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32).to(HALF)
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (R, C * 2 // BLOCK, BLOCK // 2)), (R, C))
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], (R, BK // BLOCK, BLOCK // 2)), (R, BK // 2))
     if HALF == tl.float16:
         lo, hi = tl.inline_asm_elementwise(DECODE_F16, "=r,=r,=r,=r,r,r,r", [packed, scale],
                                            dtype=(tl.float16, tl.float16), is_pure=True, pack=4)
@@ -129,28 +118,17 @@ def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
         acc = tl.zeros((BM, BN), tl.float32)
     k_begin = pid_k * k_per_split
     k_end = tl.minimum(K, k_begin + k_per_split)
-    # Each step loads the next step's tiles before decoding and multiplying the current ones,
-    # so one tile per program is always in flight.
-    pw, sw = _load_fp4(b_ptr, bs_ptr, rn, N, k_begin, k_end, n_kb, b_kp, half_k, LAYOUT_128x4,
-                       BLOCK, BK)
-    if A_FP4:
-        pa, sa = _load_fp4(a_ptr, as_ptr, rm, M, k_begin, k_end, n_kb, a_kp, half_k, A_LAYOUT,
-                           BLOCK, BK)
-    else:
-        xa = _load_half(a_ptr, rm, M, k_begin, k_end, K, BK)
     for k0 in range(k_begin, k_end, BK):
-        pw_next, sw_next = _load_fp4(b_ptr, bs_ptr, rn, N, k0 + BK, k_end, n_kb, b_kp, half_k,
-                                     LAYOUT_128x4, BLOCK, BK)
-        w0, w1 = _unpack(pw, sw, MX, BLOCK, HALF)
+        w0, w1 = _decode(b_ptr, bs_ptr, rn, N, k0, half_k, n_kb, b_kp, half_k, LAYOUT_128x4, MX,
+                         BLOCK, BK, HALF)
         if A_FP4:
-            pa_next, sa_next = _load_fp4(a_ptr, as_ptr, rm, M, k0 + BK, k_end, n_kb, a_kp, half_k,
-                                         A_LAYOUT, BLOCK, BK)
-            x0, x1 = _unpack(pa, sa, MX, BLOCK, HALF)
-            pa, sa = pa_next, sa_next
+            x0, x1 = _decode(a_ptr, as_ptr, rm, M, k0, half_k, n_kb, a_kp, half_k, A_LAYOUT, MX,
+                             BLOCK, BK, HALF)
         else:
-            xa_next = _load_half(a_ptr, rm, M, k0 + BK, k_end, K, BK)
-            x0, x1 = tl.split(tl.reshape(xa, (BM, BK // 2, 2)))
-            xa = xa_next
+            kk = k0 + tl.arange(0, BK)
+            x = tl.load(a_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :],
+                        mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
+            x0, x1 = tl.split(tl.reshape(x, (BM, BK // 2, 2)))
         w0, w1, x0, x1 = w0.to(DOT), w1.to(DOT), x0.to(DOT), x1.to(DOT)
         if SWAP:
             acc = tl.dot(w0, tl.trans(x0), acc)
@@ -158,7 +136,6 @@ def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
         else:
             acc = tl.dot(x0, tl.trans(w0), acc)
             acc = tl.dot(x1, tl.trans(w1), acc)
-        pw, sw = pw_next, sw_next
     if SWAP:
         acc = tl.trans(acc)
     mask = (rm < M)[:, None] & (rn < N)[None, :]
