@@ -188,7 +188,7 @@ def test_autotune_stores_and_never_tunes_in_capture(monkeypatch, tmp_path):
 def test_tactic_that_cannot_run_says_why():
     fmt = F.MXFP4
     args, _, _ = problem(4, 256, 256, fmt, "bf16")
-    bad = t4.mm_fp4_tactics(*args)[0]
+    bad = t4.mm_fp4_tactics(*args, block_size=fmt.block_size)[0]
     import dataclasses
     bad = dataclasses.replace(bad, block_k=48)     # not a multiple of the MXFP4 block
     with pytest.raises(ValueError, match="block_k=48 is not a multiple"):

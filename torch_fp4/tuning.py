@@ -34,8 +34,16 @@ def _band(numel: int) -> int:
     return SMALL if numel < _BAND_EDGES[0] else MEDIUM if numel < _BAND_EDGES[1] else LARGE
 
 
+# mm_fp4: "auto" uses the Triton GEMM (run and tested on H100). The CuTe DSL Blackwell kernels
+# are compiled and SASS-checked in CI but have never run on a GPU, so they are opt-in
+# (backend="cute-dsl") rather than chosen silently.
+OP_ORDER: dict[str, tuple[Backend, ...]] = {"mm_fp4": (Backend.TRITON, Backend.REFERENCE)}
+
+
 def auto_order(op: str, args: tuple) -> tuple[Backend, ...]:
     """Backends to try for `op` on `args`, fastest first (the reference always last)."""
+    if op in OP_ORDER:
+        return OP_ORDER[op]
     t: Optional[torch.Tensor] = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if t is None or t.device.type != "cuda" or op not in _QUANTIZE_OPS:
         return DEFAULT_ORDER

@@ -1,0 +1,200 @@
+"""Tactics of the CuTe DSL FP4 GEMM (mm_fp4, W4A4): data only, cheap to import (no cutlass).
+
+Two kernel families, one kernel class each, parametrized by these frozen dataclasses:
+- `Sm100MmTactic` (family "cute_mm_tcgen05"): tcgen05 block-scaled MMA (sm_100a / sm_103a),
+  tile (tile_m, tile_n, tile_k) per MMA (tile_m 256 = a 2-CTA pair, `tcgen05.mma.cta_group::2`)
+  and a cluster (cluster_m, cluster_n) over which A/B tiles are TMA-multicast.
+- `Sm120MmTactic` (family "cute_mm_sm120"): warp-level `mma.sync ... block_scale` (sm_12x),
+  tile (tile_m, tile_n, tile_k) per CTA and a scheduler: "data_parallel" (one CTA per output
+  tile) or "stream_k" (a persistent grid splits the K iterations of all tiles evenly; partial
+  tiles are summed in a fixed order through a workspace, so results stay deterministic).
+
+Dispatch by compute capability, minor version included: 10.0 -> SM100_TACTICS; 10.3 ->
+SM103_TACTICS + SM100_TACTICS (the 768-deep K tiles of FlashInfer's SM103 tactics); 12.x ->
+SM120_TACTICS. These kernels are compiled and SASS-checked in CI but have never run: no
+Blackwell GPU was available (see torch_fp4/kernels/cute/mm_blockscaled.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Optional
+
+import torch
+
+from ... import formats as F
+from ...backends import Backend
+from ...tactics import Tactic, TacticSpace, register_family
+
+DATA_PARALLEL = "data_parallel"
+STREAM_K = "stream_k"
+
+
+@register_family
+@dataclass(frozen=True)
+class Sm100MmTactic(Tactic):
+    """tcgen05 block-scaled GEMM: MMA tile (tile_m x tile_n x tile_k) and cluster shape."""
+    backend: ClassVar[Backend] = Backend.CUTE_DSL
+    family: ClassVar[str] = "cute_mm_tcgen05"
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 256
+    cluster_m: int = 1
+    cluster_n: int = 1
+
+    @property
+    def two_cta(self) -> bool:
+        return self.tile_m == 256
+
+    def invalid(self) -> Optional[str]:
+        """Why this tactic is not a valid kernel configuration at all (None when it is)."""
+        if self.tile_m not in (128, 256):
+            return f"tile_m must be 128 or 256 (2-CTA), got {self.tile_m}"
+        if self.tile_n not in (128, 256):
+            # N=192 needs a re-strided scale-factor-B TMA view (the SFB tile of 256 rows
+            # straddles two 128-row atoms); not implemented.
+            return f"tile_n must be 128 or 256, got {self.tile_n}"
+        if self.tile_k not in (256, 768):
+            return f"tile_k must be 256 or 768, got {self.tile_k}"
+        if self.cluster_m not in (1, 2, 4) or self.cluster_n not in (1, 2):
+            return f"cluster {self.cluster_m}x{self.cluster_n} not in {{1,2,4}}x{{1,2}}"
+        if self.two_cta and self.cluster_m % 2:
+            return "a 2-CTA tile (tile_m=256) needs an even cluster_m"
+        return None
+
+
+@register_family
+@dataclass(frozen=True)
+class Sm120MmTactic(Tactic):
+    """sm_12x warp-MMA block-scaled GEMM: CTA tile and tile scheduler."""
+    backend: ClassVar[Backend] = Backend.CUTE_DSL
+    family: ClassVar[str] = "cute_mm_sm120"
+    tile_m: int = 128
+    tile_n: int = 128
+    tile_k: int = 128
+    scheduler: str = DATA_PARALLEL
+
+    def invalid(self) -> Optional[str]:
+        if (self.tile_m, self.tile_n, self.tile_k) not in SM120_TILES:
+            return f"tile {self.tile_m}x{self.tile_n}x{self.tile_k} not in {SM120_TILES}"
+        if self.scheduler not in (DATA_PARALLEL, STREAM_K):
+            return f"scheduler must be {DATA_PARALLEL!r} or {STREAM_K!r}, got {self.scheduler!r}"
+        return None
+
+
+T100 = Sm100MmTactic
+SM100_TACTICS = (
+    T100(128, 128, 256, 1, 1), T100(128, 128, 256, 2, 1), T100(128, 128, 256, 1, 2),
+    T100(128, 256, 256, 1, 1), T100(128, 256, 256, 2, 1),
+    T100(256, 128, 256, 2, 1), T100(256, 256, 256, 2, 1), T100(256, 128, 256, 4, 1),
+)
+# SM103 (B300): the 768-deep K tiles of FlashInfer's SM103 tactics with 1x1, 2x1 and 4x1
+# clusters. 128x192x768 is not offered (tile_n=192, see Sm100MmTactic.invalid).
+SM103_TACTICS = (
+    T100(128, 128, 768, 1, 1), T100(128, 128, 768, 2, 1), T100(128, 128, 768, 4, 1),
+    T100(128, 256, 768, 1, 1), T100(128, 256, 768, 2, 1), T100(128, 256, 768, 4, 1),
+)
+# 256x128x128 is not offered: with tile_m=256 the MMA repeats along M and the register scale
+# fragments (partition_fragment_SFA) no longer line up with their shared-memory copy views
+# (cute.copy: "mode-1 sizes 2 and 1"); widening the M permutation to 256 makes cute.gemm
+# reject the operands instead. Not solved in the time available.
+SM120_TILES = ((128, 128, 128), (128, 128, 256))
+SM120_TACTICS = tuple(Sm120MmTactic(*tile, sched) for tile in SM120_TILES
+                      for sched in (DATA_PARALLEL, STREAM_K))
+
+
+def tactics_for_capability(cap: tuple[int, int]) -> tuple[Tactic, ...]:
+    """Every tactic the kernels offer on a device of compute capability `cap`."""
+    if cap == (10, 0):
+        return SM100_TACTICS
+    if cap == (10, 3):
+        return SM103_TACTICS + SM100_TACTICS
+    if cap[0] == 12:
+        return SM120_TACTICS
+    return ()
+
+
+def _capability(t: torch.Tensor) -> tuple[int, int]:
+    if t.device.type != "cuda":
+        return (0, 0)
+    return tuple(torch.cuda.get_device_capability(t.device))
+
+
+def _problem(a, b, fmt):
+    m, half_k = a.shape
+    return m, b.shape[1], 2 * half_k
+
+
+def _pow2_bucket(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def _why_not(tactic: Tactic, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout,
+             cap: Optional[tuple[int, int]] = None) -> Optional[str]:
+    cap = _capability(a) if cap is None else cap
+    if tactic not in tactics_for_capability(cap):
+        return (f"{tactic.label()} is not a tactic of compute capability {cap[0]}.{cap[1]} "
+                f"(10.0: SM100 tiles; 10.3: SM103 + SM100 tiles; 12.x: SM120 tiles)")
+    bad = tactic.invalid()
+    if bad is not None:
+        return bad
+    if a_scale is None:
+        return "W4A4 only: a must be FP4 with block scales (a_scale is None)"
+    if F.SfLayout.parse(layout) is not F.SfLayout.LAYOUT_128x4:
+        return f"the activation scales must use the 128x4 layout, got {F.SfLayout.parse(layout).value!r}"
+    m, n, k = _problem(a, b, fmt)
+    if k % 32:
+        return f"K = {k} must be a multiple of 32 (TMA needs 16-byte rows of packed FP4)"
+    if m == 0 or n == 0 or k == 0:
+        return f"empty problem M={m} N={n} K={k}"
+    if max(m, n) >= 2**31 or m * k // 2 >= 2**40:
+        return "problem too large for 32-bit tile coordinates"
+    return None
+
+
+def _candidates(*args) -> list:
+    a = args[0]
+    cap = _capability(a)
+    return [t for t in tactics_for_capability(cap) if _why_not(t, *args, cap=cap) is None]
+
+
+_sm_counts: dict = {}
+
+
+def _sm_count(device: torch.device) -> int:
+    if device.index not in _sm_counts:
+        _sm_counts[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _sm_counts[device.index]
+
+
+def default_for(cap: tuple[int, int], m: int, n: int, k: int, sm_count: int = 148) -> Tactic:
+    """The heuristic tactic (no timing): the simplest configuration that fills the GPU.
+
+    tcgen05: 1-CTA tiles without clusters are the default (the 2-CTA and multicast paths are
+    offered to the autotuner only); 128x256 once the 128x128 grid already has two waves.
+    sm_12x: 128x128x128 data-parallel, or stream-K when the output tiles fill less than half
+    the SMs and each tile has at least 8 K-iterations to share.
+    """
+    if cap[0] == 12:
+        tiles = -(-m // 128) * -(-n // 128)
+        if tiles * 2 <= sm_count and k >= 8 * 128:
+            return Sm120MmTactic(128, 128, 128, STREAM_K)
+        return Sm120MmTactic(128, 128, 128, DATA_PARALLEL)
+    tiles_128 = -(-m // 128) * -(-n // 128)
+    if n >= 256 and tiles_128 >= 2 * sm_count:
+        return T100(128, 256, 256, 1, 1)
+    return T100(128, 128, 256, 1, 1)
+
+
+def _default(*args) -> Tactic:
+    a, b, fmt = args[0], args[1], args[6]
+    m, n, k = _problem(a, b, fmt)
+    return default_for(_capability(a), m, n, k, _sm_count(a.device))
+
+
+def _key(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout) -> str:
+    m, n, k = _problem(a, b, fmt)
+    return (f"M<={_pow2_bucket(m)},N={n},K={k},{fmt.name},{str(a.dtype).replace('torch.', '')},"
+            f"{str(out_dtype).replace('torch.', '')},{F.SfLayout.parse(layout).value}")
+
+
+MM_SPACE = TacticSpace(candidates=_candidates, default=_default, key=_key, why_not=_why_not)
