@@ -88,3 +88,34 @@ def test_pdl_variant_waits_on_the_previous_grid():
     assert "griddepcontrol.wait" in ptx and "griddepcontrol.launch_dependents" in ptx
     assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
     assert "griddepcontrol" not in _quantize_ptx(False, 0, 90)
+
+
+def _mm_kernel(arch, a_fp4=False, mx=False, swap=True, bm=16, bn=64, bk=256, half="bf16", warps=4):
+    from torch_fp4.kernels.triton import mm as MM
+    import triton.language as tl
+    dt = {"bf16": tl.bfloat16, "f16": tl.float16}[half]
+    sig = {"a_ptr": "*u8" if a_fp4 else {"bf16": "*bf16", "f16": "*fp16"}[half], "as_ptr": "*u8", "b_ptr": "*u8", "bs_ptr": "*u8",
+           "alpha_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "M": "i32", "N": "i32",
+           "K": "i32", "a_kp": "i32", "b_kp": "i32", "k_per_split": "i32"}
+    consts = dict(A_FP4=a_fp4, A_LAYOUT=0, MX=mx, BLOCK=32 if mx else 16, HAS_ALPHA=True, SPLIT=1,
+                  SWAP=swap, DOT=dt, HALF=dt, OUT=tl.bfloat16, BM=bm, BN=bn, BK=bk, GROUP_M=8,
+                  USE_GDC=False)
+    sig.update({k: "constexpr" for k in consts})
+    src = ASTSource(fn=MM._mm_kernel, signature=sig, constexprs=consts,
+                    attrs={(i,): DIV16 for i in (0, 1, 2, 3, 5, 6)})
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})
+
+
+@pytest.mark.parametrize("cfg", [dict(), dict(a_fp4=True), dict(mx=True), dict(half="f16"),
+                                 dict(swap=False, bm=128, bn=128, bk=64, warps=8)])
+def test_mm_kernel_decodes_in_registers_and_uses_wgmma(cfg):
+    """sm_90: the E2M1 decode is the inline asm (byte spread, exact 16-bit multiplies) and the
+    products run on wgmma."""
+    ptx = _mm_kernel(90, **cfg).asm["ptx"]
+    half = cfg.get("half", "bf16")
+    assert "prmt.b32" in ptx and f"fma.rn.{half}x2" in ptx
+    assert "wgmma.mma_async" in ptx
+
+
+def test_mm_kernel_compiles_for_sm100():
+    assert "prmt.b32" in _mm_kernel(100).asm["ptx"]
