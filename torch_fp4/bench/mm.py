@@ -47,8 +47,7 @@ class Problem:
         return ops.mm_fp4(self.a, self.w_data.T, None, self.w_scale.T, self.alpha)
 
     def w4a4(self):
-        q, s = ops.nvfp4_quantize(self.a, self.gs_a)
-        return ops.mm_fp4(q, self.w_data.T, s, self.w_scale.T, self.alpha)
+        return ops.mm_fp4(*self.w4a4_args())
 
     def w4a4_args(self):
         q, s = ops.nvfp4_quantize(self.a, self.gs_a)

@@ -14,6 +14,7 @@
 #include "launch.h"
 #include "pdl.cuh"
 #include "scale_layout.cuh"
+#include "source_block.cuh"
 
 namespace torch_fp4 {
 namespace {
@@ -44,13 +45,7 @@ __device__ __forceinline__ void load_packed(const uint8_t* p, uint32_t* w) {
   } else if constexpr (kVec) {
     w[0] = __ldg(reinterpret_cast<const uint32_t*>(p));
   } else {
-#pragma unroll
-    for (int i = 0; i < kWords; ++i) {
-      uint32_t x = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) x |= static_cast<uint32_t>(__ldg(p + 4 * i + j)) << (8 * j);
-      w[i] = x;
-    }
+    load_words<kWords, 1, false>(p, w);
   }
 }
 

@@ -32,6 +32,16 @@ def prepare_outputs(*tensors: torch.Tensor):
 
 
 @functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (asked once per device)."""
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
 def _installed(module: str) -> bool:
     """Whether `module` can be imported (asked once per process: this runs on every op call)."""
     return importlib.util.find_spec(module) is not None

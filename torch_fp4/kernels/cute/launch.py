@@ -28,7 +28,7 @@ from cutlass.runtime import make_fake_stream
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs, use_pdl
+from .._common import prepare_outputs, sm_count, use_pdl
 from .dequantize import Dequantize
 from .global_scale import THREADS as GLOBAL_SCALE_THREADS
 from .global_scale import GlobalScale
@@ -77,7 +77,6 @@ class KernelConfig:
 _compiled: dict = {}
 _lock = threading.Lock()
 _workspaces: dict = {}
-_sm_counts: dict = {}
 
 
 def _run(cfg: KernelConfig, device: torch.device, *args) -> None:
@@ -100,14 +99,6 @@ def _ptr(t: Optional[torch.Tensor], dtype=cutlass.Uint8, align: int = 16):
 
 def _stream(device: torch.device):
     return cuda.CUstream(torch.cuda.current_stream(device).cuda_stream)
-
-
-def _sm_count(device: torch.device) -> int:
-    n = _sm_counts.get(device.index)
-    if n is None:
-        n = torch.cuda.get_device_properties(device).multi_processor_count
-        _sm_counts[device.index] = n
-    return n
 
 
 def _aligned(t: torch.Tensor) -> torch.Tensor:
@@ -167,7 +158,7 @@ def _quantize(x: torch.Tensor, gs: Optional[torch.Tensor], fmt: F.Fp4Format,
         cfg = KernelConfig("quantize", dtype, fmt.name, layout.value, "tma", shape, pdl=pdl)
         tiles = -(-batches * rows // shape.rows) * -(-k // shape.cols)
         per_sm = ctas_per_sm(shape, dtype, fmt is F.NVFP4)
-        grid = max(1, min(tiles, per_sm * _sm_count(x.device)))
+        grid = max(1, min(tiles, per_sm * sm_count(x.device)))
         _run(cfg, x.device, _ptr(x), gs_args[0], _ptr(data), _ptr(scale, align=1), *sizes,
              gs_args[1], Int32(grid), _stream(x.device))
     else:
@@ -228,7 +219,7 @@ def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
     per_vector = 16 // x.element_size()
     vectors, tail = divmod(x.numel(), per_vector)
     grid = max(1, min(-(-vectors // GLOBAL_SCALE_THREADS),
-                      GLOBAL_SCALE_CTAS_PER_SM * _sm_count(out.device)))
+                      GLOBAL_SCALE_CTAS_PER_SM * sm_count(out.device)))
     cfg = KernelConfig("global_scale", dtype, pdl=use_pdl(out.device))
     _run(cfg, out.device, _ptr(x if x.numel() else None),
          _ptr(out, cutlass.Float32, 4), _ptr(_workspace(out.device), cutlass.Int32, 4),

@@ -39,21 +39,13 @@ from cutlass import Int32
 from cutlass.cute.arch import inline_ptx
 from cutlass.cute.nvgpu import cpasync
 
+from .._common import sm_count
 from .mm_blockscaled import OUT_TYPES, SMEM_BYTES, format_types, operand_tensors
 from .mm_tactics import STREAM_K, Sm120MmTactic
 
 MMA_WARPS = 8
 FLAG_WORDS = 1024   # stream-K grids are at most this many CTAs
 _workspaces: dict = {}
-_sm_counts: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.index not in _sm_counts:
-        _sm_counts[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sm_counts[device.index]
-
-
 def schedule(tactic: Sm120MmTactic, m: int, n: int, k: int, device) -> tuple[int, int]:
     """(grid, units per CTA) of the unit range split; host arithmetic on shapes only."""
     tiles = -(-m // tactic.tile_m) * -(-n // tactic.tile_n)
@@ -61,7 +53,7 @@ def schedule(tactic: Sm120MmTactic, m: int, n: int, k: int, device) -> tuple[int
     if tactic.scheduler != STREAM_K:
         return tiles, k_tiles
     total = tiles * k_tiles
-    per = -(-total // min(_sm_count(device), FLAG_WORDS))
+    per = -(-total // min(sm_count(device), FLAG_WORDS))
     return -(-total // per), per
 
 

@@ -24,6 +24,7 @@ import torch
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, TacticSpace, register_family
+from .._common import sm_count
 
 DATA_PARALLEL = "data_parallel"
 STREAM_K = "stream_k"
@@ -157,15 +158,6 @@ def _candidates(*args) -> list:
     return [t for t in tactics_for_capability(cap) if _why_not(t, *args, cap=cap) is None]
 
 
-_sm_counts: dict = {}
-
-
-def _sm_count(device: torch.device) -> int:
-    if device.index not in _sm_counts:
-        _sm_counts[device.index] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _sm_counts[device.index]
-
-
 def default_for(cap: tuple[int, int], m: int, n: int, k: int, sm_count: int = 148) -> Tactic:
     """The heuristic tactic (no timing): the simplest configuration that fills the GPU.
 
@@ -188,7 +180,7 @@ def default_for(cap: tuple[int, int], m: int, n: int, k: int, sm_count: int = 14
 def _default(*args) -> Tactic:
     a, b, fmt = args[0], args[1], args[6]
     m, n, k = _problem(a, b, fmt)
-    return default_for(_capability(a), m, n, k, _sm_count(a.device))
+    return default_for(_capability(a), m, n, k, sm_count(a.device))
 
 
 def _key(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout) -> str:

@@ -24,9 +24,8 @@ from ... import meta
 from .._common import prepare_outputs, use_pdl
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
 from .numerics import LAYOUT_128x4, scale_offsets
-from .quantize import fp4_dequantize
+from .quantize import _LAYOUT_ID, fp4_dequantize
 
-_LAYOUT_ID = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.LINEAR: 2}
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
@@ -183,6 +182,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     ws = torch.empty((t.split_k, m, n), dtype=torch.float32, device=a.device) if t.split_k > 1 else out
     pdl = use_pdl(a.device)
     a_fp4 = a_scale is not None
+    dot = dot_dtype(args)
     a_kp = F.padded_scale_shape(m, k // fmt.block_size, layout)[1] if a_fp4 else 0
     b_kp = b_scale.shape[0]
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), t.split_k)
@@ -191,8 +191,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
         b.view(torch.uint8), b_scale.view(torch.uint8), alpha if alpha is not None else ws, out, ws,
         m, n, k, a_kp, b_kp, per_split,
         A_FP4=a_fp4, A_LAYOUT=_LAYOUT_ID[layout], MX=fmt is F.MXFP4, BLOCK=fmt.block_size,
-        HAS_ALPHA=alpha is not None, SPLIT=t.split_k, SWAP=t.swap_ab, DOT=_TL[dot_dtype(args)],
-        HALF=tl.float16 if dot_dtype(args) == torch.float16 else tl.bfloat16,
+        HAS_ALPHA=alpha is not None, SPLIT=t.split_k, SWAP=t.swap_ab, DOT=_TL[dot],
+        HALF=tl.float16 if dot == torch.float16 else tl.bfloat16,
         OUT=_TL[out_dtype], BM=t.block_m, BN=t.block_n, BK=t.block_k, GROUP_M=t.group_m,
         USE_GDC=pdl, launch_pdl=pdl, num_warps=t.num_warps, num_stages=t.num_stages)
     if t.split_k > 1:

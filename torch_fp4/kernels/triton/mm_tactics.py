@@ -8,7 +8,6 @@ a fixed order by a second kernel (deterministic, no atomics).
 """
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -17,6 +16,7 @@ import torch
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, TacticSpace, register_family
+from .._common import sm_count
 
 
 @register_family
@@ -103,11 +103,6 @@ def k_per_split(args, t: TritonMmTactic) -> int:
     return _k_per_split(problem(args)[2], t)
 
 
-@functools.cache
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
-
-
 def _split_for(m: int, n: int, k: int, bm: int, bn: int, bk: int, sms: int, waves: int = 2) -> int:
     """Enough K slices that about `waves` waves of programs stream the weight, each slice at
     least four steps long."""
@@ -124,7 +119,7 @@ def default(*args) -> Tactic:
     M = 512 on, dequantize-then-cuBLAS is fastest (0.90x bf16 at M = 2048, against 0.48x for the
     best fused tile)."""
     m, n, k = problem(args)
-    sms = _sm_count(args[0].device.index or 0) if args[0].is_cuda else 132
+    sms = sm_count(args[0].device) if args[0].is_cuda else 132
     if dot_dtype(args) == torch.float32:
         bm = 16 if m <= 16 else 64
         return TritonMmTactic(bm, 64, 64, _split_for(m, n, k, bm, 64, 64, sms), swap_ab=m <= 64)
@@ -140,7 +135,7 @@ def default(*args) -> Tactic:
 
 def candidates(*args) -> list[TritonMmTactic]:
     m, n, k = problem(args)
-    sms = _sm_count(args[0].device.index or 0) if args[0].is_cuda else 132
+    sms = sm_count(args[0].device) if args[0].is_cuda else 132
     out: list[TritonMmTactic] = [default(*args)]
     if m <= 64:
         bm = max(16, 1 << (m - 1).bit_length())

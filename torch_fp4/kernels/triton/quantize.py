@@ -6,7 +6,6 @@ scale matrix so the kernel itself writes the zero padding.
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 import triton
@@ -14,7 +13,7 @@ import triton.language as tl
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs, use_pdl
+from .._common import prepare_outputs, sm_count, use_pdl
 from .numerics import (LAYOUT_LINEAR, e2m1_decode, e2m1_encode_doubled, mxfp4_block_scale, nan_amax,
                        nvfp4_block_scale, pair, rcp_rn, scale_offsets, ue8m0_to_float, unpair)
 
@@ -209,16 +208,11 @@ def _workspace(device: torch.device) -> torch.Tensor:
     return ws
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
     out = prepare_outputs(meta.compute_global_scale(x))
     flat = x.reshape(-1)
     block = 4096
-    sms = _sm_count(x.device)
+    sms = sm_count(x.device)
     grid = (max(1, min(triton.cdiv(flat.numel(), block), 4 * sms)),)
     _global_scale_kernel[grid](flat, flat.numel(), _workspace(x.device), out, BLOCK=block,
                                **_launch(x.device, num_warps=8))
