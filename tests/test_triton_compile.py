@@ -96,9 +96,9 @@ def _mm_kernel(arch, a_fp4=False, mx=False, swap=True, bm=16, bn=64, bk=256, hal
     dt = {"bf16": tl.bfloat16, "f16": tl.float16}[half]
     sig = {"a_ptr": "*u8" if a_fp4 else {"bf16": "*bf16", "f16": "*fp16"}[half], "as_ptr": "*u8", "b_ptr": "*u8", "bs_ptr": "*u8",
            "alpha_ptr": "*fp32", "out_ptr": "*bf16", "ws_ptr": "*fp32", "M": "i32", "N": "i32",
-           "K": "i32", "a_kp": "i32", "b_kp": "i32", "k_per_split": "i32"}
+           "K": "i32", "KH": "i32", "a_kp": "i32", "b_kp": "i32", "kh_per_split": "i32"}
     consts = dict(A_FP4=a_fp4, A_LAYOUT=0, MX=mx, BLOCK=32 if mx else 16, HAS_ALPHA=True, SPLIT=1,
-                  SWAP=swap, DOT=dt, HALF=dt, OUT=tl.bfloat16, BM=bm, BN=bn, BK=bk, GROUP_M=8,
+                  SWAP=swap, DOT=dt, HALF=dt, OUT=tl.bfloat16, BM=bm, BN=bn, BK=bk, GROUP_M=8, EVEN_K=True,
                   USE_GDC=False)
     sig.update({k: "constexpr" for k in consts})
     src = ASTSource(fn=MM._mm_kernel, signature=sig, constexprs=consts,

@@ -23,7 +23,7 @@ from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, use_pdl
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
-from .numerics import LAYOUT_128x4, scale_offsets
+from .numerics import LAYOUT_128x4, LAYOUT_LINEAR, scale_offsets, scale_word_offsets
 from .quantize import _LAYOUT_ID, fp4_dequantize
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -52,30 +52,66 @@ and.b32 m, x1, 0x00700070; shl.b32 m, m, {hi_m}; and.b32 s, x1, 0x00800080; shl.
 or.b32 m, m, s; fma.rn.{t}x2 m, m, u, z; fma.rn.{t}x2 $3, m, $6, z;
 }
 """
-DECODE_BF16: tl.constexpr = tl.constexpr(
-    _DECODE_ASM.replace("{lo_m}", "6").replace("{hi_m}", "2").replace("{t}", "bf16")
-    .replace("{unit}", "0x7E807E80"))
+# bf16 places both fields with one multiply: (nibble) * (2^6 + 2^12) puts a copy of the low
+# nibble at bits 6..9 and one at 12..15 (disjoint, so no carries); the mask keeps exponent and
+# mantissa from the first copy and the sign from the second. The high nibble uses 2^2 + 2^8.
+DECODE_BF16: tl.constexpr = tl.constexpr("""
+{
+.reg .b32 x0, x1, m, u, z;
+mov.b32 u, 0x7E807E80;
+mov.b32 z, 0x80008000;
+prmt.b32 x0, $4, 0, 0x4140;
+prmt.b32 x1, $4, 0, 0x4342;
+and.b32 m, x0, 0x000F000F; mul.lo.u32 m, m, 0x1040; and.b32 m, m, 0x81C081C0;
+fma.rn.bf16x2 m, m, u, z; fma.rn.bf16x2 $0, m, $5, z;
+and.b32 m, x1, 0x000F000F; mul.lo.u32 m, m, 0x1040; and.b32 m, m, 0x81C081C0;
+fma.rn.bf16x2 m, m, u, z; fma.rn.bf16x2 $1, m, $6, z;
+and.b32 m, x0, 0x00F000F0; mul.lo.u32 m, m, 0x104; and.b32 m, m, 0x81C081C0;
+fma.rn.bf16x2 m, m, u, z; fma.rn.bf16x2 $2, m, $5, z;
+and.b32 m, x1, 0x00F000F0; mul.lo.u32 m, m, 0x104; and.b32 m, m, 0x81C081C0;
+fma.rn.bf16x2 m, m, u, z; fma.rn.bf16x2 $3, m, $6, z;
+}
+""")
 DECODE_F16: tl.constexpr = tl.constexpr(
     _DECODE_ASM.replace("{lo_m}", "9").replace("{hi_m}", "5").replace("{t}", "f16")
     .replace("{unit}", "0x74007400"))
 
 
 @triton.jit
-def _decode(data_ptr, scale_ptr, rows, n_rows, k0, half_k, n_kb, kp, row_stride,
+def _decode(data_ptr, scale_ptr, rows, n_rows, kh0, half_k, n_kb, kp, row_stride,
             LAYOUT: tl.constexpr, MX: tl.constexpr, BLOCK: tl.constexpr, BK: tl.constexpr,
-            HALF: tl.constexpr):
-    """Rows `rows` x K elements [k0, k0 + BK) of a packed FP4 matrix, dequantized (no global
+            HALF: tl.constexpr, EVEN_K: tl.constexpr):
+    """Rows `rows` x K elements [2 kh0, 2 kh0 + BK) of a packed FP4 matrix, dequantized (no global
     scale) to HALF (bf16 or fp16) as (even elements, odd elements), each [R, BK/2]; rows >= n_rows
     and K beyond the end read as 0. Splitting by parity instead of interleaving keeps every code in
     the register that loaded it; the caller splits the other operand the same way."""
     R: tl.constexpr = rows.shape[0]
-    kh = k0 // 2 + tl.arange(0, BK // 2)
-    kb = k0 // BLOCK + tl.arange(0, BK // BLOCK)
+    kh = kh0 + tl.arange(0, BK // 2)
+    kb = kh0 // (BLOCK // 2) + tl.arange(0, BK // BLOCK)
     row_ok = rows < n_rows
+    if EVEN_K:  # K is a multiple of BK: no K masks
+        mask = row_ok[:, None]
+    else:
+        mask = row_ok[:, None] & (kh < half_k)[None, :]
     packed = tl.load(data_ptr + rows.to(tl.int64)[:, None] * row_stride + kh[None, :],
-                     mask=row_ok[:, None] & (kh < half_k)[None, :], other=0)
-    sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], kb[None, :], n_kb, kp, LAYOUT),
-                    mask=row_ok[:, None] & (kb < n_kb)[None, :], other=0)
+                     mask=mask, other=0)
+    NKB: tl.constexpr = BK // BLOCK
+    if LAYOUT != LAYOUT_LINEAR and NKB % 4 == 0:
+        # The swizzled layouts keep four consecutive K blocks of a row in one aligned 32-bit
+        # word: load words (asynchronous copies the software pipeline can prefetch) and
+        # spread their bytes; padding blocks beyond K are zeroed (their codes are masked).
+        kw = kh0 // (2 * BLOCK) + tl.arange(0, NKB // 4)
+        words = tl.load(scale_ptr.to(tl.pointer_type(tl.int32))
+                        + scale_word_offsets(rows[:, None], kw[None, :], kp, LAYOUT),
+                        mask=row_ok[:, None], other=0)
+        sbits = (words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF
+        sbits = tl.reshape(sbits, (R, NKB))
+        if not EVEN_K:
+            sbits = tl.where((kb < n_kb)[None, :], sbits, 0)
+        sbits = sbits.to(tl.uint8)
+    else:
+        sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], kb[None, :], n_kb, kp, LAYOUT),
+                        mask=row_ok[:, None] & (kb < n_kb)[None, :], other=0)
     if MX:  # 2^(e-127) as bf16 bits: e=0 is the subnormal 2^-127, e=255 NaN
         e = sbits.to(tl.int32)
         bits = tl.where(e == 0, 0x40, tl.where(e == 255, 0x7FC0, e << 7))
@@ -94,11 +130,12 @@ def _decode(data_ptr, scale_ptr, rows, n_rows, k0, half_k, n_kb, kp, row_stride,
 
 @triton.jit
 def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
-               M, N, K, a_kp, b_kp, k_per_split,
+               M, N, K, KH, a_kp, b_kp, kh_per_split,
                A_FP4: tl.constexpr, A_LAYOUT: tl.constexpr, MX: tl.constexpr, BLOCK: tl.constexpr,
                HAS_ALPHA: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
                DOT: tl.constexpr, HALF: tl.constexpr, OUT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, GROUP_M: tl.constexpr, USE_GDC: tl.constexpr):
+               BK: tl.constexpr, GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+               USE_GDC: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     pid, pid_k = tl.program_id(0), tl.program_id(1)
@@ -110,23 +147,28 @@ def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
     pid_n = (pid % group) // rows_in_group
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
-    half_k, n_kb = K // 2, K // BLOCK
+    n_kb = K // BLOCK  # KH = K // 2 is an argument so that its divisibility is known
     if SWAP:
         acc = tl.zeros((BN, BM), tl.float32)
     else:
         acc = tl.zeros((BM, BN), tl.float32)
-    k_begin = pid_k * k_per_split
-    k_end = tl.minimum(K, k_begin + k_per_split)
-    for k0 in range(k_begin, k_end, BK):
-        w0, w1 = _decode(b_ptr, bs_ptr, rn, N, k0, half_k, n_kb, b_kp, half_k, LAYOUT_128x4, MX,
-                         BLOCK, BK, HALF)
+    # The loop runs over packed bytes (kh0 = k / 2) so that every offset's divisibility is
+    # known from the arguments' (wide, asynchronous loads).
+    kh_begin = pid_k * kh_per_split
+    kh_end = tl.minimum(KH, kh_begin + kh_per_split)
+    for kh0 in range(kh_begin, kh_end, BK // 2):
+        w0, w1 = _decode(b_ptr, bs_ptr, rn, N, kh0, KH, n_kb, b_kp, KH, LAYOUT_128x4, MX,
+                         BLOCK, BK, HALF, EVEN_K)
         if A_FP4:
-            x0, x1 = _decode(a_ptr, as_ptr, rm, M, k0, half_k, n_kb, a_kp, half_k, A_LAYOUT, MX,
-                             BLOCK, BK, HALF)
+            x0, x1 = _decode(a_ptr, as_ptr, rm, M, kh0, KH, n_kb, a_kp, KH, A_LAYOUT, MX,
+                             BLOCK, BK, HALF, EVEN_K)
         else:
-            kk = k0 + tl.arange(0, BK)
-            x = tl.load(a_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :],
-                        mask=(rm < M)[:, None] & (kk < K)[None, :], other=0.0)
+            kk = 2 * kh0 + tl.arange(0, BK)
+            if EVEN_K:
+                x_mask = (rm < M)[:, None]
+            else:
+                x_mask = (rm < M)[:, None] & (kk < K)[None, :]
+            x = tl.load(a_ptr + rm.to(tl.int64)[:, None] * K + kk[None, :], mask=x_mask, other=0.0)
             x0, x1 = tl.split(tl.reshape(x, (BM, BK // 2, 2)))
         w0, w1, x0, x1 = w0.to(DOT), w1.to(DOT), x0.to(DOT), x1.to(DOT)
         if SWAP:
@@ -189,11 +231,12 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     _mm_kernel[grid](
         a.view(torch.uint8) if a_fp4 else a, a_scale.view(torch.uint8) if a_fp4 else b_scale.view(torch.uint8),
         b.view(torch.uint8), b_scale.view(torch.uint8), alpha if alpha is not None else ws, out, ws,
-        m, n, k, a_kp, b_kp, per_split,
+        m, n, k, k // 2, a_kp, b_kp, per_split // 2,
         A_FP4=a_fp4, A_LAYOUT=_LAYOUT_ID[layout], MX=fmt is F.MXFP4, BLOCK=fmt.block_size,
         HAS_ALPHA=alpha is not None, SPLIT=t.split_k, SWAP=t.swap_ab, DOT=_TL[dot],
         HALF=tl.float16 if dot == torch.float16 else tl.bfloat16,
         OUT=_TL[out_dtype], BM=t.block_m, BN=t.block_n, BK=t.block_k, GROUP_M=t.group_m,
+        EVEN_K=k % t.block_k == 0,
         USE_GDC=pdl, launch_pdl=pdl, num_warps=t.num_warps, num_stages=t.num_stages)
     if t.split_k > 1:
         block = 1024

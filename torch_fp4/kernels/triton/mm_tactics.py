@@ -114,8 +114,9 @@ def _split_for(m: int, n: int, k: int, bm: int, bn: int, bk: int, sms: int, wave
 
 
 def default(*args) -> Tactic:
-    """The heuristic tactic, from `bench mm --tactics` sweeps on H100 (N=8192, K=28672): small M
-    swaps operands and splits K 8-16 ways; M around 128 splits K with 128x128 tiles; from
+    """The heuristic tactic, from `bench mm --tactics` sweeps on H100 (N=8192, K=28672): M <= 32
+    swaps operands, with 256 weight rows x 128 K per program and K split so that at most two
+    waves of programs run (8 ways there); M around 128 splits K with 128x128 tiles; from
     M = 512 on, dequantize-then-cuBLAS is fastest (0.90x bf16 at M = 2048, against 0.48x for the
     best fused tile)."""
     m, n, k = problem(args)
@@ -127,7 +128,10 @@ def default(*args) -> Tactic:
         return DequantMmTactic()
     if m <= 32:
         bm = max(16, 1 << (m - 1).bit_length())
-        return TritonMmTactic(bm, 64, 256, _split_for(m, n, k, bm, 64, 256, sms, 4), swap_ab=True)
+        tiles, split = -(-n // 256), 1
+        while tiles * split * 2 <= 2 * sms and k // (2 * split) >= 4 * 128:
+            split *= 2
+        return TritonMmTactic(bm, 256, 128, split, swap_ab=True)
     if m <= 64:
         return TritonMmTactic(64, 128, 128, _split_for(m, n, k, 64, 128, 128, sms), swap_ab=True)
     return TritonMmTactic(128, 128, 64, _split_for(m, n, k, 128, 128, 64, sms))
@@ -139,11 +143,14 @@ def candidates(*args) -> list[TritonMmTactic]:
     out: list[TritonMmTactic] = [default(*args)]
     if m <= 64:
         bm = max(16, 1 << (m - 1).bit_length())
-        for bn, bk in ((64, 256), (128, 128), (128, 256), (64, 512), (256, 128)):
+        for bn, bk, warps in ((64, 256, 4), (128, 128, 4), (256, 128, 4), (256, 128, 8),
+                              (128, 64, 4), (256, 64, 4), (256, 64, 8), (512, 64, 8)):
             base = _split_for(m, n, k, bm, bn, bk, sms)
             for split in sorted({base, 2 * base, max(1, base // 2)}):
-                out.append(TritonMmTactic(bm, bn, bk, split, swap_ab=True, num_stages=3))
-            out.append(TritonMmTactic(bm, bn, bk, base, swap_ab=True, num_stages=4))
+                out.append(TritonMmTactic(bm, bn, bk, split, swap_ab=True, num_warps=warps))
+            for stages in (2, 4):
+                out.append(TritonMmTactic(bm, bn, bk, base, swap_ab=True, num_warps=warps,
+                                          num_stages=stages))
     else:
         for bm, bn, bk, warps in ((64, 128, 128, 4), (128, 128, 64, 4), (128, 128, 128, 8),
                                   (128, 256, 64, 8), (256, 128, 64, 8), (64, 256, 128, 4)):

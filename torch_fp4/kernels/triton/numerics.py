@@ -158,3 +158,16 @@ def scale_offsets(rows, kbs, n_kb, kp, LAYOUT: tl.constexpr):
     else:
         off = m * n_kb + kb
     return off
+
+
+@triton.jit
+def scale_word_offsets(rows, kws, kp, LAYOUT: tl.constexpr):
+    """Offsets, in 32-bit words, of the words holding scales (rows[i], 4*kws[i] .. 4*kws[i]+3)
+    in one matrix of a swizzled `LAYOUT` (128x4 or 8x4), where those four scales are adjacent."""
+    m = rows.to(tl.int64)
+    kw = kws.to(tl.int64)
+    if LAYOUT == LAYOUT_128x4:
+        off = ((m // 128) * (kp // 4) + kw) * 128 + (m % 32) * 4 + (m % 128) // 32
+    else:
+        off = (m // 8) * (kp // 4) * 8 + kw * 8 + m % 8
+    return off
