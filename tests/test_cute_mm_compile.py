@@ -2,10 +2,14 @@
 and its SASS holds the block-scaled MMA. These kernels are compiled and SASS-checked in CI,
 never run: no Blackwell GPU was available.
 
-Compiled (one interpreter per architecture, CUTE_DSL_ARCH): every tactic of SM100_TACTICS on
-sm_100a, SM103_TACTICS on sm_103a, SM120_TACTICS on sm_120a, each for NVFP4 and MXFP4 (bf16
-out with alpha), plus fp16/fp32 outputs without alpha on one tactic per family; about 1 s per
-kernel. Checked: PTX `.target`, `kind::mxf4nvf4` + `block_scale` (tcgen05 NVFP4 `.block16`,
+Compiled (one interpreter per architecture, CUTE_DSL_ARCH), bf16 out with alpha: every tactic
+of SM100_TACTICS on sm_100a, SM103_TACTICS on sm_103a (tiles 128x128x768, 128x192x768 and
+128x256x768, clusters 1x1/2x1/4x1) and SM120_TACTICS on sm_120a (tiles 128x128x128,
+128x128x256 and 256x128x128, data-parallel and stream-K) for NVFP4; for MXFP4 a representative
+subset, the first tactic of each tile shape (`_mxfp4_subset`: the format changes the scale
+layouts, which depend on the tile shape only, not the cluster or the scheduler); plus
+fp16/fp32 outputs without alpha on one tactic per family. About 1.3 s per kernel, 39 kernels.
+Checked: PTX `.target`, `kind::mxf4nvf4` + `block_scale` (tcgen05 NVFP4 `.block16`,
 MXFP4 `.block32`; sm_120 NVFP4 `kind::mxf4nvf4 ... scale_vec::4X`, MXFP4 `kind::mxf4 ...
 scale_vec::2X` since CuTe DSL maps 32-element blocks to kind::mxf4 there), and the SASS:
 - sm_100a/sm_103a: `UTCOMMA[.2CTA][.4X|.BLOCK16] gdesc, gdesc, tmem(acc), tmem(SFA),
@@ -40,10 +44,9 @@ sys.path.insert(0, sys.argv[2])
 from sass_tools import disassemble, have_disassembler
 from torch_fp4.kernels.cute import mm_blockscaled as M
 from torch_fp4.kernels.cute import mm_tactics as T
+from torch_fp4.tactics import tactic_from_json
 arch = sys.argv[1]
-tactics = {"sm_100a": T.SM100_TACTICS, "sm_103a": T.SM103_TACTICS, "sm_120a": T.SM120_TACTICS}[arch]
-keys = [M.MmKey(t, fmt, "bf16", True, arch) for t in tactics for fmt in ("nvfp4", "mxfp4")]
-keys += [M.MmKey(tactics[0], "nvfp4", "f16", False, arch), M.MmKey(tactics[0], "mxfp4", "f32", False, arch)]
+keys = [M.MmKey(tactic_from_json(t), fmt, out, alpha, arch) for t, fmt, out, alpha in json.loads(sys.argv[3])]
 out = []
 for key in keys:
     fn = M.compile_only(key)
@@ -61,17 +64,42 @@ _TCGEN05_SASS = re.compile(r"UTCOMMA(\.2CTA)?(\.4X|\.BLOCK16)?\s+gdesc\[\w+\], g
                            r"tmem\[\w+\], tmem\[\w+\], idesc\[\w+\], tmem\[\w+\]")
 
 
+TACTICS = {"sm_100a": T.SM100_TACTICS, "sm_103a": T.SM103_TACTICS, "sm_120a": T.SM120_TACTICS}
+
+
+def _mxfp4_subset(tactics):
+    """The first tactic of each tile shape."""
+    first = {}
+    for t in tactics:
+        first.setdefault((t.tile_m, t.tile_n, t.tile_k), t)
+    return list(first.values())
+
+
+def _compiled_keys(arch):
+    """(tactic JSON, format, out dtype, alpha?) of every kernel compiled for `arch`."""
+    tactics = TACTICS[arch]
+    keys = [(t, "nvfp4", "bf16", True) for t in tactics]
+    keys += [(t, "mxfp4", "bf16", True) for t in _mxfp4_subset(tactics)]
+    keys += [(tactics[0], "nvfp4", "f16", False), (tactics[0], "mxfp4", "f32", False)]
+    return [(t.to_json(), fmt, out, alpha) for t, fmt, out, alpha in keys]
+
+
 @pytest.mark.skipif(not HAVE_CUTLASS, reason="nvidia-cutlass-dsl (cutlass) is not installed")
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_103a", "sm_120a"])
 def test_mm_kernels_compile_with_block_scaled_mma(arch, tmp_path):
     env = dict(os.environ, CUTE_DSL_ARCH=arch, CUTE_DSL_DUMP_DIR=str(tmp_path),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    proc = subprocess.run([sys.executable, "-c", _SCRIPT, arch, str(ROOT / "tests")], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+    keys = _compiled_keys(arch)
+    proc = subprocess.run([sys.executable, "-c", _SCRIPT, arch, str(ROOT / "tests"), json.dumps(keys)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    tactics = {"sm_100a": T.SM100_TACTICS, "sm_103a": T.SM103_TACTICS, "sm_120a": T.SM120_TACTICS}[arch]
-    assert len(results) == 2 * len(tactics) + 2
+    assert len(results) == len(keys)
+    labels = {(r["tactic"], r["fmt"]) for r in results}
+    for t in TACTICS[arch]:     # every tactic compiled, the new tiles in both formats
+        assert (t.label(), "nvfp4") in labels, t
+    for t in _mxfp4_subset(TACTICS[arch]):
+        assert (t.label(), "mxfp4") in labels, t
     for r in results:
         assert r["target"] == arch, r
         ptx = " ".join(r["ptx_mma"])
@@ -115,8 +143,11 @@ def test_tactic_lists_by_capability():
     assert sm100 == T.SM100_TACTICS and all(t.tile_k == 256 for t in sm100)
     assert set(sm100) < set(sm103)
     deep = {(t.tile_m, t.tile_n, t.tile_k) for t in sm103 if t.tile_k == 768}
-    assert deep == {(128, 128, 768), (128, 256, 768)}
-    assert {t.cluster_m for t in sm103 if t.tile_k == 768} == {1, 2, 4}
+    assert deep == {(128, 128, 768), (128, 192, 768), (128, 256, 768)}
+    for tile in deep:
+        assert {(t.cluster_m, t.cluster_n) for t in sm103
+                if (t.tile_m, t.tile_n, t.tile_k) == tile} == {(1, 1), (2, 1), (4, 1)}
+    assert (256, 128, 128) in T.SM120_TILES
     assert not any(t.tile_k == 768 for t in sm100)
     assert {(t.tile_m, t.tile_n) for t in sm100} >= {(128, 128), (128, 256), (256, 128)}
     assert any(t.two_cta and t.cluster_m == 2 for t in sm100)
@@ -142,7 +173,15 @@ def test_why_not_reasons():
     assert "multiple of 32" in T._why_not(t100, *_args(k=48), cap=(10, 0))
     assert "W4A4" in T._why_not(t100, *_args(with_scale=False), cap=(10, 0))
     assert "128x4" in T._why_not(t100, *_args(layout=F.SfLayout.LAYOUT_8x4), cap=(10, 0))
-    assert "tile_n" in T.Sm100MmTactic(128, 192, 768).invalid()
+    assert T.Sm100MmTactic(128, 192, 768, 4, 1).invalid() is None
+    assert T._why_not(T.Sm100MmTactic(128, 192, 768), *_args(n=200), cap=(10, 3)) is None
+    assert "capability 10.0" in T._why_not(T.Sm100MmTactic(128, 192, 768), *args, cap=(10, 0))
+    assert "tile_n" in T.Sm100MmTactic(128, 160, 256).invalid()
+    assert "tile_n=192 needs tile_m=128" in T.Sm100MmTactic(256, 192, 768, 2, 1).invalid()
+    assert "cluster_n=1" in T.Sm100MmTactic(128, 192, 768, 1, 2).invalid()
+    assert T._why_not(T.Sm120MmTactic(256, 128, 128, T.STREAM_K), *args, cap=(12, 0)) is None
+    assert "not in" in T.Sm120MmTactic(256, 256, 128).invalid()
+    assert "capability 10.0" in T._why_not(T.Sm120MmTactic(256, 128, 128), *args, cap=(10, 0))
     assert "even cluster_m" in T.Sm100MmTactic(256, 128, 256, 1, 1).invalid()
     assert "scheduler" in T.Sm120MmTactic(128, 128, 128, "split_k").invalid()
     # On a CPU tensor no tactic applies (capability 0.0).

@@ -1,8 +1,9 @@
 """mm_fp4 W4A4 on Blackwell block-scaled tensor cores, in CuTe DSL.
 
 Status: compiled and SASS-checked in CI for sm_100a, sm_103a and sm_120a
-(tests/test_cute_mm_compile.py), never run: no Blackwell GPU was available. Treat every
-result of these kernels as unverified until tests/test_gpu_* have passed on a B200/B300/RTX 50.
+(tests/test_cute_mm_compile.py), never run (compiled, not run): no Blackwell GPU was
+available. Treat every result of these kernels as unverified until tests/test_gpu_* have
+passed on a B200/B300/RTX 50.
 
 sm_100a / sm_103a kernel (`BlockScaledGemmSm100`, tactics `mm_tactics.Sm100MmTactic`):
 - One CTA (or one 2-CTA pair for tile_m=256) per output tile, 6 warps: warps 0-3 epilogue,
@@ -21,7 +22,16 @@ sm_100a / sm_103a kernel (`BlockScaledGemmSm100`, tactics `mm_tactics.Sm100MmTac
   (`tcgen05.ld` 32x32b), multiply by alpha (read once from device memory; 1 when None),
   convert and store element by element with an (m < M, n < N) predicate.
 - The SM103 tactics (tile_k=768) run the same K=64 MMA over a 768-deep stage; the sm_103a
-  K=96 "ultra" MMA and its split scale-factor pipeline are not used.
+  K=96 "ultra" MMA and its split scale-factor pipeline are not used. A 768-deep stage is
+  large: shared memory holds 2 stages for tile_n=128 and 1 for tile_n=192/256, so those
+  tactics overlap loads and MMAs little (offered to the autotuner, never the default).
+- tile_n=192 (N=192 is a valid kind::mxf4nvf4 MMA N; accumulator 192 + SFA 48 + SFB 96
+  tensor-memory columns for NVFP4, 192 + 24 + 48 for MXFP4, of the 512 allocated): B's scale
+  factors come in 128-row atoms, so each stage loads and copies to tensor memory a 256-row
+  SFB box (the smem/TMEM SFB layouts round N up to 256) that contains the tile's 192 rows
+  (`_sfb_boxes_for_n192`); for odd N tiles those start 64 rows into the box and the MMA's
+  SFB address is moved 2 columns on (one tensor-memory column holds 32 rows of SFB).
+  1-CTA tiles, clusters along M only.
 
 The sm_12x kernel is in mm_blockscaled_sm120.py; both share `compile_mm` / `mm_fp4` below.
 """
@@ -165,6 +175,8 @@ class BlockScaledGemmSm100:
         tma_sfb, g_sfb = cute.nvgpu.make_tiled_tma_atom_B(
             op_sfb, sfb, sfb0, self.mma_tiler_sfb, tiled_mma_sfb, self.cluster_sfb_vmnk.shape,
             internal_type=cutlass.Int16)
+        if cutlass.const_expr(self.mma_tiler[1] == 192):
+            g_sfb = self._sfb_boxes_for_n192(g_sfb, n)
         self.tx_bytes = (cute.size_in_bytes(cutlass.Float4E2M1FN, a0)
                          + cute.size_in_bytes(cutlass.Float4E2M1FN, b0)
                          + cute.size_in_bytes(self.sf_dtype, sfa0)
@@ -306,12 +318,20 @@ class BlockScaledGemmSm100:
                                       dtype=self.sf_dtype)
             tCtSFA = cute.make_tensor(sfa_ptr, bs_layout.make_tmem_layout_sfa(
                 tiled_mma, self.mma_tiler, self.sf_vec, cute.slice_(sfa_sl, (None, None, None, 0))))
-            sfb_ptr = cute.recast_ptr(acc_ptr + tcgen05.find_tmem_tensor_col_offset(tCtAcc)
-                                      + tcgen05.find_tmem_tensor_col_offset(tCtSFA), dtype=self.sf_dtype)
-            tCtSFB = cute.make_tensor(sfb_ptr, bs_layout.make_tmem_layout_sfb(
-                tiled_mma, self.mma_tiler, self.sf_vec, cute.slice_(sfb_sl, (None, None, None, 0))))
+            sfb_col = (tcgen05.find_tmem_tensor_col_offset(tCtAcc)
+                       + tcgen05.find_tmem_tensor_col_offset(tCtSFA))
+            sfb_tmem = bs_layout.make_tmem_layout_sfb(
+                tiled_mma, self.mma_tiler, self.sf_vec, cute.slice_(sfb_sl, (None, None, None, 0)))
+            tCtSFB = cute.make_tensor(cute.recast_ptr(acc_ptr + sfb_col, dtype=self.sf_dtype), sfb_tmem)
             cp_sfa, s2t_sfa, t2_sfa = self._s2t(sSFA, tCtSFA)
             cp_sfb, s2t_sfb, t2_sfb = self._s2t(sSFB, tCtSFB)
+            # The MMA reads SFB from here: the staged 256 rows, or for tile_n=192 an odd tile's
+            # rows 64..255 of them (one tensor-memory column holds 32 rows of SFB).
+            tCtSFB_mma = tCtSFB
+            if cutlass.const_expr(self.mma_tiler[1] == 192):
+                shift = (tile[1] % 2) * 2
+                tCtSFB_mma = cute.make_tensor(
+                    cute.recast_ptr(acc_ptr + sfb_col + shift, dtype=self.sf_dtype), sfb_tmem)
 
             cons = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
             acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
@@ -326,7 +346,7 @@ class BlockScaledGemmSm100:
                     cute.copy(cp_sfb, s2t_sfb[stage], t2_sfb)
                     for kb in cutlass.range(self.k_blocks, unroll_full=True):
                         tiled_mma.set(tcgen05.Field.SFA, tCtSFA[(None, None, kb)].iterator)
-                        tiled_mma.set(tcgen05.Field.SFB, tCtSFB[(None, None, kb)].iterator)
+                        tiled_mma.set(tcgen05.Field.SFB, tCtSFB_mma[(None, None, kb)].iterator)
                         cute.gemm(tiled_mma, tCtAcc, tCrA[(None, None, kb, cons.index)],
                                   tCrB[(None, None, kb, cons.index)], tCtAcc)
                         tiled_mma.set(tcgen05.Field.ACCUMULATE, True)
@@ -370,6 +390,20 @@ class BlockScaledGemmSm100:
             tmem.relinquish_alloc_permit()
             self.epi_barrier.arrive_and_wait()
             tmem.free(acc_ptr)
+
+    @staticmethod
+    def _sfb_boxes_for_n192(g_sfb: cute.Tensor, n: Int32) -> cute.Tensor:
+        """tile_n=192: re-stride the SFB TMA coordinates so that N tile j loads the 256 SFB rows
+        (two 128-row atoms) that contain its 192 rows, i.e. atoms a0, a0 + 1 with
+        a0 = floor(192 j / 128) = 3 (j // 2) + j % 2; odd tiles then start 64 rows into the box.
+        The rest-N mode (atom index, stride s) becomes ((2, 2), ceil(N / 384)) with strides
+        ((s, s), 3 s): the first 2 is the box's atom pair, the second the tile parity and the
+        last the pair of tiles. Boxes reaching past the last atom are zero-filled by TMA."""
+        s = g_sfb.stride[0][1]
+        shape = ((g_sfb.shape[0][0], ((2, 2), cute.ceil_div(n, 384))), g_sfb.shape[1],
+                 g_sfb.shape[2])
+        stride = ((g_sfb.stride[0][0], ((s, s), 3 * s)), g_sfb.stride[1], g_sfb.stride[2])
+        return cute.make_tensor(g_sfb.iterator, cute.make_layout(shape, stride=stride))
 
     def _s2t(self, sSF, tSF):
         """tcgen05.cp (4x32x128b) of one stage of scale factors: smem -> tensor memory."""

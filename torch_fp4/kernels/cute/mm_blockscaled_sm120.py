@@ -1,15 +1,19 @@
 """mm_fp4 W4A4 on sm_12x (RTX 50 / RTX PRO 6000 Blackwell): warp-level block-scaled MMA.
 
-Status: compiled and SASS-checked in CI for sm_120a, never run (no sm_12x GPU available).
+Status: compiled and SASS-checked in CI for sm_120a, never run (compiled, not run: no sm_12x
+GPU was available).
 
 sm_12x has no tcgen05/TMEM: the tensor cores are reached with warp-synchronous
 `mma.sync.aligned.m16n8k64.row.col.kind::mxf4nvf4.block_scale` (CuTe DSL
 `cute.nvgpu.warp.MmaMXF4NVF4Op` / `MmaMXF4Op`), with operands and scale factors in registers.
 `BlockScaledGemmSm120` (tactics `mm_tactics.Sm120MmTactic`):
-- 9 warps: warps 0-7 are the MMA warps (a 4x2 warp grid over the 128 x 128 tile), warp 8
-  the TMA producer (tile 256x128x128 is not offered: see mm_tactics.SM120_TILES). A, B and their 128x4 scales are TMA-loaded into a
-  `stages`-deep mbarrier pipeline; the MMA warps read A/B with ldmatrix and the scales with
-  plain shared-memory loads, and accumulate in fp32 registers.
+- 9 warps: warps 0-7 are the MMA warps (a 4x2 warp grid; the MMA permutation covers 128 rows,
+  so tile_m=256 repeats it twice along M and each warp holds twice the accumulators), warp 8
+  the TMA producer. A, B and their 128x4 scales are TMA-loaded into a `stages`-deep mbarrier
+  pipeline; the MMA warps read A/B with ldmatrix and the scales with plain shared-memory
+  loads, and accumulate in fp32 registers. With tile_m=256 the scale-A register fragment's two
+  M modes (inside the permutation, and its repeat) are grouped into one, in the order of the
+  A fragment's M mode, so each shared-memory scale copy and each MMA find their rows.
 - Scheduling is one loop over "work units" (tile, k-tile). Each CTA takes the contiguous unit
   range [cta * per, min((cta + 1) * per, total)):
   * data_parallel: per = k-tiles per tile, grid = number of tiles (a CTA per output tile);
@@ -44,6 +48,7 @@ from .mm_blockscaled import OUT_TYPES, SMEM_BYTES, format_types, operand_tensors
 from .mm_tactics import STREAM_K, Sm120MmTactic
 
 MMA_WARPS = 8
+PERM_M = 128        # rows of the MMA permutation (get_permutation_mnk); tile_m 256 repeats it
 FLAG_WORDS = 1024   # stream-K grids are at most this many CTAs
 _workspaces: dict = {}
 def schedule(tactic: Sm120MmTactic, m: int, n: int, k: int, device) -> tuple[int, int]:
@@ -226,6 +231,10 @@ class BlockScaledGemmSm120:
             tCrB = tiled_mma.make_fragment_B(thr.partition_B(sB)[(None, None, None, 0)])
             tCrSFA = sm120_utils.partition_fragment_SFA(sSFA[(None, None, 0)], thr, tidx)
             tCrSFB = sm120_utils.partition_fragment_SFB(sSFB[(None, None, 0)], thr, tidx)
+            if cutlass.const_expr(self.tile[0] > PERM_M):
+                # (V, M in the 128-row permutation, M rest, K...): both M modes together, in
+                # the order of tCrA's M mode, so that MMA m uses the scales of rows m * 64.
+                tCrSFA = cute.group_modes(tCrSFA, 1, 3)
             tCrSFA = cute.group_modes(tCrSFA, 2, cute.rank(tCrSFA))
             tCrSFB = cute.group_modes(tCrSFB, 2, cute.rank(tCrSFB))
             acc = cute.make_rmem_tensor(thr.partition_C(gC).shape[:3], cutlass.Float32)

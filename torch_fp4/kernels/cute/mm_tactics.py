@@ -2,7 +2,8 @@
 
 Two kernel families, one kernel class each, parametrized by these frozen dataclasses:
 - `Sm100MmTactic` (family "cute_mm_tcgen05"): tcgen05 block-scaled MMA (sm_100a / sm_103a),
-  tile (tile_m, tile_n, tile_k) per MMA (tile_m 256 = a 2-CTA pair, `tcgen05.mma.cta_group::2`)
+  tile (tile_m, tile_n, tile_k) per MMA (tile_m 256 = a 2-CTA pair, `tcgen05.mma.cta_group::2`;
+  tile_n 192 stages 256 rows of B's scale factors, see mm_blockscaled.BlockScaledGemmSm100)
   and a cluster (cluster_m, cluster_n) over which A/B tiles are TMA-multicast.
 - `Sm120MmTactic` (family "cute_mm_sm120"): warp-level `mma.sync ... block_scale` (sm_12x),
   tile (tile_m, tile_n, tile_k) per CTA and a scheduler: "data_parallel" (one CTA per output
@@ -10,8 +11,9 @@ Two kernel families, one kernel class each, parametrized by these frozen datacla
   tiles are summed in a fixed order through a workspace, so results stay deterministic).
 
 Dispatch by compute capability, minor version included: 10.0 -> SM100_TACTICS; 10.3 ->
-SM103_TACTICS + SM100_TACTICS (the 768-deep K tiles of FlashInfer's SM103 tactics); 12.x ->
-SM120_TACTICS. These kernels are compiled and SASS-checked in CI but have never run: no
+SM103_TACTICS + SM100_TACTICS (the 768-deep K tiles of FlashInfer's SM103 tactics: 128x128,
+128x192 and 128x256); 12.x -> SM120_TACTICS (128x128x128, 128x128x256, 256x128x128). These
+kernels are compiled and SASS-checked in CI but have never run (compiled, not run): no
 Blackwell GPU was available (see torch_fp4/kernels/cute/mm_blockscaled.py).
 """
 from __future__ import annotations
@@ -50,10 +52,15 @@ class Sm100MmTactic(Tactic):
         """Why this tactic is not a valid kernel configuration at all (None when it is)."""
         if self.tile_m not in (128, 256):
             return f"tile_m must be 128 or 256 (2-CTA), got {self.tile_m}"
-        if self.tile_n not in (128, 256):
-            # N=192 needs a re-strided scale-factor-B TMA view (the SFB tile of 256 rows
-            # straddles two 128-row atoms); not implemented.
-            return f"tile_n must be 128 or 256, got {self.tile_n}"
+        if self.tile_n not in (128, 192, 256):
+            return f"tile_n must be 128, 192 or 256, got {self.tile_n}"
+        if self.tile_n == 192 and (self.tile_m != 128 or self.cluster_n != 1):
+            # The 192-row B tile's scale factors are loaded as a 256-row box whose start
+            # depends on the N tile's parity; offered (and compiled) for 1-CTA tiles with
+            # clusters along M only, where every CTA of a cluster has the same N tile and so
+            # receives the same multicast SFB box.
+            return (f"tile_n=192 needs tile_m=128 and cluster_n=1, got tile_m={self.tile_m} "
+                    f"cluster_n={self.cluster_n}")
         if self.tile_k not in (256, 768):
             return f"tile_k must be 256 or 768, got {self.tile_k}"
         if self.cluster_m not in (1, 2, 4) or self.cluster_n not in (1, 2):
@@ -89,16 +96,10 @@ SM100_TACTICS = (
     T100(256, 128, 256, 2, 1), T100(256, 256, 256, 2, 1), T100(256, 128, 256, 4, 1),
 )
 # SM103 (B300): the 768-deep K tiles of FlashInfer's SM103 tactics with 1x1, 2x1 and 4x1
-# clusters. 128x192x768 is not offered (tile_n=192, see Sm100MmTactic.invalid).
-SM103_TACTICS = (
-    T100(128, 128, 768, 1, 1), T100(128, 128, 768, 2, 1), T100(128, 128, 768, 4, 1),
-    T100(128, 256, 768, 1, 1), T100(128, 256, 768, 2, 1), T100(128, 256, 768, 4, 1),
-)
-# 256x128x128 is not offered: with tile_m=256 the MMA repeats along M and the register scale
-# fragments (partition_fragment_SFA) no longer line up with their shared-memory copy views
-# (cute.copy: "mode-1 sizes 2 and 1"); widening the M permutation to 256 makes cute.gemm
-# reject the operands instead. Not solved in the time available.
-SM120_TILES = ((128, 128, 128), (128, 128, 256))
+# clusters.
+SM103_TACTICS = tuple(T100(128, n, 768, cm, 1) for n in (128, 192, 256) for cm in (1, 2, 4))
+# tile_m 256 repeats the 128-row MMA permutation twice along M (see mm_blockscaled_sm120).
+SM120_TILES = ((128, 128, 128), (128, 128, 256), (256, 128, 128))
 SM120_TACTICS = tuple(Sm120MmTactic(*tile, sched) for tile in SM120_TILES
                       for sched in (DATA_PARALLEL, STREAM_K))
 

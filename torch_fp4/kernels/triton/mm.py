@@ -22,6 +22,7 @@ import triton.language as tl
 from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, use_pdl
+from .mm_dot_scaled_tactics import DotScaledMmTactic
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
 from .numerics import LAYOUT_128x4, LAYOUT_LINEAR, scale_offsets, scale_word_offsets
 from .quantize import _LAYOUT_ID, fp4_dequantize
@@ -214,6 +215,9 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     reason = MM_SPACE.why_not(t, *args)
     if reason is not None:
         raise ValueError(f"mm_fp4: tactic {t.label()} cannot run this problem: {reason}")
+    if isinstance(t, DotScaledMmTactic):
+        from .mm_dot_scaled import mm_fp4_dot_scaled
+        return mm_fp4_dot_scaled(*args, tactic=t)
     if isinstance(t, DequantMmTactic):
         return _dequantize_then_mm(*args)
     out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))

@@ -17,6 +17,8 @@ from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, TacticSpace, register_family
 from .._common import sm_count
+from . import mm_dot_scaled_tactics as dot_scaled
+from .mm_dot_scaled_tactics import DotScaledMmTactic
 
 
 @register_family
@@ -69,6 +71,8 @@ def dot_dtype(args) -> torch.dtype:
 def why_not(t: Tactic, *args) -> Optional[str]:
     m, n, k = problem(args)
     fmt = args[6]
+    if isinstance(t, DotScaledMmTactic):
+        return dot_scaled.why_not(t, *args)
     if isinstance(t, DequantMmTactic):
         if dot_dtype(args) == torch.float32:
             return "fp16 activations with MXFP4 weights have no exact 16-bit dequantized form"
@@ -159,6 +163,7 @@ def candidates(*args) -> list[TritonMmTactic]:
                     out.append(TritonMmTactic(bm, bn, bk, split, num_warps=warps, num_stages=stages))
     if m >= 128 and dot_dtype(args) != torch.float32:
         out.append(DequantMmTactic())
+    out.extend(dot_scaled.candidates(*args))   # none off sm_100/sm_103/sm_12x, none for W4A16
     seen, unique = set(), []
     for t in out:
         if t not in seen and why_not(t, *args) is None:
