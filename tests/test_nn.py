@@ -154,3 +154,193 @@ def test_from_checkpoint_uses_the_stored_weight():
     mod = FP4Linear.from_checkpoint(w, bias=lin.bias)
     x = torch.randn(7, 96, dtype=torch.bfloat16)
     assert torch.equal(mod(x), ref_mod(x))
+
+
+# -- FP4MoE ------------------------------------------------------------------------------------
+from torch_fp4.nn import FP4MoE  # noqa: E402
+
+H, I, E = 64, 32, 4
+
+
+def _experts(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    router = torch.nn.Linear(H, E, bias=False).to(torch.bfloat16)
+    router.weight.data.copy_(torch.randn(E, H, generator=g) / H ** 0.5)
+    w1 = (torch.randn(E, 2 * I, H, generator=g) / H ** 0.5).to(torch.bfloat16)
+    w2 = (torch.randn(E, H, I, generator=g) / I ** 0.5).to(torch.bfloat16)
+    return router, w1, w2
+
+
+def _moe_by_ops(x, router, w1, w2, top_k, method, a1=None, a2=None, **route_kw):
+    a = x.reshape(-1, H)
+    gs1 = torch.cat([t4.compute_global_scale(w) for w in w1])
+    gs2 = torch.cat([t4.compute_global_scale(w) for w in w2])
+    w1q, w1s = t4.nvfp4_quantize(w1, gs1)
+    w2q, w2s = t4.nvfp4_quantize(w2, gs2)
+    ids, wts = t4.route(router(a), top_k, method, **route_kw)
+    out = t4.fused_moe(a, w1q, w1s, gs1, w2q, w2s, gs2, ids, wts, a1_global_scale=a1, a2_global_scale=a2)
+    return out.reshape(x.shape)
+
+
+def _moe_dense(x, router, w1, w2, top_k, method):
+    a = x.reshape(-1, H).float()
+    ids, wts = t4.route(router(x.reshape(-1, H)), top_k, method)
+    out = torch.zeros_like(a)
+    for j in range(top_k):
+        e = ids[:, j].long()
+        h = torch.einsum("th,tnh->tn", a, w1[e].float())
+        act = torch.nn.functional.silu(h[:, :I]) * h[:, I:]
+        out += wts[:, j:j + 1] * torch.einsum("ti,thi->th", act, w2[e].float())
+    return out.reshape(x.shape)
+
+
+def test_fp4moe_w4a16_matches_ops_and_dense():
+    router, w1, w2 = _experts()
+    mod = FP4MoE.from_experts(router, w1, w2, top_k=2, method="renormalize")
+    x = torch.randn(3, 5, H, dtype=torch.bfloat16)
+    y = mod(x)
+    assert y.shape == x.shape and y.dtype == torch.bfloat16
+    assert torch.equal(y, _moe_by_ops(x, router, w1, w2, 2, "renormalize"))
+    assert _rel(y, _moe_dense(x, router, w1, w2, 2, "renormalize")) < 0.25
+    assert mod.router is not router and not mod.router.weight.requires_grad
+    assert mod(x.float()).dtype == torch.float32
+
+
+def test_fp4moe_accepts_per_expert_linears():
+    router, w1, w2 = _experts()
+    want = FP4MoE.from_experts(router, w1, w2, top_k=2)
+    linear = []
+    for e in range(E):
+        gate, up, down = (torch.nn.Linear(k, n, bias=False).to(torch.bfloat16)
+                          for k, n in ((H, I), (H, I), (I, H)))
+        gate.weight.data.copy_(w1[e, :I])
+        up.weight.data.copy_(w1[e, I:])
+        down.weight.data.copy_(w2[e])
+        linear.append((gate, up, down))
+    for got in (FP4MoE.from_experts(router, [(g, u) for g, u, _ in linear], [d for *_, d in linear], top_k=2),
+                FP4MoE.from_experts(router, list(w1), list(w2), top_k=2)):
+        for name, buf in want.named_buffers():
+            assert torch.equal(buf, got.get_buffer(name)), name
+
+
+def test_fp4moe_w4a4_calibrated_and_given():
+    router, w1, w2 = _experts()
+    calib = torch.randn(64, H, dtype=torch.bfloat16)
+    mod = FP4MoE.from_experts(router, w1, w2, top_k=2, activations="fp4", calibration=calib)
+    assert torch.equal(mod.a1_global_scale, t4.compute_global_scale(calib))
+    assert mod.a2_global_scale.shape == (E,) and bool((mod.a2_global_scale > 0).all())
+    x = torch.randn(7, H, dtype=torch.bfloat16)
+    want = _moe_by_ops(x, router, w1, w2, 2, "softmax", mod.a1_global_scale, mod.a2_global_scale)
+    assert torch.equal(mod(x), want)
+    assert _rel(mod(x), _moe_dense(x, router, w1, w2, 2, "softmax")) < 0.35
+    # the same scales given, from checkpoint-style tensors (linear-layout block scales)
+    gs1 = torch.cat([t4.compute_global_scale(w) for w in w1])
+    gs2 = torch.cat([t4.compute_global_scale(w) for w in w2])
+    w1q, w1s = t4.nvfp4_quantize(w1, gs1, "linear")
+    w2q, w2s = t4.nvfp4_quantize(w2, gs2, "linear")
+    given = FP4MoE.from_quantized(router, w1q, w1s, gs1, w2q, w2s, gs2, top_k=2, activations="fp4",
+                                  a1_global_scale=mod.a1_global_scale.clone(),
+                                  a2_global_scale=mod.a2_global_scale.clone(), sf_layout="linear")
+    assert torch.equal(given(x), want)
+
+
+def test_fp4moe_deepseek_v3_routing():
+    router, w1, w2 = _experts()
+    bias = torch.randn(E) * 0.1
+    kw = dict(top_k=2, method="deepseek_v3", n_group=2, topk_group=1, routed_scaling_factor=2.5)
+    mod = FP4MoE.from_experts(router, w1, w2, routing_bias=bias, **kw)
+    x = torch.randn(6, H, dtype=torch.bfloat16)
+    want = _moe_by_ops(x, router, w1, w2, kw.pop("top_k"), kw.pop("method"), bias=bias, **kw)
+    assert torch.equal(mod(x), want)
+
+
+def test_fp4moe_storage_survives_casts_and_state_dict():
+    router, w1, w2 = _experts()
+    mod = FP4MoE.from_experts(router, w1, w2, top_k=2, activations="fp4",
+                              calibration=torch.randn(16, H, dtype=torch.bfloat16))
+    x = torch.randn(4, H, dtype=torch.bfloat16)
+    before, buffers = mod(x), {n: b.clone() for n, b in mod.named_buffers()}
+    mod.half().to(torch.bfloat16)
+    assert all(torch.equal(b, buffers[n]) for n, b in mod.named_buffers())
+    assert torch.equal(mod(x), before)
+    fresh = FP4MoE(H, I, E, top_k=2, activations="fp4")
+    fresh.load_state_dict(mod.state_dict())
+    assert torch.equal(fresh(x), before)
+
+
+class _MoEModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(H, H, bias=False)
+        self.moe = FP4MoE.from_experts(*_experts(), top_k=2)
+
+    def forward(self, x):
+        return self.moe(self.proj(x))
+
+
+def test_quantize_model_leaves_fp4moe_alone():
+    model = _MoEModel().to(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_model(model)
+    assert isinstance(model.proj, FP4Linear)
+    assert type(model.moe.router) is torch.nn.Linear
+    alone = FP4MoE.from_experts(*_experts(), top_k=2)
+    assert quantize_model(alone) is alone and type(alone.router) is torch.nn.Linear
+    assert model(torch.randn(2, H, dtype=torch.bfloat16)).shape == (2, H)
+
+
+def test_fp4moe_bad_arguments_name_themselves():
+    router, w1, w2 = _experts()
+    with pytest.raises(ValueError, match="activations: expected 'bf16'"):
+        FP4MoE(H, I, E, top_k=2, activations="int4")
+    with pytest.raises(ValueError, match="hidden_size: expected a positive multiple of 16.*got 40"):
+        FP4MoE(40, I, E, top_k=2)
+    with pytest.raises(ValueError, match=r"top_k: expected 1 <= top_k <= 4"):
+        FP4MoE(H, I, E, top_k=5)
+    with pytest.raises(ValueError, match="calibration: expected sample inputs"):
+        FP4MoE.from_experts(router, w1, w2, top_k=2, activations="fp4")
+    with pytest.raises(TypeError, match="router: expected an nn.Linear"):
+        FP4MoE.from_experts(w1, w1, w2, top_k=2)
+    with pytest.raises(ValueError, match="routing_bias: expected a \\[E\\] correction-bias"):
+        FP4MoE.from_experts(router, w1, w2, top_k=2, method="deepseek_v3")
+    with_bias = [torch.nn.Linear(H, 2 * I) for _ in range(E)]
+    with pytest.raises(ValueError, match=r"w1\[0\]: expected an nn.Linear without bias"):
+        FP4MoE.from_experts(router, with_bias, w2, top_k=2)
+    with pytest.raises(ValueError, match=r"w2: expected shape \(4, 64, 32\)"):
+        FP4MoE.from_experts(router, w1, w2[:, :, :16], top_k=2)
+    with pytest.raises(ValueError, match="a2_global_scale: expected an fp32 tensor of shape"):
+        FP4MoE.from_experts(router, w1, w2, top_k=2).set_activation_scales(
+            torch.ones(1), torch.ones(3))
+    mod = FP4MoE.from_experts(router, w1, w2, top_k=2)
+    with pytest.raises(ValueError, match="x: expected last dimension 64"):
+        mod(torch.randn(2, 32, dtype=torch.bfloat16))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("activations", ["bf16", "fp4"])
+def test_fp4moe_compiles_fullgraph(activations):
+    router, w1, w2 = _experts()
+    x = torch.randn(2, 5, H, dtype=torch.bfloat16)
+    mod = FP4MoE.from_experts(router, w1, w2, top_k=2, method="renormalize",
+                              activations=activations, calibration=x)
+    eager = mod(x)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(mod, fullgraph=True)(x), eager)
+
+
+def test_fp4moe_from_quantized_checks_scale_layout():
+    router, w1, w2 = _experts()
+    gs1 = torch.cat([t4.compute_global_scale(w) for w in w1])
+    gs2 = torch.cat([t4.compute_global_scale(w) for w in w2])
+    w1q, w1s = t4.nvfp4_quantize(w1, gs1, "linear")
+    w2q, w2s = t4.nvfp4_quantize(w2, gs2, "linear")
+    with pytest.raises(ValueError, match="sf_layout: expected '128x4' or 'linear', got '8x4'"):
+        FP4MoE.from_quantized(router, w1q, w1s, gs1, w2q, w2s, gs2, top_k=2, sf_layout="8x4")
+    with pytest.raises(ValueError, match=r"w1_scale: expected a 1-byte tensor of shape \(4, 64, 4\)"):
+        FP4MoE.from_quantized(router, w1q, w1s[:, :32], gs1, w2q, w2s, gs2, top_k=2, sf_layout="linear")
+    with pytest.raises(ValueError, match=r"w1_scale: expected a 1-byte tensor of shape \(4, 128, 4\)"):
+        FP4MoE.from_quantized(router, w1q, w1s, gs1, w2q, w2s, gs2, top_k=2)   # linear as 128x4
+    with pytest.raises(ValueError, match="a1_global_scale: expected a1_global_scale and a2_global_scale"):
+        FP4MoE.from_quantized(router, w1q, w1s, gs1, w2q, w2s, gs2, top_k=2, sf_layout="linear",
+                              activations="fp4")

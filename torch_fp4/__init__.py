@@ -13,7 +13,7 @@ from .ops import (ROUTING_METHODS, compute_global_scale, fp4_dequantize, fused_m
                   unsupported_reason)
 from . import checkpoint, nn
 from .tactics import Tactic, autotune, use_tactic
-from .nn import FP4Linear, QuantConfig, quantize_model
+from .nn import FP4Linear, FP4MoE, QuantConfig, quantize_model
 
 __version__ = "0.1.0"
 
@@ -28,5 +28,5 @@ def set_pdl(enabled: bool = True) -> None:
 __all__ = ["formats", "Backend", "Fp4Format", "NVFP4", "MXFP4", "SfLayout", "nvfp4_alpha",
            "compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
            "mm_fp4_tactics", "Tactic", "autotune", "use_tactic", "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",
-           "unsupported_reason", "set_pdl", "checkpoint", "nn", "FP4Linear", "QuantConfig", "quantize_model",
+           "unsupported_reason", "set_pdl", "checkpoint", "nn", "FP4Linear", "FP4MoE", "QuantConfig", "quantize_model",
            "__version__"]

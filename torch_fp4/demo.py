@@ -1,117 +1,306 @@
-"""`python -m torch_fp4 demo`: quantize a small random transformer block and MoE layer to FP4
-and compare them with bf16.
+"""`python -m torch_fp4 demo`: a small causal transformer LM and its MoE variant (random weights,
+fixed seed) in bf16 and quantized to FP4, eager and compiled: next-token accuracy against bf16,
+tokens/s and weight memory, as a table (and optionally a plot).
 
-Runs on the GPU when there is one, on the CPU otherwise, with the backend chosen by "auto".
+Runs on the GPU when there is one (compiled with CUDA graphs: mode="reduce-overhead"), on the
+CPU otherwise (reference backend; torch.compile(fullgraph=True), skipped by --quick there).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
+import gc
+import importlib.util
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as Fn
 
-from . import formats as F
-from . import ops
+from .examples.tiny_lm import LMConfig, TinyLM, moe_to_fp4
 from .nn import QuantConfig, quantize_model
+
+DEFAULT = LMConfig()
+QUICK = LMConfig(vocab=256, hidden=64, heads=2, layers=2, ffn=128, experts=4, expert_ffn=64)
 
 
 @dataclass(frozen=True)
-class Mode:
-    name: str
-    fmt: F.Fp4Format
-    activations: str
+class Sizes:
+    batch: int
+    seq: int
+    warmup: int
+    iters: int
 
 
-MODES = (Mode("NVFP4 W4A16", F.NVFP4, "bf16"), Mode("NVFP4 W4A4", F.NVFP4, "fp4"),
-         Mode("MXFP4 W4A16", F.MXFP4, "bf16"), Mode("MXFP4 W4A4", F.MXFP4, "fp4"))
+# name, format, activations; the MoE model gets the NVFP4 ones (FP4MoE experts are NVFP4)
+MODES = (("NVFP4 W4A16", "nvfp4", "bf16"), ("NVFP4 W4A4", "nvfp4", "fp4"),
+         ("MXFP4 W4A16", "mxfp4", "bf16"), ("MXFP4 W4A4", "mxfp4", "fp4"))
 
 
-class Block(torch.nn.Module):
-    """Pre-norm attention + SwiGLU MLP, random weights, bf16 activations."""
-
-    def __init__(self, hidden: int, heads: int, ffn: int, device: torch.device, seed: int = 0):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-
-        def lin(n, k):
-            layer = torch.nn.Linear(k, n, bias=False, device=device, dtype=torch.bfloat16)
-            layer.weight.data.copy_(torch.randn(n, k, generator=g) / k ** 0.5)
-            return layer
-        self.heads = heads
-        self.qkv, self.o = lin(3 * hidden, hidden), lin(hidden, hidden)
-        self.gate_up, self.down = lin(2 * ffn, hidden), lin(hidden, ffn)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, h = x.shape
-        q, k, v = self.qkv(Fn.rms_norm(x, (h,))).view(b, t, 3, self.heads, -1).unbind(2)
-        att = Fn.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                              v.transpose(1, 2), is_causal=True)
-        x = x + self.o(att.transpose(1, 2).reshape(b, t, h))
-        gate, up = self.gate_up(Fn.rms_norm(x, (h,))).chunk(2, dim=-1)
-        return x + self.down(Fn.silu(gate) * up)
+@dataclass(frozen=True)
+class Row:
+    model: str                       # "dense" or "MoE"
+    variant: str                     # "bf16", "NVFP4 W4A16", ...
+    cosine: float                    # mean over positions of the logits' cosine similarity
+    kl: float                        # mean KL(bf16 || variant) of the next-token distributions
+    top1: float                      # fraction of positions with the same argmax token
+    eager_tps: float                 # tokens/s
+    compiled_tps: Optional[float]    # None when not compiled
+    weight_bytes: int                # every parameter and buffer
+    ratio: float                     # bf16 model bytes / weight_bytes
 
 
-def _compare(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    o, r = out.double().flatten(), ref.double().flatten()
-    return ((o - r).norm() / r.norm()).item(), Fn.cosine_similarity(o, r, dim=0).item()
+# -- progress ----------------------------------------------------------------------------------
+class TextBar:
+    """A small progress bar on stderr, used when tqdm is not installed (the tqdm calls it uses:
+    set_description_str, update, close)."""
+
+    def __init__(self, total: int, desc: str = "", width: int = 24):
+        self.total, self.n, self.desc, self.width = total, 0, desc, width
+        self.tty = sys.stderr.isatty()
+
+    def set_description_str(self, desc: str) -> None:
+        self.desc = desc
+        self._draw(newline=not self.tty)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.tty:
+            self._draw(newline=False)
+
+    def close(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+        else:
+            self.desc = "done"
+            self._draw(newline=True)
+        sys.stderr.flush()
+
+    def _draw(self, newline: bool) -> None:
+        fill = self.width * self.n // max(self.total, 1)
+        line = f"[{'#' * fill}{'.' * (self.width - fill)}] {self.n}/{self.total} {self.desc}"
+        sys.stderr.write(line + "\n" if newline else "\r" + line.ljust(78))
+        sys.stderr.flush()
 
 
-def _moe_rows(device: torch.device, tokens: int, hidden: int, inter: int, experts: int, top_k: int):
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(tokens, hidden, generator=g).to(device, torch.bfloat16)
-    w1 = (torch.randn(experts, 2 * inter, hidden, generator=g) / hidden ** 0.5).to(device, torch.bfloat16)
-    w2 = (torch.randn(experts, hidden, inter, generator=g) / inter ** 0.5).to(device, torch.bfloat16)
-    ids, wts = ops.route(torch.randn(tokens, experts, generator=g).to(device), top_k,
-                         method="renormalize")
-    ref = torch.zeros(tokens, hidden, dtype=torch.float32, device=device)
-    for j in range(top_k):
-        e = ids[:, j].long()
-        h = torch.einsum("th,tnh->tn", x.float(), w1[e].float())
-        act = Fn.silu(h[:, :inter]) * h[:, inter:]
-        ref += wts[:, j:j + 1] * torch.einsum("ti,thi->th", act, w2[e].float())
-    gs1 = torch.cat([ops.compute_global_scale(w) for w in w1])
-    gs2 = torch.cat([ops.compute_global_scale(w) for w in w2])
-    w1q, w1s = ops.nvfp4_quantize(w1, gs1)
-    w2q, w2s = ops.nvfp4_quantize(w2, gs2)
-    rows = []
-    for name, extra in (("FP4 MoE W4A16", {}),
-                        ("FP4 MoE W4A4", {"a1_global_scale": ops.compute_global_scale(x),
-                                          "a2_global_scale": torch.full((1,), 2688.0 / 4, device=device)})):
-        out = ops.fused_moe(x, w1q, w1s, gs1, w2q, w2s, gs2, ids, wts, **extra)
-        rows.append((name, *_compare(out, ref)))
-    return rows
+def progress(total: int, desc: str = ""):
+    """tqdm when it is installed, else TextBar."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return TextBar(total, desc)
+    return tqdm(total=total, desc=desc, file=sys.stderr, leave=False)
 
 
-def run(device: str | None = None, seed: int = 0) -> list[tuple]:
+# -- measurements ------------------------------------------------------------------------------
+def accuracy(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
+    """(cosine, KL(ref || out), top-1 agreement) of logits [..., V], averaged over positions."""
+    o, r = out.float().flatten(0, -2), ref.float().flatten(0, -2)
+    cos = Fn.cosine_similarity(o, r, dim=-1).mean().item()
+    log_p, log_q = r.log_softmax(-1), o.log_softmax(-1)
+    kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean().item()
+    top1 = (o.argmax(-1) == r.argmax(-1)).float().mean().item()
+    return cos, kl, top1
+
+
+def seconds_per_call(fn: Callable[[], object], device: torch.device, sizes: Sizes) -> float:
+    """After warm-up: on CUDA the mean over `iters` back-to-back calls timed with CUDA events; on
+    the CPU the fastest of `iters` calls timed with perf_counter (the least disturbed by other
+    work on the machine, as timeit advises)."""
+    for _ in range(sizes.warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(sizes.iters):
+            fn()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1e3 / sizes.iters
+    times = []
+    gc.collect()
+    gc.disable()                     # as timeit does: no collection inside a timed call
+    try:
+        for _ in range(sizes.iters):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    finally:
+        gc.enable()
+    return min(times)
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+
+
+def _compile_settings(device: torch.device):
+    """On the CPU, compile in this process: inductor's pool of compile workers would otherwise
+    compete with the timed runs for the cores."""
+    if device.type == "cuda":
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+    return inductor_config.patch(compile_threads=1)
+
+
+def compiled(model: torch.nn.Module, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """torch.compile(fullgraph=True); on CUDA with CUDA graphs (mode="reduce-overhead")."""
+    torch._dynamo.reset()          # one model at a time: no recompile limit across variants
+    if device.type != "cuda":
+        return torch.compile(model, fullgraph=True)
+    fn = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
+        torch.compiler.cudagraph_mark_step_begin()
+        return fn(tokens)
+    return step
+
+
+# -- the demo ----------------------------------------------------------------------------------
+def _variants(dense: TinyLM, moe: TinyLM, calib: torch.Tensor):
+    """(model kind, variant name, builder of the variant)."""
+    keep_head = "lm_head"           # the LM head stays bf16
+    out = [("dense", "bf16", lambda: dense)]
+    for name, fmt, act in MODES:
+        out.append(("dense", name, lambda fmt=fmt, act=act: quantize_model(
+            copy.deepcopy(dense), QuantConfig(fmt, act, exclude=keep_head))))
+    out.append(("MoE", "bf16", lambda: moe))
+    for name, fmt, act in MODES[:2]:
+        # experts -> FP4MoE (router kept dense), then attention via quantize_model, which
+        # leaves FP4MoE alone
+        out.append(("MoE", name, lambda fmt=fmt, act=act: quantize_model(
+            moe_to_fp4(copy.deepcopy(moe), act, calib), QuantConfig(fmt, act, exclude=keep_head))))
+    return out
+
+
+def _fmt_tps(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def print_table(rows: list[Row]) -> None:
+    head = (f"{'model':<6} {'variant':<12} {'logit cos':>9} {'KL':>8} {'top-1':>6} "
+            f"{'eager tok/s':>12} {'compiled tok/s':>15} {'weights MiB':>12} {'vs bf16':>8}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r.model:<6} {r.variant:<12} {r.cosine:>9.5f} {r.kl:>8.5f} {r.top1:>6.3f} "
+              f"{_fmt_tps(r.eager_tps):>12} {_fmt_tps(r.compiled_tps):>15} "
+              f"{r.weight_bytes / 2**20:>12.2f} {r.ratio:>7.2f}x")
+
+
+def plot_available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def plot_speed(rows: list[Row], path: str, title: str) -> None:
+    """Horizontal bars of tokens/s per variant (eager, and compiled when measured)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [f"{r.model} {r.variant}" for r in rows]
+    pos = list(range(len(rows)))
+    has_compiled = any(r.compiled_tps is not None for r in rows)
+    h = 0.4 if has_compiled else 0.7
+    fig, ax = plt.subplots(figsize=(8, 1.5 + 0.45 * len(rows)))
+    ax.barh([p - (h / 2 if has_compiled else 0) for p in pos], [r.eager_tps for r in rows],
+            height=h, label="eager")
+    if has_compiled:
+        ax.barh([p + h / 2 for p in pos], [r.compiled_tps or 0 for r in rows], height=h,
+                label="compiled")
+    ax.set_yticks(pos, labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("tokens/s")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def run(device: Optional[str] = None, seed: int = 0, quick: bool = False,
+        compile: Optional[bool] = None, plot: Optional[str] = None) -> list[Row]:
+    """Build, quantize, measure and print; returns the table's rows. compile=None compiles
+    except for quick runs on the CPU; plot: a PNG path for the speed chart (needs matplotlib)."""
+    if plot is not None and not plot_available():
+        raise ImportError("plot: needs matplotlib, which is not installed (pip install matplotlib)")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    hidden, heads, ffn, batch, seq = 256, 4, 512, 2, 32
-    print(f"torch_fp4 demo on {dev} ({torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'CPU'}); "
-          f"block hidden={hidden} heads={heads} ffn={ffn}, tokens={batch}x{seq}", flush=True)
-    block = Block(hidden, heads, ffn, dev, seed)
-    x = torch.randn(batch, seq, hidden, generator=torch.Generator().manual_seed(seed + 1)).to(dev, torch.bfloat16)
-    with torch.inference_mode():
-        ref = block(x)
-    bf16_bytes = sum(p.numel() * 2 for p in block.parameters())
-    rows = []
-    for i, mode in enumerate(MODES, 1):
-        t0 = time.perf_counter()
-        fp4 = quantize_model(copy.deepcopy(block), QuantConfig(mode.fmt.name, mode.activations))
-        nbytes = sum(b.numel() * b.element_size() for n, b in fp4.named_buffers()
-                     if not n.endswith("input_global_scale_bits"))
-        with torch.inference_mode():
-            out = fp4(x)
-        rows.append((mode.name, *_compare(out, ref), bf16_bytes / nbytes, time.perf_counter() - t0))
-        print(f"  [{i}/{len(MODES) + 1}] {mode.name}: done in {rows[-1][-1]:.2f}s", flush=True)
-    moe = _moe_rows(dev, tokens=64, hidden=hidden, inter=128, experts=8, top_k=2)
-    print(f"  [{len(MODES) + 1}/{len(MODES) + 1}] fused MoE: done", flush=True)
+    cuda = dev.type == "cuda"
+    do_compile = (cuda or not quick) if compile is None else compile
+    cfg = QUICK if quick else DEFAULT
+    sizes = Sizes(*((2, 16) if quick else (4, 64)), *((3, 20) if cuda else (2, 5)))
+    where = torch.cuda.get_device_name(dev) if cuda else "CPU, reference backend"
+    print(f"torch_fp4 demo on {dev} ({where}): causal LM with {cfg.layers} blocks, hidden "
+          f"{cfg.hidden}, {cfg.heads} heads, vocab {cfg.vocab}; dense MLP {cfg.ffn} / MoE "
+          f"{cfg.experts} experts of {cfg.expert_ffn}, top-{cfg.top_k}; {sizes.batch}x{sizes.seq} "
+          f"tokens per forward", flush=True)
+    if not do_compile:
+        why = "--quick on the CPU; --compile adds about 40 s" if compile is None else "--no-compile"
+        print(f"compiled: off ({why})", flush=True)
+    elif not cuda:
+        print("compiling 8 models on the CPU: about a minute on 2 cores the first time, less "
+              "once inductor's cache is warm (--no-compile skips it)", flush=True)
+    gen = torch.Generator().manual_seed(seed + 1)
+    tokens, calib = (torch.randint(cfg.vocab, (sizes.batch, sizes.seq), generator=gen).to(dev)
+                     for _ in range(2))
+    dense = TinyLM(cfg, moe=False, seed=seed, device=dev)
+    moe = TinyLM(cfg, moe=True, seed=seed, device=dev)
+    variants = _variants(dense, moe, calib)
+    bar = progress(len(variants) * (3 + do_compile), "demo")
+    models, rows, refs, base_bytes = [], [], {}, {}
+    per_s = sizes.batch * sizes.seq
+    try:
+        with torch.no_grad(), _compile_settings(dev):
+            # Every eager measurement first: on the CPU, eager timings taken after inductor
+            # kernels have run in the process are erratic.
+            for kind, name, build in variants:
+                label = f"{kind} {name}"
+                bar.set_description_str(f"{label}: build")
+                model = build()
+                bar.update()
+                bar.set_description_str(f"{label}: accuracy")
+                logits = model(tokens)
+                if name == "bf16":
+                    refs[kind], base_bytes[kind] = logits, weight_bytes(model)
+                acc = accuracy(logits, refs[kind])
+                bar.update()
+                bar.set_description_str(f"{label}: eager speed")
+                eager = per_s / seconds_per_call(lambda: model(tokens), dev, sizes)
+                bar.update()
+                nbytes = weight_bytes(model)
+                models.append(model)
+                rows.append(Row(kind, name, *acc, eager, None, nbytes, base_bytes[kind] / nbytes))
+            for i, model in enumerate(models if do_compile else ()):
+                bar.set_description_str(f"{rows[i].model} {rows[i].variant}: compile and speed")
+                fn = compiled(model, dev)
+                rows[i] = replace(rows[i], compiled_tps=per_s / seconds_per_call(
+                    lambda: fn(tokens), dev, sizes))
+                bar.update()
+    finally:
+        bar.close()
     print()
-    print(f"{'variant':<16} {'rel. error':>10} {'cosine':>8} {'weights vs bf16':>16}")
-    for name, err, cos, ratio, _ in rows:
-        print(f"{name:<16} {err:>10.4f} {cos:>8.5f} {ratio:>15.2f}x")
-    for name, err, cos in moe:
-        print(f"{name:<16} {err:>10.4f} {cos:>8.5f} {'':>16}")
-    print("\nError is relative to the same model in bf16 (Frobenius norm of the difference); "
-          "weights compress by the factor shown.")
-    return rows + moe
+    print_table(rows)
+    print(f"\nAccuracy: next-token logits at {per_s} positions ({sizes.batch} sequences of {sizes.seq} "
+          f"random tokens) vs the bf16 model of the same kind; KL(bf16 || FP4) in nats.")
+    timing = "CUDA events, mean" if cuda else "perf_counter, best"
+    how = ("torch.compile(fullgraph=True" + (", mode='reduce-overhead'): CUDA graphs" if cuda
+                                              else ")")) if do_compile else "not run"
+    print(f"Speed: one forward over {per_s} tokens ({timing} of {sizes.iters} after {sizes.warmup} "
+          f"warm-up); compiled: {how}.")
+    if cuda:
+        print("These layers are small, so a forward is mostly launch overhead; the FP4 GEMM gains "
+              "where weight traffic dominates (BENCHMARKS.md). route and fused_moe run the "
+              "reference backend on the GPU (every expert on every token): the MoE FP4 speed is "
+              "not that of a fused kernel.")
+    else:
+        print("On the CPU every torch_fp4 op runs the reference backend, which dequantizes the "
+              "weights on every call: FP4 is slower than bf16 here (the fast FP4 kernels are GPU "
+              "backends).")
+    print("Weights: every parameter and buffer; the token embedding, norms, routers and LM head "
+          "stay in bf16. MoE experts are NVFP4 only (fused_moe).")
+    if plot is not None:
+        plot_speed(rows, plot, f"torch_fp4 demo: tokens/s on {where}")
+        print(f"Speed chart written to {plot}")
+    return rows
