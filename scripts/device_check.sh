@@ -13,11 +13,11 @@ python3 -c "import sys, torch, triton; print('python', sys.version.split()[0], '
 python3 -m pytest -q $PYTEST_ARGS -p no:cacheprovider -rfEs > "$OUT/pytest.log" 2>&1
 test_rc=$?
 python3 -m pytest -q $PYTEST_ARGS -p no:cacheprovider -m gpu -rs > "$OUT/pytest_gpu.log" 2>&1
-python3 -m torch_fp4 demo > "$OUT/demo.log" 2>&1
+python3 -m torch_fp4 demo > "$OUT/demo.log" 2> "$OUT/demo.err"
 demo_rc=$?
 echo "== failures (if any)"; grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 echo "== skipped GPU tests (reasons)"; grep -E "^SKIPPED" "$OUT/pytest_gpu.log" | sed 's/^SKIPPED \[[0-9]*\] //' | sort | uniq -c | head -10
-echo "== demo"; tail -12 "$OUT/demo.log"
+echo "== demo"; cat "$OUT/demo.log"; [ "$demo_rc" -eq 0 ] || tail -20 "$OUT/demo.err"
 echo "== summary"
 cat "$OUT/gpu.txt"
 echo "all tests: $(tail -1 "$OUT/pytest.log") (exit $test_rc)"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import threading
 from typing import Optional
 
 import torch
@@ -59,3 +60,38 @@ def cuda_requirement(args: tuple, module: str, min_capability: tuple[int, int]) 
     if not _installed(module):
         return f"needs the Python package {module!r}, which is not installed"
     return None
+
+
+_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _zeros_outside_graph_pools(n: int, device: torch.device) -> torch.Tensor:
+    """int32 zeros from the ordinary allocator, made on a short-lived thread: torch.compile's
+    CUDA graph trees route every allocation of the calling thread to a graph's memory pool during
+    warm-up (not only during capture), and a tensor kept from such a pool breaks the graph."""
+    box: list[torch.Tensor] = []
+
+    def make():
+        with torch.cuda.device(device):
+            box.append(torch.zeros(n, dtype=torch.int32, device=device))
+            torch.cuda.current_stream().synchronize()
+    worker = threading.Thread(target=make)
+    worker.start()
+    worker.join()
+    if not box:
+        raise RuntimeError(f"could not allocate a workspace on {device}")
+    return box[0]
+
+
+def global_scale_workspace(device: torch.device) -> torch.Tensor:
+    """compute_global_scale's two int32 words (amax bits, finished-program count), zero between
+    launches (the kernel's last program resets them), one per (device, stream) so concurrent
+    streams never share one. One needed during CUDA-graph capture belongs to the graph (its zero
+    fill is captured with it) and is not kept."""
+    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        if torch.cuda.is_current_stream_capturing():
+            return torch.zeros(2, dtype=torch.int32, device=device)
+        ws = _WORKSPACES[key] = _zeros_outside_graph_pools(2, device)
+    return ws

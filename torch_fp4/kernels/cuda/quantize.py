@@ -10,37 +10,18 @@ import torch
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs, use_pdl
+from .._common import global_scale_workspace, prepare_outputs, use_pdl
 from .build import extension
 
 # Layout codes of torch_fp4/csrc/launch.h.
 _LAYOUT_CODES = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.LINEAR: 2}
-
-# compute_global_scale's workspace (two int32 words, zero between launches; the kernel's last CTA
-# resets them), one per (device index, stream), allocated outside CUDA-graph capture.
-_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _workspace(device: torch.device) -> torch.Tensor:
-    with torch.cuda.device(device):
-        key = (device.index, torch.cuda.current_stream().cuda_stream)
-        found = _WORKSPACES.get(key)
-        if found is not None:
-            return found
-        workspace = torch.zeros(2, dtype=torch.int32, device=device)
-        # One allocated during capture belongs to that graph (its zero fill is captured with it):
-        # it is not kept for eager calls.
-        if not torch.cuda.is_current_stream_capturing():
-            _WORKSPACES[key] = workspace
-        return workspace
-
 
 def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
     out = prepare_outputs(meta.compute_global_scale(x))
     if x.numel() == 0:
         return out.fill_(1.0)
     x = x.contiguous()
-    extension(x.device).global_scale(x, out, _workspace(x.device), use_pdl(x.device))
+    extension(x.device).global_scale(x, out, global_scale_workspace(x.device), use_pdl(x.device))
     return out
 
 

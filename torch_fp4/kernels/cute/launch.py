@@ -28,7 +28,7 @@ from cutlass.runtime import make_fake_stream
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs, sm_count, use_pdl
+from .._common import global_scale_workspace, prepare_outputs, sm_count, use_pdl
 from .dequantize import Dequantize
 from .global_scale import THREADS as GLOBAL_SCALE_THREADS
 from .global_scale import GlobalScale
@@ -76,7 +76,6 @@ class KernelConfig:
 
 _compiled: dict = {}
 _lock = threading.Lock()
-_workspaces: dict = {}
 
 
 def _run(cfg: KernelConfig, device: torch.device, *args) -> None:
@@ -201,17 +200,6 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Option
 # ---------------------------------------------------------------------------------------------
 # Global scale
 # ---------------------------------------------------------------------------------------------
-def _workspace(device: torch.device) -> torch.Tensor:
-    """Two zeroed int32 words per (device, stream); the kernel leaves them zeroed. Under PDL
-    the next launch on the stream may start early, but every CTA waits (griddepcontrol.wait)
-    for the previous grid, and so for its zeroing, before touching the words."""
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    ws = _workspaces.get(key)
-    if ws is None:
-        ws = _workspaces[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return ws
-
-
 def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
     out = prepare_outputs(meta.compute_global_scale(x))
     x = _aligned(x.reshape(-1)) if x.numel() else x.reshape(-1)
@@ -222,6 +210,6 @@ def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
                       GLOBAL_SCALE_CTAS_PER_SM * sm_count(out.device)))
     cfg = KernelConfig("global_scale", dtype, pdl=use_pdl(out.device))
     _run(cfg, out.device, _ptr(x if x.numel() else None),
-         _ptr(out, cutlass.Float32, 4), _ptr(_workspace(out.device), cutlass.Int32, 4),
+         _ptr(out, cutlass.Float32, 4), _ptr(global_scale_workspace(out.device), cutlass.Int32, 4),
          Int32(vectors), Int32(tail), Int32(grid), _stream(out.device))
     return out

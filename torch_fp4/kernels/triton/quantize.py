@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs, sm_count, use_pdl
+from .._common import global_scale_workspace, prepare_outputs, sm_count, use_pdl
 from .numerics import (LAYOUT_LINEAR, e2m1_decode, e2m1_encode_doubled, mxfp4_block_scale, nan_amax,
                        nvfp4_block_scale, pair, rcp_rn, scale_offsets, ue8m0_to_float, unpair)
 
@@ -192,28 +192,13 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.
     return out
 
 
-_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _workspace(device: torch.device) -> torch.Tensor:
-    """Two int32 words (amax bits, finished-program count), zero between calls: the kernel's last
-    program resets them. One per (device, stream) so concurrent streams never share one."""
-    key = (device.index, torch.cuda.current_stream(device).cuda_stream)
-    ws = _WORKSPACES.get(key)
-    if ws is None:
-        ws = torch.zeros(2, dtype=torch.int32, device=device)
-        if torch.cuda.is_current_stream_capturing():
-            return ws  # belongs to the graph's pool: never cache it
-        _WORKSPACES[key] = ws
-    return ws
-
-
 def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
     out = prepare_outputs(meta.compute_global_scale(x))
     flat = x.reshape(-1)
     block = 4096
     sms = sm_count(x.device)
     grid = (max(1, min(triton.cdiv(flat.numel(), block), 4 * sms)),)
-    _global_scale_kernel[grid](flat, flat.numel(), _workspace(x.device), out, BLOCK=block,
+    _global_scale_kernel[grid](flat, flat.numel(), global_scale_workspace(x.device), out,
+                               BLOCK=block,
                                **_launch(x.device, num_warps=8))
     return out

@@ -1,0 +1,68 @@
+"""FP4Linear / quantize_model / FP4MoE on the GPU: torch.compile(fullgraph=True) with CUDA graphs
+(mode="reduce-overhead") gives what eager gives, call after call, for every format and
+activation mode. The compiled graph may fuse the bf16 glue ops differently (no bit equality
+with eager is promised), so results are compared by cosine; repeated replays must be
+bit-identical to each other."""
+import pytest
+import torch
+import torch.nn.functional as Fn
+
+import torch_fp4 as t4
+
+pytestmark = pytest.mark.gpu
+
+MODES = [("nvfp4", "bf16"), ("nvfp4", "fp4"), ("mxfp4", "bf16"), ("mxfp4", "fp4")]
+
+
+def _mlp(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.SiLU(),
+                               torch.nn.Linear(512, 256)).to("cuda", torch.bfloat16)
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return Fn.cosine_similarity(a.float().flatten(), b.float().flatten(), dim=0).item()
+
+
+def _replays(fn, xs):
+    outs = []
+    for x in xs:
+        torch.compiler.cudagraph_mark_step_begin()
+        outs.append(fn(x).clone())
+    return outs
+
+
+@pytest.mark.parametrize("fmt,act", MODES)
+def test_quantized_model_under_cuda_graphs(fmt, act):
+    torch._dynamo.reset()
+    model = t4.quantize_model(_mlp(0), t4.QuantConfig(fmt=fmt, activations=act))
+    xs = [torch.randn(8, 256, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    with torch.no_grad():
+        eager = [model(x) for x in xs]
+        fn = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+        first = _replays(fn, xs)
+        again = _replays(fn, xs)
+    for e, f, a in zip(eager, first, again):
+        assert torch.equal(f, a), "replays of the same input differ"
+        assert _cos(f, e) > 0.999, _cos(f, e)
+
+
+@pytest.mark.parametrize("act", ["bf16", "fp4"])
+def test_fp4moe_under_cuda_graphs(act):
+    torch._dynamo.reset()
+    torch.manual_seed(1)
+    hidden, inter, experts = 256, 128, 8
+    router = torch.nn.Linear(hidden, experts, bias=False).to("cuda", torch.bfloat16)
+    w1 = (torch.randn(experts, 2 * inter, hidden, device="cuda") / 16).to(torch.bfloat16)
+    w2 = (torch.randn(experts, hidden, inter, device="cuda") / 11).to(torch.bfloat16)
+    xs = [torch.randn(16, hidden, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    moe = t4.FP4MoE.from_experts(router, w1, w2, top_k=2, method="renormalize",
+                                 activations=act, calibration=xs[0])
+    with torch.no_grad():
+        eager = [moe(x) for x in xs]
+        fn = torch.compile(moe, mode="reduce-overhead", fullgraph=True)
+        first = _replays(fn, xs)
+        again = _replays(fn, xs)
+    for e, f, a in zip(eager, first, again):
+        assert torch.equal(f, a), "replays of the same input differ"
+        assert _cos(f, e) > 0.999, _cos(f, e)
