@@ -1,8 +1,9 @@
 """FP4Linear / quantize_model / FP4MoE on the GPU: torch.compile(fullgraph=True) with CUDA graphs
 (mode="reduce-overhead") gives what eager gives, call after call, for every format and
 activation mode. The compiled graph may fuse the bf16 glue ops differently (no bit equality
-with eager is promised), so results are compared by cosine; repeated replays must be
-bit-identical to each other."""
+with eager is promised; in W4A4 a changed rounding between layers can move an activation to
+another FP4 code), so results are compared by cosine: > 0.999 in W4A16, > 0.995 in W4A4;
+repeated replays must be bit-identical to each other."""
 import pytest
 import torch
 import torch.nn.functional as Fn
@@ -42,9 +43,10 @@ def test_quantized_model_under_cuda_graphs(fmt, act):
         fn = torch.compile(model, mode="reduce-overhead", fullgraph=True)
         first = _replays(fn, xs)
         again = _replays(fn, xs)
+    bound = 0.999 if act == "bf16" else 0.995
     for e, f, a in zip(eager, first, again):
         assert torch.equal(f, a), "replays of the same input differ"
-        assert _cos(f, e) > 0.999, _cos(f, e)
+        assert _cos(f, e) > bound, _cos(f, e)
 
 
 @pytest.mark.parametrize("act", ["bf16", "fp4"])
@@ -63,6 +65,7 @@ def test_fp4moe_under_cuda_graphs(act):
         fn = torch.compile(moe, mode="reduce-overhead", fullgraph=True)
         first = _replays(fn, xs)
         again = _replays(fn, xs)
+    bound = 0.999 if act == "bf16" else 0.995
     for e, f, a in zip(eager, first, again):
         assert torch.equal(f, a), "replays of the same input differ"
-        assert _cos(f, e) > 0.999, _cos(f, e)
+        assert _cos(f, e) > bound, _cos(f, e)
