@@ -1,7 +1,8 @@
 """Command line: `python -m torch_fp4 demo [--device cpu|cuda] [--seed N] [--quick]
 [--compile | --no-compile] [--plot FILE.png]`, `python -m torch_fp4 minilm [--device cpu|cuda]`,
 `python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]` and
-`python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--tactics [--m M --n N --k K]]`."""
+`python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--tactics [--m M --n N --k K]]`
+and `python -m torch_fp4 bench moe [--quick] [--csv FILE]`."""
 from __future__ import annotations
 
 import argparse
@@ -45,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     bm.add_argument("--n", type=int, default=8192)
     bm.add_argument("--k", type=int, default=28672)
     bm.add_argument("--mode", default="w4a16", choices=["w4a16", "w4a4"])
+    bmoe = bench_sub.add_parser("moe", help="FP4 fused MoE on Mixtral-8x7B, Qwen3-30B-A3B and "
+                                            "DeepSeek-V3 expert shapes vs a BF16 grouped-GEMM MoE "
+                                            "and the FP4 reference")
+    bmoe.add_argument("--quick", action="store_true", help="T in {1, 16, 256} only")
+    bmoe.add_argument("--csv", default=None, help="write every measurement to this CSV file")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from . import demo as demo_mod
@@ -68,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "quantize":
             from .bench import quantize as bench_quantize
             bench_quantize.run(args.quick, args.csv, args.format, args.backends)
+        elif args.what == "moe":
+            from .bench import moe as bench_moe
+            bench_moe.run(args.quick, args.csv)
         elif args.tactics:
             from .bench import mm as bench_mm
             bench_mm.run_tactics(args.m, args.n, args.k, args.csv, args.mode)

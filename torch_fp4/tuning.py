@@ -36,8 +36,13 @@ def _band(numel: int) -> int:
 
 # mm_fp4: "auto" uses the Triton GEMM (run and tested on H100). The CuTe DSL Blackwell kernels
 # are compiled and SASS-checked in CI but have never run on a GPU, so they are opt-in
-# (backend="cute-dsl") rather than chosen silently.
-OP_ORDER: dict[str, tuple[Backend, ...]] = {"mm_fp4": (Backend.TRITON, Backend.REFERENCE)}
+# (backend="cute-dsl") rather than chosen silently. route and fused_moe: the Triton kernels on
+# CUDA tensors (the only GPU backend of these ops), the reference elsewhere.
+OP_ORDER: dict[str, tuple[Backend, ...]] = {
+    "mm_fp4": (Backend.TRITON, Backend.REFERENCE),
+    "route": (Backend.TRITON, Backend.REFERENCE),
+    "fused_moe": (Backend.TRITON, Backend.REFERENCE),
+}
 
 
 def auto_order(op: str, args: tuple) -> tuple[Backend, ...]:

@@ -14,10 +14,18 @@ OPS = {
     "mxfp4_quantize": "quantize:mxfp4_quantize",
     "fp4_dequantize": "quantize:fp4_dequantize",
     "mm_fp4": "mm:mm_fp4",
+    "route": "moe_route:route",
+    "fused_moe": "moe_fused:fused_moe",
 }
 TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE"}
+
+# Experts per token the routing kernel holds in registers (moe_route.MAX_EXPERTS).
+ROUTE_MAX_EXPERTS = 512
 
 
 def requirement(op: str, *args) -> Optional[str]:
     # fp32 -> e4m3 conversion instructions need sm_89+.
-    return cuda_requirement(args, "triton", (8, 9))
+    reason = cuda_requirement(args, "triton", (8, 9))
+    if reason is None and op == "route" and args[0].shape[1] > ROUTE_MAX_EXPERTS:
+        return f"the routing kernel handles at most {ROUTE_MAX_EXPERTS} experts (got {args[0].shape[1]})"
+    return reason

@@ -102,9 +102,13 @@ def _decode(data_ptr, scale_ptr, rows, n_rows, kh0, half_k, n_kb, kp, row_stride
         # word: load words (asynchronous copies the software pipeline can prefetch) and
         # spread their bytes; padding blocks beyond K are zeroed (their codes are masked).
         kw = kh0 // (2 * BLOCK) + tl.arange(0, NKB // 4)
+        if EVEN_K:
+            w_mask = row_ok[:, None]
+        else:  # the last step may run past the padded scale columns (kp / 4 words per row)
+            w_mask = row_ok[:, None] & (kw < kp // 4)[None, :]
         words = tl.load(scale_ptr.to(tl.pointer_type(tl.int32))
                         + scale_word_offsets(rows[:, None], kw[None, :], kp, LAYOUT),
-                        mask=row_ok[:, None], other=0)
+                        mask=w_mask, other=0)
         sbits = (words[:, :, None] >> (8 * tl.arange(0, 4))[None, None, :]) & 0xFF
         sbits = tl.reshape(sbits, (R, NKB))
         if not EVEN_K:

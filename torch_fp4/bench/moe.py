@@ -1,0 +1,240 @@
+"""`python -m torch_fp4 bench moe`: FP4 fused MoE (NVFP4 experts, W4A16 and W4A4) on the expert
+shapes of Mixtral-8x7B, Qwen3-30B-A3B and DeepSeek-V3 (the 256 routed experts one GPU holds
+with expert parallelism) against peers measured in the same run with CUDA-graph replays
+(torch_fp4/bench/timing.py):
+
+- bf16: a BF16 MoE with the same routing and the same expert shapes: stable sort of the pairs by
+  expert, torch._grouped_mm for both GEMMs, SiLU-and-multiply, weighted sum of the top-k rows
+  (where torch._grouped_mm is missing: a per-expert loop, timed eagerly because it reads the
+  expert counts on the host);
+- reference: torch_fp4's pure-PyTorch FP4 MoE (every expert densely over all tokens, fp64
+  sums), timed where it is cheap enough (it is the oracle, not a contender) and used to report
+  the Triton result's relative L2 error for small batches.
+
+Columns: time per call (routing precomputed; `route` is timed on its own), speed-up over bf16,
+the FP4 expert weight bytes the batch touches (experts with at least one pair) per second, and
+the relative error of W4A4 / W4A16 against the reference. W4A4 times include the activation
+quantization. Weights are random codes with power-of-two block scales (timing does not depend
+on the values).
+"""
+from __future__ import annotations
+
+import csv
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import formats as F
+from .. import ops
+from .timing import graph_time_us
+
+TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
+QUICK_TOKENS = (1, 16, 256)
+REFERENCE_MAX_TFLOP = 1.0     # time the reference only below this much fp64 work per call
+ERROR_MAX_TOKENS = 64         # compare with the reference up to this batch
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    experts: int
+    hidden: int
+    inter: int
+    top_k: int
+    method: str
+    route_kw: dict = field(default_factory=dict)
+
+
+MODELS = (
+    Model("Mixtral-8x7B", 8, 4096, 14336, 2, "softmax", {"renormalize": True}),
+    Model("Qwen3-30B-A3B", 128, 2048, 768, 8, "softmax", {"renormalize": True}),
+    Model("DeepSeek-V3", 256, 7168, 2048, 8, "deepseek_v3",
+          {"n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5}),
+)
+
+
+def _fp4_experts(experts: int, rows: int, k: int, device, gen):
+    """Random NVFP4 experts [E, rows, K/2] with 128x4 scales (powers of two in [2^-4, 2^2]) and
+    global scales 1."""
+    data = torch.randint(0, 256, (experts, rows, k // 2), dtype=torch.uint8, device=device, generator=gen)
+    exps = torch.randint(-4, 3, (experts, rows, k // 16), device=device, generator=gen).float()
+    scale = F.swizzle(torch.exp2(exps).to(torch.float8_e4m3fn), "128x4")
+    return data, scale, torch.ones(experts, device=device)
+
+
+def _bytes_needed(m: Model, experts: int, tokens: int) -> int:
+    fp4 = experts * 3 * m.inter * m.hidden * (1 / 2 + 1 / 16)
+    bf16 = experts * 3 * m.inter * m.hidden * 2
+    acts = tokens * m.top_k * (3 * m.inter + 2 * m.hidden) * 4 * 3
+    return int(fp4 + bf16 + acts)
+
+
+def _experts_that_fit(m: Model, device, max_tokens: int) -> int:
+    free, _ = torch.cuda.mem_get_info(device)
+    experts = m.experts
+    while experts > 8 and _bytes_needed(m, experts, max_tokens) > 0.85 * free:
+        experts //= 2
+    return experts
+
+
+def _grouped_mm_works(device) -> bool:
+    if not hasattr(torch, "_grouped_mm"):
+        return False
+    try:
+        a = torch.randn(32, 64, device=device, dtype=torch.bfloat16)
+        b = torch.randn(2, 32, 64, device=device, dtype=torch.bfloat16)
+        offs = torch.tensor([16, 32], device=device, dtype=torch.int32)
+        torch._grouped_mm(a, b.transpose(1, 2), offs=offs)
+        return True
+    except (RuntimeError, TypeError, NotImplementedError):
+        return False
+
+
+class Bf16Moe:
+    """The BF16 peer: same routing, same shapes, bf16 weights [E, 2I, H] ([gate; up]) and [E, H, I]."""
+
+    def __init__(self, m: Model, experts: int, device, gen):
+        self.w1 = torch.empty(experts, 2 * m.inter, m.hidden, device=device, dtype=torch.bfloat16)
+        self.w2 = torch.empty(experts, m.hidden, m.inter, device=device, dtype=torch.bfloat16)
+        self.w1.normal_(0, 0.02, generator=gen)
+        self.w2.normal_(0, 0.02, generator=gen)
+        self.inter = m.inter
+
+    def grouped(self, x, ids, tw):
+        tokens, k = ids.shape
+        experts = self.w1.shape[0]
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.zeros(experts, dtype=torch.int32, device=x.device).scatter_add_(
+            0, flat.long(), torch.ones_like(flat))
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        xs = x[order // k]
+        h = torch._grouped_mm(xs, self.w1.transpose(1, 2), offs=offs)
+        a = torch.nn.functional.silu(h[:, :self.inter]) * h[:, self.inter:]
+        y = torch._grouped_mm(a, self.w2.transpose(1, 2), offs=offs)
+        pair_y = torch.empty_like(y).index_copy_(0, order, y)
+        return (pair_y.view(tokens, k, -1).float() * tw.unsqueeze(-1)).sum(1).to(x.dtype)
+
+    def loop(self, x, ids, tw):
+        tokens, k = ids.shape
+        out = torch.zeros(tokens, x.shape[1], device=x.device, dtype=torch.float32)
+        for e in torch.unique(ids).tolist():
+            t, j = (ids == e).nonzero(as_tuple=True)
+            h = x[t] @ self.w1[e].T
+            a = torch.nn.functional.silu(h[:, :self.inter]) * h[:, self.inter:]
+            out.index_add_(0, t, (a @ self.w2[e].T).float() * tw[t, j].unsqueeze(-1))
+        return out.to(x.dtype)
+
+
+def _eager_time_us(fn, iters: int = 10) -> float:
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000.0 / iters
+
+
+def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
+    diff = torch.linalg.norm(got.float() - want.float())
+    return (diff / torch.linalg.norm(want.float()).clamp_min(1e-30)).item()
+
+
+HEADER = (f"{'model':<14} {'E':>4} {'T':>5} | {'route us':>8} {'bf16 us':>9} {'ref us':>9} | "
+          f"{'W4A16 us':>9} {'x bf16':>6} {'GB/s':>6} {'err':>8} | {'W4A4 us':>9} {'x bf16':>6} "
+          f"{'err':>8}")
+
+
+def _measure(m: Model, experts: int, tokens: int, weights: tuple, peer: Bf16Moe, grouped: bool,
+             gen: torch.Generator, name: str) -> dict:
+    """One row: every contender on one batch of `tokens` tokens."""
+    dev = weights[0].device
+    x = torch.randn(tokens, m.hidden, device=dev, dtype=torch.bfloat16, generator=gen)
+    logits = torch.randn(tokens, experts, device=dev, generator=gen)
+    kw = dict(m.route_kw)
+    if m.method == "deepseek_v3":
+        kw["bias"] = torch.randn(experts, device=dev, generator=gen) * 0.01
+    ids, tw = ops.route(logits, m.top_k, m.method, **kw)
+    a1 = ops.compute_global_scale(x)
+    a2 = torch.full((1,), F.NVFP4_AMAX_TARGET / 1e6, device=dev)
+
+    def w4a16(backend="auto"):
+        return ops.fused_moe(x, *weights, ids, tw, local_expert_offset=0, num_local_experts=experts,
+                             backend=backend)
+
+    def w4a4(backend="auto"):
+        return ops.fused_moe(x, *weights, ids, tw, a1_global_scale=a1, a2_global_scale=a2,
+                             local_expert_offset=0, num_local_experts=experts, backend=backend)
+
+    t_route = graph_time_us(lambda: ops.route(logits, m.top_k, m.method, **kw), [()])
+    t16 = graph_time_us(w4a16, [()])
+    t4 = graph_time_us(w4a4, [()])
+    if grouped:
+        try:
+            t_bf16 = graph_time_us(lambda: peer.grouped(x, ids, tw), [()])
+        except RuntimeError as exc:   # not capturable here: time it eagerly
+            print(f"  torch._grouped_mm in a CUDA graph failed ({exc}); timing it eagerly", flush=True)
+            t_bf16 = _eager_time_us(lambda: peer.grouped(x, ids, tw))
+    else:
+        t_bf16 = _eager_time_us(lambda: peer.loop(x, ids, tw))
+    t_ref = err16 = err4 = float("nan")
+    if 2 * experts * tokens * 3 * m.inter * m.hidden / 1e12 <= REFERENCE_MAX_TFLOP:
+        t_ref = graph_time_us(lambda: w4a16("reference"), [()], calls=2, repeats=3)
+    if tokens <= ERROR_MAX_TOKENS:
+        err16 = _rel_err(w4a16(), w4a16("reference"))
+        err4 = _rel_err(w4a4(), w4a4("reference"))
+    active = torch.unique(ids).numel()
+    gbs = active * 3 * m.inter * m.hidden * (1 / 2 + 1 / 16) / t16 / 1e3
+    return dict(gpu=name, model=m.name, experts=experts, hidden=m.hidden, inter=m.inter,
+                top_k=m.top_k, tokens=tokens, route_us=t_route, bf16_us=t_bf16, reference_us=t_ref,
+                w4a16_us=t16, w4a16_x_bf16=t_bf16 / t16, w4a16_weight_gbs=gbs,
+                w4a16_rel_err=err16, w4a4_us=t4, w4a4_x_bf16=t_bf16 / t4, w4a4_rel_err=err4,
+                active_experts=active, bf16_peer="grouped_mm" if grouped else "loop")
+
+
+def _run_model(m: Model, tokens_list, grouped: bool, name: str) -> list[dict]:
+    dev = torch.device("cuda")
+    experts = _experts_that_fit(m, dev, max(tokens_list))
+    if experts != m.experts:
+        print(f"{m.name}: E reduced from {m.experts} to {experts} to fit in GPU memory", flush=True)
+    print(HEADER, flush=True)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    weights = (*_fp4_experts(experts, 2 * m.inter, m.hidden, dev, gen),
+               *_fp4_experts(experts, m.hidden, m.inter, dev, gen))
+    peer = Bf16Moe(m, experts, dev, gen)
+    rows = []
+    for tokens in tokens_list:
+        r = _measure(m, experts, tokens, weights, peer, grouped, gen, name)
+        rows.append(r)
+        print(f"{m.name:<14} {experts:>4} {tokens:>5} | {r['route_us']:>8.1f} {r['bf16_us']:>9.1f} "
+              f"{r['reference_us']:>9.1f} | {r['w4a16_us']:>9.1f} {r['w4a16_x_bf16']:>6.2f} "
+              f"{r['w4a16_weight_gbs']:>6.0f} {r['w4a16_rel_err']:>8.1e} | {r['w4a4_us']:>9.1f} "
+              f"{r['w4a4_x_bf16']:>6.2f} {r['w4a4_rel_err']:>8.1e}", flush=True)
+    return rows
+
+
+def run(quick: bool = False, csv_path: str | None = None) -> list[dict]:
+    dev = torch.device("cuda")
+    name = torch.cuda.get_device_name(dev)
+    grouped = _grouped_mm_works(dev)
+    print(f"bench moe (NVFP4 experts, Triton) on {name}; torch {torch.__version__}; bf16 peer: "
+          f"{'torch._grouped_mm (graph)' if grouped else 'per-expert loop (eager)'}", flush=True)
+    rows = []
+    for m in MODELS:
+        rows += _run_model(m, QUICK_TOKENS if quick else TOKENS, grouped, name)
+        torch.cuda.empty_cache()
+    _write(csv_path, rows)
+    return rows
+
+
+def _write(csv_path: str | None, rows: list[dict]) -> None:
+    if csv_path and rows:
+        with open(csv_path, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+        print(f"wrote {len(rows)} rows to {csv_path}", file=sys.stderr)

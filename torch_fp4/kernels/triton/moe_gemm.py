@@ -1,0 +1,356 @@
+"""Grouped FP4 GEMMs of the fused MoE: one launch per GEMM over every local expert.
+
+Rows are the (token, slot) pairs sorted by expert and padded per expert to block_m rows
+(torch_fp4/kernels/triton/moe_align.py). A program takes one block of block_m rows (one expert)
+and one tile of block_n weight rows, and walks K decoding that expert's FP4 weight tile in
+registers with the mm kernel's decode (torch_fp4/kernels/triton/mm.py). Programs of blocks past
+the used rows exit at once; the grid is sized from the upper bound of used blocks, so nothing is
+read back to the host. For small batches (decode) the operands are swapped as in mm's small-M
+tactic: the MMA's M side runs over the weight rows and the block of sorted rows is its N side.
+
+FC1 (_fc1_kernel): rows are gathered from x (bf16/fp16, or NVFP4 quantized once per token) by
+token t = pair // k. A program computes the gate tile (w1 rows n) and the up tile (rows I + n) of
+the same rows, then h = RN_bf16(alpha1[e] * acc) for both and a = RN_bf16(silu(gate) * up), silu
+in fp32 exactly as torch_fp4.reference.silu_mul (so a is bit-identical when h is). W4A16 stores
+a (bf16 [rows, I]); W4A4 quantizes a to NVFP4 in the epilogue with the quantize kernel's device
+functions and a2_global_scale (per expert or shared): packed codes [rows, I/2] and 128x4 block
+scales, bit for bit what nvfp4_quantize(a, gs) writes for those rows.
+
+FC2 (_fc2_kernel): rows are the intermediate's sorted rows; y = RN_bf16(alpha2[e] * acc) goes to
+row `pair` of a [T k, H] bf16 buffer (torch_fp4/kernels/triton/moe_fused.py adds the k rows of a
+token). With split-K (decode shapes with few programs) each split stores its fp32 partial sums
+and the finalize kernel adds them in split order before alpha2 and the bf16 rounding.
+
+Alphas are read from device memory and formed in the kernel as torch_fp4.formats.nvfp4_alpha
+does: RN(1 / RN(gs_a * gs_w[e])), or RN(1 / gs_w[e]) in W4A16.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import _common
+from .moe_align import ExpertBlocks
+from .moe_numerics import exp_f32, fp4_tile, mma, nvfp4_scale, rn_bf16
+from .numerics import LAYOUT_128x4, e2m1_encode_doubled, nan_amax, rcp_rn, scale_offsets
+
+
+@dataclass(frozen=True)
+class GemmTile:
+    block_n: int        # weight rows per program (FC1: this many gate rows and as many up rows)
+    block_k: int        # K elements per step, a power of two >= 64 (the launchers lower it to
+                        # a divisor of K, or to 64: see block_k_for)
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    block_m: int        # sorted rows per block (one expert); the MMA's N side when swap_ab
+    swap_ab: bool
+    fc1: GemmTile
+    fc2: GemmTile
+    fc2_split: int = 1  # K slices of FC2 (partials added in order by the finalize kernel)
+
+    def __post_init__(self):
+        for name, v, least in (("block_m", self.block_m, 16), ("fc1.block_n", self.fc1.block_n, 16),
+                               ("fc2.block_n", self.fc2.block_n, 16), ("fc1.block_k", self.fc1.block_k, 64),
+                               ("fc2.block_k", self.fc2.block_k, 64), ("fc2_split", self.fc2_split, 1)):
+            if v < least or v & (v - 1):
+                raise ValueError(f"MoeConfig: {name}: expected a power of two >= {least}, got {v}")
+
+    def label(self) -> str:
+        return (f"bm{self.block_m}{'-swap' if self.swap_ab else ''}-fc1:{self.fc1.block_n}x"
+                f"{self.fc1.block_k}w{self.fc1.num_warps}s{self.fc1.num_stages}-fc2:"
+                f"{self.fc2.block_n}x{self.fc2.block_k}w{self.fc2.num_warps}s"
+                f"{self.fc2.num_stages}k{self.fc2_split}")
+
+
+def block_k_for(k: int, preferred: int) -> int:
+    """The largest of preferred, preferred/2, ..., 64 dividing K, else 64. A block_k dividing K
+    keeps the decode's 4-byte scale loads inside the scale matrix; with block_k = 64 each load
+    is one aligned word of the padded matrix for any K."""
+    bk = preferred
+    while bk > 64 and k % bk:
+        bk //= 2
+    return bk
+
+
+def _split_for(programs: int, k: int, bk: int, sms: int) -> int:
+    """K slices so that about two waves of programs stream the weights, each slice at least
+    four steps long."""
+    split = 1
+    while programs * split < 2 * sms and k >= 8 * bk * split and split < 8:
+        split *= 2
+    return split
+
+
+def default_config(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
+                   sms: int = 132) -> MoeConfig:
+    """Tiles from the rows each active expert gets on average. Up to 64 rows (decode): blocks of
+    16, 32 or 64 rows, swapped operands, split-K for FC2 when programs are few; more: 128-row
+    blocks, unswapped, 8 warps. Every tile compiles for sm_90 without register spills (block_k
+    256 spills; tests/test_triton_moe_compile.py checks the benchmark models' tiles)."""
+    pairs = tokens * top_k
+    active = max(1, min(experts, pairs))
+    per_expert = triton.cdiv(pairs, active)
+    if per_expert <= 64:
+        bm = max(16, triton.next_power_of_2(per_expert))
+        fc1 = GemmTile(64, block_k_for(hidden, 128))
+        fc2 = GemmTile(64, block_k_for(inter, 128))
+        blocks = active * triton.cdiv(per_expert, bm)
+        split = _split_for(blocks * triton.cdiv(hidden, fc2.block_n), inter, fc2.block_k, sms)
+        return MoeConfig(bm, True, fc1, fc2, split)
+    fc1 = GemmTile(64, block_k_for(hidden, 64), num_warps=8)
+    fc2 = GemmTile(128, block_k_for(inter, 64), num_warps=8)
+    return MoeConfig(128, False, fc1, fc2)
+
+
+@triton.jit
+def _block_rows(b, block_expert_ptr, expert_end_ptr, sorted_ptr, BM: tl.constexpr):
+    """Expert e of block b (-1 past the used rows), its rows, which rows hold a pair, and the
+    pair of each row."""
+    e = tl.load(block_expert_ptr + b)
+    rows = b * BM + tl.arange(0, BM)
+    row_ok = rows < tl.load(expert_end_ptr + tl.maximum(e, 0))
+    pairs = tl.load(sorted_ptr + rows, mask=row_ok, other=0)
+    return e, rows, row_ok, pairs
+
+
+@triton.jit
+def _act_tile(a_ptr, as_ptr, arows, n_arows, kh0, KH, n_kb, a_kp, A_FP4: tl.constexpr,
+              HALF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+              PORTABLE: tl.constexpr):
+    """Activation rows `arows` (>= n_arows read as 0) x K elements [2 kh0, 2 kh0 + BK) as (even,
+    odd) halves: NVFP4 decoded, or 16-bit loaded and split."""
+    if A_FP4:
+        x0, x1 = fp4_tile(a_ptr, as_ptr, arows, n_arows, kh0, KH, n_kb, a_kp, HALF, BK, EVEN_K,
+                          PORTABLE)
+    else:
+        kk = 2 * kh0 + tl.arange(0, BK)
+        if EVEN_K:
+            mask = (arows < n_arows)[:, None]
+        else:
+            mask = (arows < n_arows)[:, None] & (kk < 2 * KH)[None, :]
+        x = tl.load(a_ptr + arows.to(tl.int64)[:, None] * (2 * KH) + kk[None, :], mask=mask,
+                    other=0.0)
+        x0, x1 = tl.split(tl.reshape(x, (BM, BK // 2, 2)))
+    return x0, x1
+
+
+@triton.jit
+def _alpha(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4: tl.constexpr):
+    """RN(1 / RN(gs_a * gs_w[e])) (W4A4) or RN(1 / gs_w[e]) (W4A16), as formats.nvfp4_alpha."""
+    gsw = tl.load(gsw_ptr + e)
+    if A_FP4:
+        alpha = rcp_rn(tl.load(gsa_ptr + e * gsa_stride) * gsw)
+    else:
+        alpha = rcp_rn(gsw)
+    return alpha
+
+
+@triton.jit(do_not_specialize=["top_k", "T", "w_kp", "a_kp", "out_kp"])
+def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr, outs_ptr,
+                sorted_ptr, block_expert_ptr, expert_end_ptr,
+                top_k, T, KH, I, w_kp, a_kp, out_kp, w_stride, ws_stride, gs2_stride,
+                A_FP4: tl.constexpr, QUANT_OUT: tl.constexpr,
+                SWAP: tl.constexpr, DOT: tl.constexpr, HALF: tl.constexpr, BM: tl.constexpr,
+                BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+    pid = tl.program_id(0)
+    tiles_n = tl.cdiv(I, BN)
+    b = pid // tiles_n
+    pid_n = pid % tiles_n
+    e, rows, row_ok, pairs = _block_rows(b, block_expert_ptr, expert_end_ptr, sorted_ptr, BM)
+    if e < 0:
+        return
+    tok = tl.where(row_ok, pairs // top_k, T)
+    rn = pid_n * BN + tl.arange(0, BN)
+    w_e = w_ptr + e.to(tl.int64) * w_stride
+    ws_e = ws_ptr + e.to(tl.int64) * ws_stride
+    n_kb = KH // 8
+    if SWAP:
+        acc_g = tl.zeros((BN, BM), tl.float32)
+        acc_u = tl.zeros((BN, BM), tl.float32)
+    else:
+        acc_g = tl.zeros((BM, BN), tl.float32)
+        acc_u = tl.zeros((BM, BN), tl.float32)
+    for kh0 in range(0, KH, BK // 2):
+        g0, g1 = fp4_tile(w_e, ws_e, rn, I, kh0, KH, n_kb, w_kp, HALF, BK, EVEN_K, PORTABLE)
+        u0, u1 = fp4_tile(w_e, ws_e, I + rn, 2 * I, kh0, KH, n_kb, w_kp, HALF, BK, EVEN_K, PORTABLE)
+        x0, x1 = _act_tile(a_ptr, as_ptr, tok, T, kh0, KH, n_kb, a_kp, A_FP4, HALF, BM, BK, EVEN_K,
+                           PORTABLE)
+        g0, g1, u0, u1, x0, x1 = g0.to(DOT), g1.to(DOT), u0.to(DOT), u1.to(DOT), x0.to(DOT), x1.to(DOT)
+        if SWAP:
+            acc_g = mma(g0, tl.trans(x0), acc_g, PORTABLE)
+            acc_g = mma(g1, tl.trans(x1), acc_g, PORTABLE)
+            acc_u = mma(u0, tl.trans(x0), acc_u, PORTABLE)
+            acc_u = mma(u1, tl.trans(x1), acc_u, PORTABLE)
+        else:
+            acc_g = mma(x0, tl.trans(g0), acc_g, PORTABLE)
+            acc_g = mma(x1, tl.trans(g1), acc_g, PORTABLE)
+            acc_u = mma(x0, tl.trans(u0), acc_u, PORTABLE)
+            acc_u = mma(x1, tl.trans(u1), acc_u, PORTABLE)
+    if SWAP:
+        acc_g = tl.trans(acc_g)
+        acc_u = tl.trans(acc_u)
+    alpha = _alpha(gsw_ptr, gsa_ptr, e, 0, A_FP4)
+    gate = rn_bf16(acc_g * alpha, PORTABLE)
+    up = rn_bf16(acc_u * alpha, PORTABLE)
+    act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
+    rows64 = rows.to(tl.int64)
+    if QUANT_OUT:
+        # NVFP4 of each 16-column block of act, as the quantize kernel: even/odd element pairs,
+        # block amax, scale, codes of x * 2o, NaN blocks all code 7.
+        lo, hi = tl.split(tl.reshape(act, (BM, BN // 2, 2)))
+        lo = tl.reshape(lo, (BM, BN // 16, 8))
+        hi = tl.reshape(hi, (BM, BN // 16, 8))
+        sbits, o = nvfp4_scale(nan_amax(lo, hi, 2), tl.load(gs2_ptr + e * gs2_stride), PORTABLE)
+        o2 = (o * 2.0)[:, :, None]
+        packed = e2m1_encode_doubled(lo * o2) | (e2m1_encode_doubled(hi * o2) << 4)
+        packed = tl.where((o != o)[:, :, None], 0x77, packed)
+        packed = tl.reshape(packed, (BM, BN // 2))
+        ch = pid_n * (BN // 2) + tl.arange(0, BN // 2)
+        tl.store(out_ptr + rows64[:, None] * (I // 2) + ch[None, :], packed.to(tl.uint8),
+                 mask=row_ok[:, None] & (ch < I // 2)[None, :])
+        kb = pid_n * (BN // 16) + tl.arange(0, BN // 16)
+        sbits = tl.where((kb < I // 16)[None, :], sbits, 0)   # zero padding blocks of the last tile
+        tl.store(outs_ptr + scale_offsets(rows[:, None], kb[None, :], I // 16, out_kp, LAYOUT_128x4),
+                 sbits, mask=row_ok[:, None] & (kb < out_kp)[None, :])
+    else:
+        tl.store(out_ptr + rows64[:, None] * I + rn[None, :], act.to(tl.bfloat16),
+                 mask=row_ok[:, None] & (rn < I)[None, :])
+
+
+@triton.jit(do_not_specialize=["R", "P", "w_kp", "a_kp"])
+def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr, part_ptr,
+                sorted_ptr, block_expert_ptr, expert_end_ptr,
+                R, N, KH, P, w_kp, a_kp, w_stride, ws_stride, gsa_stride, kh_per_split,
+                A_FP4: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
+                DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                EVEN_K: tl.constexpr, PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+    pid, pid_k = tl.program_id(0), tl.program_id(1)
+    tiles_n = tl.cdiv(N, BN)
+    b = pid // tiles_n
+    pid_n = pid % tiles_n
+    e, rows, row_ok, pairs = _block_rows(b, block_expert_ptr, expert_end_ptr, sorted_ptr, BM)
+    if e < 0:
+        return
+    arows = tl.where(row_ok, rows, R)
+    rn = pid_n * BN + tl.arange(0, BN)
+    w_e = w_ptr + e.to(tl.int64) * w_stride
+    ws_e = ws_ptr + e.to(tl.int64) * ws_stride
+    n_kb = KH // 8
+    if SWAP:
+        acc = tl.zeros((BN, BM), tl.float32)
+    else:
+        acc = tl.zeros((BM, BN), tl.float32)
+    kh_begin = pid_k * kh_per_split
+    kh_end = tl.minimum(KH, kh_begin + kh_per_split)
+    for kh0 in range(kh_begin, kh_end, BK // 2):
+        w0, w1 = fp4_tile(w_e, ws_e, rn, N, kh0, KH, n_kb, w_kp, tl.bfloat16, BK, EVEN_K, PORTABLE)
+        x0, x1 = _act_tile(a_ptr, as_ptr, arows, R, kh0, KH, n_kb, a_kp, A_FP4, tl.bfloat16, BM, BK,
+                           EVEN_K, PORTABLE)
+        w0, w1, x0, x1 = w0.to(DOT), w1.to(DOT), x0.to(DOT), x1.to(DOT)
+        if SWAP:
+            acc = mma(w0, tl.trans(x0), acc, PORTABLE)
+            acc = mma(w1, tl.trans(x1), acc, PORTABLE)
+        else:
+            acc = mma(x0, tl.trans(w0), acc, PORTABLE)
+            acc = mma(x1, tl.trans(w1), acc, PORTABLE)
+    if SWAP:
+        acc = tl.trans(acc)
+    mask = row_ok[:, None] & (rn < N)[None, :]
+    offs = pairs.to(tl.int64)[:, None] * N + rn[None, :]
+    if SPLIT > 1:
+        tl.store(part_ptr + pid_k.to(tl.int64) * P * N + offs, acc, mask=mask)
+    else:
+        y = rn_bf16(acc * _alpha(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4), PORTABLE)
+        tl.store(y_ptr + offs, y.to(tl.bfloat16), mask=mask)
+
+
+_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+
+
+def _launch_options(device: torch.device, tile: GemmTile) -> dict:
+    pdl = _common.use_pdl(device)
+    return dict(USE_GDC=pdl, launch_pdl=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages,
+                enable_fp_fusion=False)
+
+
+def fc1(x, x_scale, w1, w1_scale, w1_gs, a1_gs, a2_gs, blocks: ExpertBlocks, top_k: int,
+        cfg: MoeConfig, portable: bool):
+    """FC1 + SwiGLU over the sorted rows. x: bf16/fp16 [T, H], or NVFP4 data [T, H/2] with 128x4
+    scales x_scale (W4A4, a1_gs given). Returns the intermediate: bf16 [rows, I] (W4A16), or
+    (NVFP4 data [rows, I/2] uint8, 128x4 scales [rows padded to 128, Kp] uint8) (W4A4)."""
+    tokens = x.shape[0]
+    experts, two_i, half_h = w1.shape
+    inter = two_i // 2
+    w4a4 = a1_gs is not None
+    dev = x.device
+    rows = blocks.rows
+    if w4a4:
+        kp = -(-inter // 64) * 4
+        out = torch.empty((rows, inter // 2), dtype=torch.uint8, device=dev)
+        out_s = torch.empty((-(-rows // 128) * 128, kp), dtype=torch.uint8, device=dev)
+        result = (out, out_s)
+    else:
+        kp = 0
+        out = torch.empty((rows, inter), dtype=torch.bfloat16, device=dev)
+        out_s = out
+        result = out
+    t = cfg.fc1
+    bk = block_k_for(2 * half_h, t.block_k)
+    half = torch.float16 if (x.dtype == torch.float16 and not w4a4) else torch.bfloat16
+    dot = tl.float32 if portable else _TL[half]
+    grid = (blocks.num_blocks * triton.cdiv(inter, t.block_n),)
+    w_u8, ws_u8 = w1.view(torch.uint8), w1_scale.view(torch.uint8)
+    _fc1_kernel[grid](
+        x.view(torch.uint8) if w4a4 else x, x_scale.view(torch.uint8) if w4a4 else ws_u8,
+        w_u8, ws_u8, w1_gs, a1_gs if w4a4 else w1_gs, a2_gs if w4a4 else w1_gs, out, out_s,
+        blocks.sorted_pairs, blocks.block_expert, blocks.expert_end,
+        top_k, tokens, half_h, inter, w1_scale.shape[2], x_scale.shape[1] if w4a4 else 0, kp,
+        two_i * half_h, w1_scale.shape[1] * w1_scale.shape[2],
+        1 if (w4a4 and a2_gs.numel() > 1) else 0,
+        A_FP4=w4a4, QUANT_OUT=w4a4, SWAP=cfg.swap_ab, DOT=dot, HALF=_TL[half],
+        BM=cfg.block_m, BN=t.block_n, BK=bk, EVEN_K=2 * half_h % bk == 0,
+        PORTABLE=portable, **_launch_options(dev, t))
+    return result
+
+
+def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, pairs: int, cfg: MoeConfig,
+        portable: bool) -> torch.Tensor:
+    """FC2 over the sorted rows of `inter` (fc1's result). Returns y bf16 [pairs, H] (rows of
+    pairs routed to no local expert are not written), or with split-K the fp32 partial sums
+    [split, pairs, H]."""
+    experts, hidden, half_i = w2.shape
+    w4a4 = isinstance(inter, tuple)
+    a, a_s = inter if w4a4 else (inter, inter)
+    dev = a.device
+    t = cfg.fc2
+    split = cfg.fc2_split
+    bk = block_k_for(2 * half_i, t.block_k)
+    per_split = triton.cdiv(triton.cdiv(2 * half_i, bk), split) * bk
+    if split > 1:
+        out = torch.empty((split, pairs, hidden), dtype=torch.float32, device=dev)
+    else:
+        out = torch.empty((pairs, hidden), dtype=torch.bfloat16, device=dev)
+    grid = (blocks.num_blocks * triton.cdiv(hidden, t.block_n), split)
+    w_u8, ws_u8 = w2.view(torch.uint8), w2_scale.view(torch.uint8)
+    _fc2_kernel[grid](
+        a, a_s, w_u8, ws_u8, w2_gs, a2_gs if w4a4 else w2_gs, out, out,
+        blocks.sorted_pairs, blocks.block_expert, blocks.expert_end,
+        blocks.rows, hidden, half_i, pairs, w2_scale.shape[2], a_s.shape[1] if w4a4 else 0,
+        hidden * half_i, w2_scale.shape[1] * w2_scale.shape[2],
+        1 if (w4a4 and a2_gs.numel() > 1) else 0, per_split // 2,
+        A_FP4=w4a4, SPLIT=split, SWAP=cfg.swap_ab, DOT=tl.float32 if portable else tl.bfloat16,
+        BM=cfg.block_m, BN=t.block_n, BK=bk, EVEN_K=2 * half_i % bk == 0, PORTABLE=portable,
+        **_launch_options(dev, t))
+    return out

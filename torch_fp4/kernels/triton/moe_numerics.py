@@ -1,0 +1,120 @@
+"""Device functions shared by the MoE kernels (routing, grouped GEMM, finalize).
+
+Each function has a GPU form and, selected by the constexpr PORTABLE, an integer-arithmetic form
+that Triton's CPU interpreter (TRITON_INTERPRET=1) runs exactly: the interpreter cannot run the
+GEMM's inline-asm E2M1 decode, has no libdevice, and its fp32 -> bf16 / e4m3 conversions do not
+round to nearest. Both forms give the same bits; the GPU kernels are compiled with PORTABLE=False,
+so the portable code never reaches them.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language.extra import libdevice
+
+from .mm import _decode
+from .numerics import LAYOUT_128x4, e2m1_decode, nvfp4_block_scale, r6, rcp_rn, scale_offsets
+
+
+def interpreting() -> bool:
+    """Whether Triton kernels run under the CPU interpreter."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def exp_f32(x, PORTABLE: tl.constexpr):
+    """e^x in fp32 as PyTorch's CUDA kernels compute it (libdevice expf, max 2 ulp error; not
+    Triton's tl.exp, which is ex2.approx of a rounded product)."""
+    if PORTABLE:
+        y = tl.exp(x)
+    else:
+        y = libdevice.exp(x)
+    return y
+
+
+@triton.jit
+def rn_bf16(x, PORTABLE: tl.constexpr):
+    """fp32 -> the nearest bf16 value (ties to even), returned as fp32."""
+    if PORTABLE:
+        bits = x.to(tl.int32, bitcast=True)
+        r = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+        y = tl.where(x != x, x, r.to(tl.float32, bitcast=True))
+    else:
+        y = x.to(tl.bfloat16).to(tl.float32)
+    return y
+
+
+@triton.jit
+def e4m3_value(bits):
+    """e4m3fn byte (int32) -> fp32, by integer arithmetic (exact)."""
+    exp = (bits >> 3) & 15
+    man = bits & 7
+    normal = (((exp + 120) << 23) | (man << 20)).to(tl.float32, bitcast=True)
+    val = tl.where(exp == 0, man.to(tl.float32) * 0.001953125, normal)
+    val = tl.where((bits & 0x7F) == 0x7F, float("nan"), val)
+    return tl.where((bits & 0x80) != 0, -val, val)
+
+
+@triton.jit
+def e4m3_rn_satfinite_portable(s):
+    """s >= 0 (or NaN) -> (e4m3fn bits int32, their value fp32): round to nearest even, values
+    above 448 saturate to 448, NaN -> 0x7F. The value is q * 2^(e-3) with e the exponent of s
+    (at least -6, the subnormal range) and q = RN(s * 2^(3-e)) in [0, 16]; the bits
+    ((e + 7) << 3) + q - 8 carry into the exponent when q = 16."""
+    sc = tl.minimum(s, 448.0)
+    e = tl.maximum((sc.to(tl.int32, bitcast=True) >> 23) - 127, -6)
+    q = sc * ((130 - e) << 23).to(tl.float32, bitcast=True)
+    q = (q + 8388608.0) - 8388608.0
+    bits = ((e + 7) << 3) + q.to(tl.int32) - 8
+    val = q * ((e + 124) << 23).to(tl.float32, bitcast=True)
+    nan = s != s
+    return tl.where(nan, 0x7F, bits), tl.where(nan, s, val)
+
+
+@triton.jit
+def nvfp4_scale(amax, gs, PORTABLE: tl.constexpr):
+    """(e4m3 scale bits uint8, o) of the NVFP4 block rule (torch_fp4.formats.nvfp4_block_scale)."""
+    if PORTABLE:
+        s = gs * (amax * r6())
+        bits, sf = e4m3_rn_satfinite_portable(s)
+        o = rcp_rn(sf * rcp_rn(gs))
+        sbits = bits.to(tl.uint8)
+        o = tl.where(sf == 0, 0.0, o)
+    else:
+        sbits, o = nvfp4_block_scale(amax, gs)
+    return sbits, o
+
+
+@triton.jit
+def fp4_tile(data_ptr, scale_ptr, rows, n_rows, kh0, half_k, n_kb, kp, HALF: tl.constexpr,
+             BK: tl.constexpr, EVEN_K: tl.constexpr, PORTABLE: tl.constexpr):
+    """Rows `rows` x K elements [2 kh0, 2 kh0 + BK) of a row-major NVFP4 matrix [n_rows, 2 half_k]
+    with 128x4 block scales, dequantized without the global scale, as (even elements, odd
+    elements) [R, BK/2]; rows >= n_rows and K past the end read as 0. GPU: the mm kernel's
+    in-register decode (HALF values); portable: fp32 values."""
+    if PORTABLE:
+        kh = kh0 + tl.arange(0, BK // 2)
+        mask = (rows < n_rows)[:, None] & (kh < half_k)[None, :]
+        packed = tl.load(data_ptr + rows.to(tl.int64)[:, None] * half_k + kh[None, :], mask=mask,
+                         other=0).to(tl.int32)
+        sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], (kh // 8)[None, :], n_kb, kp,
+                                                  LAYOUT_128x4), mask=mask, other=0).to(tl.int32)
+        sf = e4m3_value(sbits)
+        lo = e2m1_decode(packed & 15) * sf
+        hi = e2m1_decode(packed >> 4) * sf
+    else:
+        lo, hi = _decode(data_ptr, scale_ptr, rows, n_rows, kh0, half_k, n_kb, kp, half_k,
+                         LAYOUT_128x4, False, 16, BK, HALF, EVEN_K)
+    return lo, hi
+
+
+@triton.jit
+def mma(a, b, acc, PORTABLE: tl.constexpr):
+    """acc + a @ b (portable: fp32 operands multiplied exactly, no tf32)."""
+    if PORTABLE:
+        acc = tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
