@@ -290,10 +290,9 @@ def run(device: Optional[str] = None, seed: int = 0, quick: bool = False,
     print(f"Speed: one forward over {per_s} tokens ({timing} of {sizes.iters} after {sizes.warmup} "
           f"warm-up); compiled: {how}.")
     if cuda:
-        print("These layers are small, so a forward is mostly launch overhead; the FP4 GEMM gains "
-              "where weight traffic dominates (BENCHMARKS.md). route and fused_moe run the "
-              "reference backend on the GPU (every expert on every token): the MoE FP4 speed is "
-              "not that of a fused kernel.")
+        print("These layers are small, so a forward is mostly kernel launches (eager: also the "
+              "ops' Python dispatch); the FP4 kernels gain where weight traffic dominates "
+              "(BENCHMARKS.md: mm_fp4 and fused_moe at decode sizes).")
     else:
         print("On the CPU every torch_fp4 op runs the reference backend, which dequantizes the "
               "weights on every call: FP4 is slower than bf16 here (the fast FP4 kernels are GPU "
