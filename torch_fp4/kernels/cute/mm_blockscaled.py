@@ -34,6 +34,9 @@ sm_100a / sm_103a kernel (`BlockScaledGemmSm100`, tactics `mm_tactics.Sm100MmTac
   1-CTA tiles, clusters along M only.
 
 The sm_12x kernel is in mm_blockscaled_sm120.py; both share `compile_mm` / `mm_fp4` below.
+The grouped MoE GEMM (moe_blockscaled.py) subclasses BlockScaledGemmSm100: it reuses `setup`
+and `run_tile` (the kernel body, B and SFB read at a batch coordinate: the block's expert) and
+overrides the `load_alpha` / `store_tile` hooks.
 """
 from __future__ import annotations
 
@@ -137,6 +140,22 @@ class BlockScaledGemmSm100:
                  m: Int32, n: Int32, k: Int32, stream: cuda.CUstream):
         a, b, c, sfa, sfb = operand_tensors(a_ptr, b_ptr, sfa_ptr, sfb_ptr, c_ptr, m, n, k,
                                             self.sf_vec)
+        ops = self.setup(a, b, sfa, sfb, n)
+        # One CTA (pair) per output tile; the grid is padded to whole clusters (the extra CTAs
+        # load zero-filled boxes and store nothing).
+        ctas_m = cute.ceil_div(m, self.mma_tiler[0]) * cute.size(ops[0].thr_id.shape)
+        grid = (cute.round_up(ctas_m, self.cluster_mn[0]),
+                cute.round_up(cute.ceil_div(n, self.mma_tiler[1]), self.cluster_mn[1]), 1)
+        self.kernel(*ops, c, alpha_ptr, self.cluster_vmnk, self.cluster_sfb_vmnk,
+                    *self.smem_layouts, self.epi_tile).launch(
+            grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1), stream=stream)
+
+    @cute.jit
+    def setup(self, a: cute.Tensor, b: cute.Tensor, sfa: cute.Tensor, sfb: cute.Tensor, n: Int32):
+        """Trace-time setup shared with the grouped MoE kernel (moe_blockscaled.py): tiled MMAs,
+        stages, shared-memory layouts and storage, TMA atoms over the GEMM-convention tensors
+        (A (M, K, L), B (N, K, L), scale factors in the 128x4 atom layout). Returns the kernel's
+        (tiled_mma, tiled_mma_sfb, tma_a, g_a, tma_b, g_b, tma_sfa, g_sfa, tma_sfb, g_sfb)."""
         tiled_mma = self._tiled_mma(self.cta_group, self.mma_tiler[:2])
         tiled_mma_sfb = self._tiled_mma(tcgen05.CtaGroup.ONE, self.mma_tiler_sfb[:2])
         mma_k = cute.size(tiled_mma.shape_mnk, mode=[2])
@@ -149,7 +168,7 @@ class BlockScaledGemmSm100:
                        + cute.size_in_bytes(self.sf_dtype, one[2])
                        + cute.size_in_bytes(self.sf_dtype, one[3]))
         self.stages = min(8, (SMEM_BYTES["sm_100"] - 6144) // stage_bytes)
-        a_sl, b_sl, sfa_sl, sfb_sl = self._smem_layouts(tiled_mma, self.stages)
+        a_sl, b_sl, sfa_sl, sfb_sl = self.smem_layouts = self._smem_layouts(tiled_mma, self.stages)
 
         self.cluster_vmnk = cute.tiled_divide(cute.make_layout((*self.cluster_mn, 1)),
                                               (tiled_mma.thr_id.shape,))
@@ -196,15 +215,7 @@ class BlockScaledGemmSm100:
             sSFB: cute.struct.Align[cute.struct.MemRange[self.sf_dtype, cute.cosize(sfb_sl)], 128]
 
         self.storage = Storage
-        # One CTA (pair) per output tile; the grid is padded to whole clusters (the extra CTAs
-        # load zero-filled boxes and store nothing).
-        ctas_m = cute.ceil_div(m, self.mma_tiler[0]) * cute.size(tiled_mma.thr_id.shape)
-        grid = (cute.round_up(ctas_m, self.cluster_mn[0]),
-                cute.round_up(cute.ceil_div(n, self.mma_tiler[1]), self.cluster_mn[1]), 1)
-        self.kernel(tiled_mma, tiled_mma_sfb, tma_a, g_a, tma_b, g_b, tma_sfa, g_sfa, tma_sfb,
-                    g_sfb, c, alpha_ptr, self.cluster_vmnk, self.cluster_sfb_vmnk, a_sl, b_sl,
-                    sfa_sl, sfb_sl, self.epi_tile).launch(
-            grid=grid, block=[self.threads, 1, 1], cluster=(*self.cluster_mn, 1), stream=stream)
+        return (tiled_mma, tiled_mma_sfb, tma_a, g_a, tma_b, g_b, tma_sfa, g_sfa, tma_sfb, g_sfb)
 
     @cute.kernel
     def kernel(self, tiled_mma: cute.TiledMma, tiled_mma_sfb: cute.TiledMma,
@@ -214,16 +225,32 @@ class BlockScaledGemmSm100:
                cluster_vmnk: cute.Layout, cluster_sfb_vmnk: cute.Layout,
                a_sl: cute.ComposedLayout, b_sl: cute.ComposedLayout, sfa_sl: cute.Layout,
                sfb_sl: cute.Layout, epi_tile: cute.Tile):
+        bidx, bidy, _ = cute.arch.block_idx()
+        tile = (bidx // cute.size(tiled_mma.thr_id.shape), bidy, 0)
+        self.run_tile(tiled_mma, tiled_mma_sfb, tma_a, mA, tma_b, mB, tma_sfa, mSFA, tma_sfb,
+                      mSFB, mC, alpha_ptr, cluster_vmnk, cluster_sfb_vmnk, a_sl, b_sl, sfa_sl,
+                      sfb_sl, epi_tile, tile, 0)
+
+    @cute.jit
+    def run_tile(self, tiled_mma: cute.TiledMma, tiled_mma_sfb: cute.TiledMma,
+                 tma_a: cute.CopyAtom, mA: cute.Tensor, tma_b: cute.CopyAtom, mB: cute.Tensor,
+                 tma_sfa: cute.CopyAtom, mSFA: cute.Tensor, tma_sfb: cute.CopyAtom,
+                 mSFB: cute.Tensor, mC: cute.Tensor, alpha_ptr: cute.Pointer,
+                 cluster_vmnk: cute.Layout, cluster_sfb_vmnk: cute.Layout,
+                 a_sl: cute.ComposedLayout, b_sl: cute.ComposedLayout, sfa_sl: cute.Layout,
+                 sfb_sl: cute.Layout, epi_tile: cute.Tile, tile, batch):
+        """The kernel body for output tile `tile` = (m tile, n tile, 0); B and its scale
+        factors are read at batch coordinate `batch` (0 here, the expert in the grouped MoE
+        kernel)."""
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         tidx, _, _ = cute.arch.thread_idx()
-        bidx, bidy, _ = cute.arch.block_idx()
+        bidx, _, _ = cute.arch.block_idx()
         pair = cute.size(tiled_mma.thr_id.shape)
         v = bidx % pair
         is_leader = v == 0
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         crd = cluster_vmnk.get_flat_coord(rank)
         crd_sfb = cluster_sfb_vmnk.get_flat_coord(rank)
-        tile = (bidx // pair, bidy, 0)
 
         if warp == self.TMA_WARP:
             for atom in (tma_a, tma_b, tma_sfa, tma_sfb):
@@ -294,9 +321,9 @@ class BlockScaledGemmSm100:
                 mask_b = cpasync.create_tma_multicast_mask(cluster_vmnk, crd, mcast_mode=1)
                 mask_sfb = cpasync.create_tma_multicast_mask(cluster_sfb_vmnk, crd_sfb, mcast_mode=1)
             gA_t = tAgA[(None, tile[0], None, 0)]
-            gB_t = tBgB[(None, tile[1], None, 0)]
+            gB_t = tBgB[(None, tile[1], None, batch)]
             gSFA_t = tAgSFA[(None, tile[0], None, 0)]
-            gSFB_t = tBgSFB[(None, tile[1], None, 0)]
+            gSFB_t = tBgSFB[(None, tile[1], None, batch)]
             prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
             for kt in cutlass.range(k_tiles, unroll=1):
                 ab.producer_acquire(prod)
@@ -373,23 +400,35 @@ class BlockScaledGemmSm100:
             tTR_gC = tTR_gC[(None, None, None, None, None, *tile)]
             tTR_cC = tTR_cC[(None, None, None, None, None, *tile)]
             tTR_tAcc = tTR_tAcc[(None, None, None, None, None, 0)]
-            alpha = cutlass.Float32(1.0)
-            if cutlass.const_expr(self.has_alpha):
-                alpha = cute.make_tensor(alpha_ptr, cute.make_layout(1))[0]
-
+            alpha = self.load_alpha(alpha_ptr, batch)
             acc_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
             acc.consumer_wait(acc_state)
-            for em in cutlass.range_constexpr(cute.size(tTR_tAcc, mode=[3])):
-                for en in cutlass.range_constexpr(cute.size(tTR_tAcc, mode=[4])):
-                    cute.copy(t2r, tTR_tAcc[(None, None, None, em, en)], tTR_rAcc)
-                    store_predicated(tTR_rAcc, tTR_cC[(None, None, None, em, en)],
-                                     tTR_gC[(None, None, None, em, en)], mC.shape[0], mC.shape[1],
-                                     alpha, self.c_dtype)
+            self.store_tile(t2r, tTR_tAcc, tTR_rAcc, tTR_gC, tTR_cC, mC, alpha)
             cute.arch.fence_view_async_tmem_load()
             acc.consumer_release(acc_state)
             tmem.relinquish_alloc_permit()
             self.epi_barrier.arrive_and_wait()
             tmem.free(acc_ptr)
+
+    def load_alpha(self, alpha_ptr, batch):
+        """alpha from device memory (1 when the call has none)."""
+        alpha = cutlass.Float32(1.0)
+        if self.has_alpha:
+            alpha = cute.make_tensor(alpha_ptr, cute.make_layout(1))[0]
+        return alpha
+
+    @cute.jit
+    def store_tile(self, t2r: cute.TiledCopy, tTR_tAcc: cute.Tensor, tTR_rAcc: cute.Tensor,
+                   tTR_gC: cute.Tensor, tTR_cC: cute.Tensor, mC: cute.Tensor,
+                   alpha: cutlass.Float32):
+        """Epilogue: each 32-column slice of the accumulator to registers, times alpha,
+        converted and stored under the (m < M, n < N) predicate."""
+        for em in cutlass.range_constexpr(cute.size(tTR_tAcc, mode=[3])):
+            for en in cutlass.range_constexpr(cute.size(tTR_tAcc, mode=[4])):
+                cute.copy(t2r, tTR_tAcc[(None, None, None, em, en)], tTR_rAcc)
+                store_predicated(tTR_rAcc, tTR_cC[(None, None, None, em, en)],
+                                 tTR_gC[(None, None, None, em, en)], mC.shape[0], mC.shape[1],
+                                 alpha, self.c_dtype)
 
     @staticmethod
     def _sfb_boxes_for_n192(g_sfb: cute.Tensor, n: Int32) -> cute.Tensor:
