@@ -5,8 +5,11 @@ Importing this package is cheap: cutlass is imported only when a launcher first 
 Modules: ptx (single instructions), numerics (the contract's arithmetic on device),
 quantize_block (the per-block step both quantize kernels share), quantize_vector /
 quantize_tma (the two quantize kernels), dequantize, global_scale, launch (compile cache,
-stream, variant choice and the op entry points). torch_fp4/bench/cute_variants.py measures the
-crossover between the two quantize kernels.
+stream, variant choice and the op entry points); mm_blockscaled (mm_fp4); moe_blockscaled (the
+grouped MoE GEMMs) and moe_fused (fused_moe, wiring them with Triton grouping, quantize and
+finalize kernels). mm_fp4 and fused_moe are opt-in: torch_fp4.tuning.OP_ORDER never picks them
+("auto" must not pick a backend that has not run; the tcgen05 kernels are compiled, never run).
+torch_fp4/bench/cute_variants.py measures the crossover between the two quantize kernels.
 """
 from __future__ import annotations
 
@@ -27,11 +30,14 @@ OPS = {
     "mxfp4_quantize": "launch:mxfp4_quantize",
     "fp4_dequantize": "launch:fp4_dequantize",
     "mm_fp4": "mm_blockscaled:mm_fp4",
+    "fused_moe": "moe_fused:fused_moe",
 }
 # Tactic spaces (module:attribute, cheap to import: no cutlass) of the tunable ops.
 TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE"}
 # mm_fp4 runs on native block-scaled MMA: tcgen05 (10.0, 10.3) and warp mma.sync (12.x).
 _MM_CAPABILITIES = ((10, 0), (10, 3))
+# fused_moe's grouped GEMMs run on tcgen05 only (moe_tactics: SM100 and SM103 tiles).
+_MOE_CAPABILITIES = ((10, 0), (10, 3))
 
 
 def _index_count(op: str, args: tuple) -> int:
@@ -65,9 +71,30 @@ def _mm_requirement(args: tuple) -> Optional[str]:
     return cuda_requirement(args, "cutlass", (10, 0))
 
 
+def _moe_requirement(args: tuple) -> Optional[str]:
+    x, w1, w2, topk_ids, a1_gs, a2_gs = args[0], args[1], args[4], args[7], args[9], args[10]
+    if a1_gs is None:
+        return ("cute-dsl fused_moe needs W4A4 (a1_global_scale); W4A16 is served by the "
+                "triton backend")
+    if not isinstance(x, torch.Tensor) or x.device.type != "cuda":
+        return f"needs CUDA tensors (got {x.device if isinstance(x, torch.Tensor) else 'no tensor'})"
+    cap = tuple(torch.cuda.get_device_capability(x.device))
+    if cap not in _MOE_CAPABILITIES:
+        return ("cute-dsl fused_moe needs compute capability 10.0 or 10.3 (tcgen05 block-scaled "
+                f"MMA); device has {cap[0]}.{cap[1]}")
+    for module in ("cutlass", "triton"):   # triton: grouping, quantize and finalize kernels
+        reason = cuda_requirement(args, module, (10, 0))
+        if reason is not None:
+            return reason
+    from .moe_fused import shape_reason    # imports triton (not cutlass)
+    return shape_reason(x, w1, w2, topk_ids, a2_gs, cap)
+
+
 def requirement(op: str, *args) -> Optional[str]:
     if op == "mm_fp4":
         return _mm_requirement(args)
+    if op == "fused_moe":
+        return _moe_requirement(args)
     # The kernels use sm_90 instructions (max.u16x2, e4m3 conversions, TMA).
     reason = cuda_requirement(args, "cutlass", (9, 0))
     if reason is None and _index_count(op, args) >= _INDEX_LIMIT:

@@ -2,8 +2,9 @@
 
 Status: compiled and SASS-checked in CI for sm_100a and sm_103a (tests/test_cute_moe_compile.py),
 never run (compiled, not run): no Blackwell GPU was available. Treat every result as unverified
-until it has been compared with torch_fp4.reference.fused_moe on a B200/B300. Not registered as
-a fused_moe backend.
+until it has been compared with torch_fp4.reference.fused_moe on a B200/B300. Wired as the
+opt-in `cute-dsl` fused_moe backend by moe_fused.py (W4A4; "auto" never picks it); that wiring
+is tested on a CPU with an emulation of this module's contract in place of the kernel.
 
 One launch covers every expert. A (the activations) is row-grouped by expert: rows
 [128 b, 128 b + 128) belong to expert block_expert[b // (block_m / 128)] (-1: unused block,
@@ -29,18 +30,19 @@ alpha[expert], and FC1 has its own epilogue:
   * up), silu(g) = g / (1 + exp(-g)) in fp32 with `.rn` multiply/add/divide (inline PTX) and
   libdevice expf, as torch_fp4.reference.silu_mul.
 
-Intended wiring (not done; the kernels have not run): grouping = moe_align.align(topk_ids, E,
-offset, block_m=128, or 256 for cluster_m=2 tactics); A = the activation rows gathered in
-sorted order and quantized to NVFP4 (a1_global_scale) so that each 128-row block's scales are
-one atom row tile (e.g. gather x by sorted_pairs // top_k, then nvfp4_quantize with the 128x4
-layout); FC1 = grouped_gemm(..., swiglu=True) with alpha1 = nvfp4_alpha(a1_gs, w1_gs) [E];
-quantize its bf16 [rows, I] output to NVFP4 (a2_global_scale); FC2 = grouped_gemm(...,
-swiglu=False) with alpha2; then moe_fused's finalize. FC2's rows are in sorted order, not pair
-order: finalize must read row r of pair p through the inverse of sorted_pairs (or the rows are
-scattered to pair order first). Padding rows (past expert_end) hold undefined values in A and
-therefore in both outputs; they are confined to their own rows (NVFP4 blocks run along K) and
-must never be read by finalize. The gather for A must clamp the undefined sorted_pairs entries
-of padding rows.
+Wiring (moe_fused.py; its glue is tested on a CPU, the kernels have not run): grouping =
+moe_align.align(topk_ids, E, offset, block_m=128) (the 2x1-cluster tactics would need
+block_m=256 grouping; the launcher uses the 1x1 default tactics); A = the activation rows
+gathered in sorted order, x[clamp(sorted_pairs, 0, T k - 1) // k] (the clamp covers the
+undefined sorted_pairs entries of padding rows), quantized to NVFP4 (a1_global_scale, the
+Triton quantize kernel, 128x4 layout) so that each 128-row block's scales are one atom row
+tile; FC1 = grouped_gemm(..., swiglu=True) with alpha1 = nvfp4_alpha(a1_gs, w1_gs) [E]; its bf16
+[rows, I] output quantized to NVFP4 with a2_global_scale ([1]: one quantize; [E]: a batched
+quantize of [blocks, 128, I] with per-block scales a2[block_expert]); FC2 = grouped_gemm(...,
+swiglu=False) with alpha2; then a finalize that reads the row of pair p through the inverse of
+sorted_pairs (FC2's rows are in sorted order, not pair order). Padding rows (past expert_end)
+hold undefined values in A and therefore in both outputs; they are confined to their own rows
+(NVFP4 blocks run along K) and are never read by the finalize.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ columns, and each CTA writes 128 columns of the intermediate.
 Dispatch by compute capability: 10.0 -> SM100_MOE_TACTICS (128x128x256, 128x256x256);
 10.3 -> SM103_MOE_TACTICS (the K-deep 128x128x768, 128x256x768) + SM100_MOE_TACTICS; clusters
 1x1 and 2x1 each. Compiled and SASS-checked in CI, never run (compiled, not run): no Blackwell
-GPU was available. Not registered as a fused_moe backend yet (see moe_blockscaled.py).
+GPU was available. Used by the opt-in cute-dsl fused_moe backend (kernels/cute/moe_fused.py) with the default 1x1-cluster tactics.
 """
 from __future__ import annotations
 
