@@ -34,12 +34,14 @@ def _band(numel: int) -> int:
     return SMALL if numel < _BAND_EDGES[0] else MEDIUM if numel < _BAND_EDGES[1] else LARGE
 
 
-# mm_fp4: "auto" uses the Triton GEMM (run and tested on H100). The CuTe DSL Blackwell kernels
+# mm_fp4: "auto" tries the cuda small-M GEMM first (csrc/mm_small_m.cu; its requirement accepts
+# only M <= 64 on sm_90+ with the build toolchain present, see kernels/cuda toolchain_reason),
+# then the Triton GEMM (run and tested on H100). The CuTe DSL Blackwell kernels
 # are compiled and SASS-checked in CI but have never run on a GPU, so they are opt-in
 # (backend="cute-dsl") rather than chosen silently. route and fused_moe: the Triton kernels on
 # CUDA tensors (the only GPU backend of these ops), the reference elsewhere.
 OP_ORDER: dict[str, tuple[Backend, ...]] = {
-    "mm_fp4": (Backend.TRITON, Backend.REFERENCE),
+    "mm_fp4": (Backend.CUDA, Backend.TRITON, Backend.REFERENCE),
     "route": (Backend.TRITON, Backend.REFERENCE),
     "fused_moe": (Backend.TRITON, Backend.REFERENCE),
 }

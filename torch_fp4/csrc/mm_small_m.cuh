@@ -1,0 +1,781 @@
+// Small-M FP4 GEMM (decode: M = 1..64 activation rows) of the cuda backend: the kernel body, its
+// launch interface and the pure index / decode functions it is made of.
+//
+// out[M, N] = RN_out(alpha * sum_k A[m, k] * W[n, k]) with W FP4 [N, K/2] (NVFP4 or MXFP4, 128x4
+// block scales) and A 16-bit [M, K] (bf16, or fp16 with NVFP4; W4A4 callers dequantize A first).
+//
+// Design (swap-AB, mma.sync.m16n8k16): the weight rows are the MMA's M side (16 rows per MMA tile),
+// the activation rows its N side (8 per n-block, kNB n-blocks). The K order inside a pipeline stage
+// is permuted, identically for both operands (sums over K do not depend on the order: exact on
+// grid-exact inputs, within the spec's fp32 bound otherwise):
+// - the four lanes of a quad (same MMA rows) split a weight row's stage chunk of kBK codes into four
+//   contiguous pieces of kCpt = kBK / 4 codes: a lane reads its piece as 16-byte vectors and the
+//   codes never leave the registers that loaded them;
+// - a 32-bit word of 8 codes (nibble i = element i) becomes four bf16x2 (fp16x2) registers holding
+//   the element pairs (0, 4), (1, 5), (2, 6), (3, 7): (0, 4) and (1, 5) are the two k-slot pairs of
+//   one MMA, (2, 6) and (3, 7) of the next;
+// - the activation tile is stored in shared memory with each 8-element unit permuted the same way
+//   (x0 x4 x1 x5 x2 x6 x3 x7), so one 16-byte load gives the B fragments of those two MMAs.
+// Decode (exact): integer bit placement gives the E2M1 value times 2^-126 as bf16 (2^-14 as fp16,
+// subnormal 0.5 included); one multiply by a table entry gives code * scale * 2^-7 for NVFP4 (the
+// entry is scale * 2^119, or scale * 2^7 for fp16; every such product is exact and normal, and the
+// fp32 result is multiplied by 2^7 in the epilogue), while MXFP4, whose scales span 2^-127..2^127,
+// multiplies by 2^126 and then by the scale (both exact). The tensor core accumulates in fp32.
+// Products whose magnitude is below 2^-119 fall into fp32's subnormal range inside the MMA with
+// the 2^-7 fold (below 2^-126 without it): activations below about 2^-110.
+//
+// Pipeline: a ring of `stages` shared-memory stages filled with cp.async (weights 16-byte vectors
+// that cover whole 128-byte lines per warp instruction, activation units, 128x4 scale words); each
+// thread permutes the activation units it copied itself right after its own cp.async wait, then
+// one barrier per stage publishes the stage. Block scales go through a 256-entry table (scale byte
+// -> bf16x2 / fp16x2 value) built at kernel start.
+// Split-K: the CTAs of one weight tile form a thread-block cluster along K; each writes its fp32
+// partial tile to its shared memory and, after a cluster barrier, each reduces a share of the tile
+// by reading the partials of ranks 0, 1, ... in that order through distributed shared memory
+// (deterministic, no atomics, no workspace), applies alpha and rounds once to the output type.
+//
+// Every shared-memory load of the main loop goes through ctx.lds (a plain load on the GPU) so that
+// the emulator can check the bank-conflict freedom of the layouts on the addresses it executes.
+// Portability: this header compiles with nvcc (device code, through DeviceCtx in mm_small_m.cu) and
+// with a plain C++ compiler (tests/test_cuda_mm_emulation.py runs the same kernel body on the CPU,
+// one fiber per GPU thread, with an emulated warp MMA, cp.async groups and barriers).
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define TORCH_FP4_HD __host__ __device__ __forceinline__
+#define TORCH_FP4_DEV __device__ __forceinline__
+#else
+#define TORCH_FP4_HD inline
+#define TORCH_FP4_DEV inline
+#endif
+
+namespace torch_fp4 {
+namespace small_m {
+
+// Output dtype codes (the values of launch.h's DType).
+constexpr int kOutBf16 = 0;
+constexpr int kOutF16 = 1;
+constexpr int kOutF32 = 2;
+
+// Largest M, largest cluster (split-K) size, bytes of the scale table.
+constexpr int kMaxM = 64;
+constexpr int kMaxSplit = 8;
+constexpr int kLutBytes = 256 * 4;
+
+// Compile-time shape of one kernel instantiation.
+template <int kNB_, int kWarps_, int kWR_, int kBK_, bool kFp16_, bool kMx_>
+struct Config {
+  static constexpr int kNB = kNB_;          // activation n-blocks of 8 rows (M <= 8 * kNB)
+  static constexpr int kWarps = kWarps_;    // warps per CTA (4 or 8)
+  static constexpr int kWR = kWR_;          // 16-row MMA tiles per warp (1 or 2)
+  static constexpr int kBK = kBK_;          // K elements per pipeline stage (128 or 256)
+  static constexpr bool kFp16 = kFp16_;     // fp16 activations and fp16 MMA, else bf16
+  static constexpr bool kMx = kMx_;         // MXFP4 (32-element blocks, UE8M0), else NVFP4
+  static constexpr int kThreads = 32 * kWarps;
+  // CTAs per SM the register allocation must allow: 16 warps per SM (at most 128 registers per
+  // thread) where accumulators and operands fit; 12 warps (170 registers) or 8 warps (255) for
+  // the tiles with 8 or 16 accumulator fragments per warp.
+  static constexpr int kMinBlocks = (kNB * kWR <= 4 || (kWarps == 8 && kNB * kWR <= 8))
+                                        ? 512 / kThreads
+                                        : (kNB * kWR <= 8 ? 384 / kThreads : 256 / kThreads);
+  static constexpr int kBN = 16 * kWR * kWarps;        // weight rows per CTA
+  static constexpr int kBlock = kMx ? 32 : 16;
+  static constexpr int kCpt = kBK / 4;                 // codes per lane per weight row per stage
+  static constexpr int kLaneUnits = kCpt / 32;         // 16-byte vectors per lane per weight row
+  static constexpr int kRowBytes = kBK / 2;            // packed bytes per weight row per stage
+  static constexpr int kRowUnits = kRowBytes / 16;     // 16-byte vectors per weight row per stage
+  static constexpr int kActRows = 8 * kNB;
+  static constexpr int kActUnits = kBK / 8;            // 8-element units per activation row per stage
+  // Activation rows are stored with one 16-byte pad after every 8 units, so the eight lanes of a
+  // quarter-warp (two rows, four lane pieces) hit eight different 16-byte bank groups.
+  static constexpr int kActPitch = kActUnits + kActUnits / 8;   // in 16-byte units
+  static constexpr int kKw = kBK / (4 * kBlock);       // scale words (4 blocks) per row per stage
+  static constexpr int kLaneBlocks = kCpt / kBlock;    // scale blocks in a lane's piece
+  // Words per 32-row slice of the stage's scale tile: padded so that the lanes of a warp read
+  // distinct banks (tests/test_cuda_mm_emulation.py checks every configuration).
+  static constexpr int kScalePitch = kKw == 4 ? 20 : (kKw == 2 ? 12 : 5);
+  // NVFP4 folds 2^126 (2^14 for fp16) into the scale table: a weight operand is then
+  // code * scale * 2^-7, exact in bf16 and fp16 for every code and e4m3 scale, and the fp32
+  // result is multiplied by 2^7 (exact). MXFP4's scale range needs the separate multiply.
+  static constexpr bool kFold = !kMx;
+  static_assert(kBK == 128 || kBK == 256, "block_k must be 128 or 256");
+  static_assert(kWarps == 4 || kWarps == 8, "4 or 8 warps");
+  static_assert(kNB >= 1 && kNB <= 8 && kWR >= 1 && kWR <= 2, "unsupported tile");
+  // A CTA's rows lie in one 128-row group of the 128x4 scale layout.
+  static_assert(kBN == 64 || kBN == 128, "64 or 128 weight rows per CTA");
+};
+
+// The tile shapes compiled for each n-block count (mirrored by tile_compiled in
+// torch_fp4/kernels/cuda/mm_tactics.py; tests/test_cuda_mm_emulation.py checks they agree):
+// (warps, MMA tiles per warp, block_k). 8 warps x 1 tile and 4 x 2 tiles make 128-row CTAs,
+// 4 x 1 makes 64-row CTAs (more CTAs for small N); block_k 128 halves a stage's shared memory for
+// the wide activation tiles. Combinations that would spill registers are left out.
+constexpr bool tile_compiled(int nb, int warps, int wr, int bk) {
+  if (warps == 8 && wr == 1) return bk == 128 || (bk == 256 && nb <= 4);
+  if (warps == 4 && wr == 1) return bk == 128 ? nb >= 4 : nb <= 4;
+  if (warps == 4 && wr == 2) return bk == 256 ? nb <= 2 : true;
+  return false;
+}
+
+// Runtime parameters of one launch (filled by the launcher).
+struct Params {
+  const uint16_t* act;     // [M, K] bf16 / fp16 bit patterns, rows contiguous, 16-byte aligned
+  const uint8_t* w;        // [N, K/2] packed FP4, rows contiguous
+  const uint8_t* w_scale;  // 128x4 scale bytes [Np, Kp]
+  const float* alpha;      // one fp32 value, or null
+  void* out;               // [M, N]
+  int m, n, k;
+  int kp;                  // K blocks padded to a multiple of 4 (scale matrix columns)
+  int steps_per_split;     // K stages per split (the last split may have fewer)
+  int out_dtype;           // kOutBf16 / kOutF16 / kOutF32
+  int w_aligned16;         // weight rows 16-byte aligned (K % 32 == 0), else 8-byte copies
+};
+
+// ---------------------------------------------------------------------------------------------
+// Shared-memory layout (bytes): a 1 KiB scale table, then `stages` pipeline stages of
+// [weights kBN x kRowBytes][activations kActRows x kActPitch x 16][scale words].
+// ---------------------------------------------------------------------------------------------
+template <class Cfg>
+TORCH_FP4_HD constexpr int stage_weight_bytes() { return Cfg::kBN * Cfg::kRowBytes; }
+
+template <class Cfg>
+TORCH_FP4_HD constexpr int stage_act_bytes() { return Cfg::kActRows * Cfg::kActPitch * 16; }
+
+template <class Cfg>
+TORCH_FP4_HD constexpr int stage_scale_bytes() { return (32 * Cfg::kScalePitch * 4 + 15) / 16 * 16; }
+
+template <class Cfg>
+TORCH_FP4_HD constexpr int stage_bytes() { return stage_weight_bytes<Cfg>() + stage_act_bytes<Cfg>() + stage_scale_bytes<Cfg>(); }
+
+// The epilogue's fp32 partial tile [8 * kNB][kBN + 4] reuses the pipeline's memory.
+template <class Cfg>
+TORCH_FP4_HD constexpr int partial_pitch() { return Cfg::kBN + 4; }
+
+template <class Cfg>
+TORCH_FP4_HD constexpr int smem_bytes(int stages) {
+  const int pipe = stages * stage_bytes<Cfg>();
+  const int part = Cfg::kActRows * partial_pitch<Cfg>() * 4;
+  return kLutBytes + (pipe > part ? pipe : part);
+}
+
+// Weight tile: row r's 16-byte vector u lives at unit u ^ (r & 7) of its row (128-byte rows), so
+// the two rows a quarter-warp reads land in different banks (64-byte rows need no swizzle).
+template <class Cfg>
+TORCH_FP4_HD int weight_unit_offset(int r, int u) {
+  const int swz = Cfg::kRowUnits == 8 ? (r & 7) : 0;
+  return r * Cfg::kRowBytes + ((u ^ swz) << 4);
+}
+
+// Activation tile: unit c (elements 8c..8c+7 of the stage) of row m.
+template <class Cfg>
+TORCH_FP4_HD int act_unit_offset(int m, int c) {
+  return (m * Cfg::kActPitch + c + (c >> 3)) << 4;
+}
+
+// Scale tile: the 128x4 words of the CTA's 128-row group (row r5 = n % 32, q = (n % 128) / 32,
+// word kw_l of the stage) at word r5 * kScalePitch + q * kKw + kw_l.
+template <class Cfg>
+TORCH_FP4_HD int scale_word_index(int r5, int q, int kw_l) {
+  return r5 * Cfg::kScalePitch + q * Cfg::kKw + kw_l;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure per-thread operations (device instructions, host equivalents for the emulator)
+// ---------------------------------------------------------------------------------------------
+struct alignas(16) U128 {
+  uint32_t x, y, z, w;
+};
+
+struct alignas(16) F4 {
+  float x, y, z, w;
+};
+
+// Keeps a loop-invariant value in a register: without it the compiler recomputes the per-thread
+// copy plan inside the main loop to save registers the kernel does not need.
+template <class T>
+TORCH_FP4_HD T opaque(T v) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (sizeof(T) == 4) {
+    uint32_t u;
+    std::memcpy(&u, &v, 4);
+    asm volatile("" : "+r"(u));
+    std::memcpy(&v, &u, 4);
+  }
+#endif
+  return v;
+}
+
+// Bytes of {b, a} selected by the four low nibbles of sel (PTX prmt without sign replication).
+TORCH_FP4_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, sel);
+#else
+  const uint64_t bytes = (uint64_t{b} << 32) | a;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((bytes >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
+  return r;
+#endif
+}
+
+// Eight E2M1 codes (element i in nibble i) -> bf16x2 (element 0 low) pairs (0,4), (1,5), (2,6), (3,7)
+// holding LUT[code] * 2^-126: magnitude bits to bits 6..8 (mantissa MSB and exponent LSBs, so the
+// E = 0 code 0.5 is the subnormal 2^-127), sign to bit 15. One multiply by (2^6 + 2^12) or
+// (2^2 + 2^8) makes two disjoint copies of the nibble; the mask keeps magnitude from one and the
+// sign from the other.
+TORCH_FP4_HD void place_bf16(uint32_t w, uint32_t (&d)[4]) {
+  const uint32_t w8 = w >> 8;
+  d[0] = ((w & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+  d[1] = ((w & 0x00F000F0u) * 0x0104u) & 0x81C081C0u;
+  d[2] = ((w8 & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+  d[3] = ((w8 & 0x00F000F0u) * 0x0104u) & 0x81C081C0u;
+}
+
+// The same as fp16x2 holding LUT[code] * 2^-14: magnitude to bits 9..11, sign to bit 15 (the two
+// shifts overlap by one bit, so magnitude and sign are masked separately).
+TORCH_FP4_HD void place_f16(uint32_t w, uint32_t (&d)[4]) {
+  d[0] = ((w & 0x00070007u) << 9) | ((w << 12) & 0x80008000u);
+  d[1] = ((w & 0x00700070u) << 5) | ((w << 8) & 0x80008000u);
+  d[2] = ((w & 0x07000700u) << 1) | ((w << 4) & 0x80008000u);
+  d[3] = ((w & 0x70007000u) >> 3) | (w & 0x80008000u);
+}
+
+// An activation unit x0..x7 (four bf16x2/fp16x2 words) -> (x0,x4), (x1,x5), (x2,x6), (x3,x7).
+TORCH_FP4_HD U128 pair_for_decode(U128 x) {
+  return U128{prmt(x.x, x.z, 0x5410u), prmt(x.x, x.z, 0x7632u), prmt(x.y, x.w, 0x5410u),
+              prmt(x.y, x.w, 0x7632u)};
+}
+
+// ---- host models of the 16-bit formats (the emulator's arithmetic) -----------------------------
+TORCH_FP4_HD float bits_to_float(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TORCH_FP4_HD uint32_t float_to_bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// fp32 -> bf16, round to nearest even (NaN kept quiet).
+TORCH_FP4_HD uint32_t host_f32_to_bf16(float f) {
+  const uint32_t u = float_to_bits(f);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ((u >> 16) | 0x40u) & 0xFFFFu;
+  return ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) & 0xFFFFu;
+}
+
+TORCH_FP4_HD float host_bf16_to_f32(uint32_t h) { return bits_to_float((h & 0xFFFFu) << 16); }
+
+TORCH_FP4_HD float host_f16_to_f32(uint32_t h) {
+  const uint32_t s = (h >> 15) & 1u, e = (h >> 10) & 31u, m = h & 1023u;
+  float v;
+  if (e == 0) {
+    v = static_cast<float>(m) * (1.0f / 16777216.0f);  // m * 2^-24, exact
+  } else if (e == 31) {
+    v = m ? bits_to_float(0x7FC00000u) : bits_to_float(0x7F800000u);
+  } else {
+    v = bits_to_float(((e + 112u) << 23) | (m << 13));
+  }
+  return s ? -v : v;
+}
+
+// fp32 -> fp16, round to nearest even, overflow to Inf, subnormals kept.
+TORCH_FP4_HD uint32_t host_f32_to_f16(float f) {
+  const uint32_t u = float_to_bits(f);
+  const uint32_t s = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7FFFFFFFu;
+  if (a > 0x7F800000u) return s | 0x7E00u;
+  if (a >= 0x477FF000u) return s | 0x7C00u;  // >= 65520 rounds to Inf
+  if (a < 0x38800000u) {                     // below 2^-14: subnormal result, units of 2^-24
+    const uint32_t e = a >> 23;
+    if (e < 102) return s;                   // below 2^-25: rounds to zero
+    const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
+    const uint32_t shift = 126 - e;          // value = m * 2^(e - 150), result units 2^-24
+    const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    const uint32_t r = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+    return s | r;
+  }
+  const uint32_t r = a - 0x38000000u;        // rebias exponent 127 -> 15 (bits 13.. of fp16 << 13)
+  const uint32_t q = r >> 13, rem = r & 0x1FFFu;
+  return s | (q + ((rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ? 1u : 0u));
+}
+
+// d = a * b per 16-bit half (bf16 or fp16), round to nearest even; a * b + (-0), as the device's
+// fma.rn with a negative-zero addend.
+template <bool kFp16>
+TORCH_FP4_HD uint32_t mul2(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t d;
+  if constexpr (kFp16) {
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  } else {
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  }
+  return d;
+#else
+  uint32_t d = 0;
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t x = (a >> (16 * h)) & 0xFFFFu, y = (b >> (16 * h)) & 0xFFFFu;
+    // Both formats' products of our operands are exact in fp32 (at most 22 significant bits, and
+    // fp32 spans both ranges), so the only rounding is the final one.
+    if constexpr (kFp16) {
+      d |= host_f32_to_f16(host_f16_to_f32(x) * host_f16_to_f32(y)) << (16 * h);
+    } else {
+      d |= host_f32_to_bf16(host_bf16_to_f32(x) * host_bf16_to_f32(y)) << (16 * h);
+    }
+  }
+  return d;
+#endif
+}
+
+// Scale byte -> the 16-bit multiplier of the decoded codes, twice (a bf16x2 / fp16x2 word). Exact.
+// NVFP4 (e4m3; 0x7F/0xFF NaN): scale * 2^119 as bf16 (codes placed as LUT * 2^-126) or
+// scale * 2^7 as fp16 (codes placed as LUT * 2^-14), so that the product is code * scale * 2^-7.
+// MXFP4 (UE8M0; 0 is 2^-127, 255 NaN): scale as bf16.
+template <class Cfg>
+TORCH_FP4_HD uint32_t scale_table_entry(uint32_t byte) {
+  uint32_t h;
+  if constexpr (Cfg::kMx) {
+    h = byte == 0 ? 0x0040u : (byte == 255 ? 0x7FC0u : byte << 7);
+  } else {
+    const uint32_t s = (byte >> 7) << 15, e = (byte >> 3) & 15u, m = byte & 7u;
+    const bool fp16 = Cfg::kFp16;
+    // Biased exponent of 2^(e - 7) (normal) in the target format, the 2^7 / 2^119 fold included.
+    const uint32_t bias = fp16 ? 8u + 7u : 120u + 119u;
+    if (e == 15 && m == 7) {
+      h = fp16 ? 0x7E00u : 0x7FC0u;
+    } else if (e != 0) {
+      h = s | (fp16 ? ((e + bias) << 10) | (m << 7) : ((e + bias) << 7) | (m << 4));
+    } else if (m == 0) {
+      h = s;
+    } else {  // subnormal e4m3 m * 2^-9 = 2^(p - 9) * (m / 2^p), p = floor(log2 m): normal here,
+      // with the exponent of 2^(p - 9) = 2^(e - 7) for e = p - 2
+      const uint32_t p = m >= 4 ? 2 : (m >= 2 ? 1 : 0);
+      const uint32_t frac = m - (1u << p);
+      h = s | (fp16 ? ((bias - 2u + p) << 10) | (frac << (10 - p)) : ((bias - 2u + p) << 7) | (frac << (7 - p)));
+    }
+  }
+  return h | (h << 16);
+}
+
+// fp32 -> output element bits (RN).
+template <int kOut>
+TORCH_FP4_HD uint32_t round_out(float v) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kOut == kOutBf16) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+  } else {
+    return __half_as_ushort(__float2half_rn(v));
+  }
+#else
+  return kOut == kOutBf16 ? host_f32_to_bf16(v) : host_f32_to_f16(v);
+#endif
+}
+
+// Separately rounded fp32 operations (never contracted into an FMA).
+TORCH_FP4_HD float add_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+
+TORCH_FP4_HD float mul_rn(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+
+TORCH_FP4_HD float load_alpha(const float* p) {
+#if defined(__CUDA_ARCH__)
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// The kernel body. Ctx supplies thread/block indices, barriers, cp.async, the warp MMA and the
+// cluster operations (DeviceCtx on the GPU, the emulator's context on the CPU).
+// ---------------------------------------------------------------------------------------------
+// Per-thread copy assignment of a pipeline stage, fixed for the whole kernel.
+// - weights: vector (row r0 + j * kWRowStep, piece u) for j < kWPerThread; consecutive lanes take
+//   consecutive 16-byte pieces of a row, so a warp instruction reads whole 128-byte lines;
+// - activations: unit (row m0 + j * kARowStep, c) for j < kAPerThread (rows >= M zero-filled);
+// - scale words: word `within` (= r5 * 4 + q) of the 128x4 block kw_l = sidx0 + j * kSBlocks of
+//   the stage (a block is 512 contiguous bytes: the 128 rows' words of 4 K blocks).
+// Source offsets are 32-bit and relative to the stage's K origin (the launcher checks the sizes),
+// rows outside N / M point at a valid row (their copies are zero-filled).
+template <class Cfg>
+struct CopyPlan {
+  static constexpr int kWRowStep = Cfg::kThreads / Cfg::kRowUnits;
+  static constexpr int kWPerThread = Cfg::kBN / kWRowStep;
+  static constexpr int kARowStep = Cfg::kThreads / Cfg::kActUnits;
+  static constexpr int kAPerThread = (Cfg::kActRows + kARowStep - 1) / kARowStep;
+  static constexpr int kSBlocks = Cfg::kThreads / 128;   // scale blocks covered by one pass
+  static constexpr int kSPerThread = (Cfg::kKw + kSBlocks - 1) / kSBlocks;
+  static_assert(kWRowStep % 8 == 0, "rows r0 + j * kWRowStep share r0's swizzle");
+
+  int woff[kWPerThread];   // bytes from the stage's first packed byte of row 0
+  uint32_t wrow_ok;        // bit j: row n0 + r0 + j * kWRowStep < N
+  int wdst;                // stage offset of (r0, u)
+  int wbyte0;              // 16 * u
+  int aoff[kAPerThread];   // elements from (row 0, stage K origin)
+  uint32_t arow_ok;        // bit j: row m0 + j * kARowStep < M
+  int adst;                // stage offset of (m0, c)
+  bool a_active;           // m0 < kActRows: this thread copies activation units
+  int a_k;                 // 8 * c: the unit's first element inside the stage
+  int soff;                // bytes from the stage's first scale block (word `within`, block sidx0)
+  int sdst;                // stage offset (bytes) of that word
+  int sidx0;
+
+  TORCH_FP4_HD CopyPlan(const Params& p, int tid, int n0) {
+    const int u = tid % Cfg::kRowUnits, r0 = tid / Cfg::kRowUnits;
+    const int kh = p.k >> 1;
+    wbyte0 = 16 * u;
+    wdst = weight_unit_offset<Cfg>(r0, u);
+    wrow_ok = 0;
+    for (int j = 0; j < kWPerThread; ++j) {
+      const int n = n0 + r0 + j * kWRowStep;
+      wrow_ok |= (n < p.n ? 1u : 0u) << j;
+      woff[j] = opaque((n < p.n ? n : p.n - 1) * kh + wbyte0);
+    }
+    const int c = tid % Cfg::kActUnits, m0 = tid / Cfg::kActUnits;
+    a_k = 8 * c;
+    a_active = m0 < Cfg::kActRows;
+    adst = stage_weight_bytes<Cfg>() + act_unit_offset<Cfg>(a_active ? m0 : 0, c);
+    arow_ok = 0;
+    for (int j = 0; j < kAPerThread; ++j) {
+      const int m = m0 + j * kARowStep;
+      const bool ok = a_active && m < p.m;
+      arow_ok |= (ok ? 1u : 0u) << j;
+      aoff[j] = opaque((ok ? m : 0) * p.k + a_k);
+    }
+    const int within = tid & 127;
+    sidx0 = tid >> 7;
+    soff = ((n0 >> 7) * (p.kp >> 2) + sidx0) * 512 + within * 4;
+    sdst = stage_weight_bytes<Cfg>() + stage_act_bytes<Cfg>() + 4 * scale_word_index<Cfg>(within >> 2, within & 3, sidx0);
+    wrow_ok = opaque(wrow_ok);
+    wdst = opaque(wdst);
+    arow_ok = opaque(arow_ok);
+    adst = opaque(adst);
+    a_k = opaque(a_k);
+    soff = opaque(soff);
+    sdst = opaque(sdst);
+    sidx0 = opaque(sidx0);
+  }
+};
+
+// Enqueues the copies of K stage `step` into stage memory `st`. `fast`: the CTA's rows are all
+// inside N, the stage inside K and the weight rows 16-byte aligned; then only activation rows
+// beyond M need masking (their offsets point at row 0, their copies are zero-filled).
+template <class Cfg, class Ctx>
+TORCH_FP4_DEV void issue_stage(const Params& p, Ctx& ctx, const CopyPlan<Cfg>& cp, char* st, int step, bool fast) {
+  using Plan = CopyPlan<Cfg>;
+  const int k0 = step * Cfg::kBK;
+  const uint8_t* wbase = p.w + (k0 >> 1);
+  const uint16_t* abase = p.act + k0;
+  const uint8_t* sbase = p.w_scale + step * (Cfg::kKw * 512) + cp.soff;
+  if (fast) {
+#pragma unroll
+    for (int j = 0; j < Plan::kWPerThread; ++j) {
+      ctx.cp_async16_stream(st + cp.wdst + j * (Plan::kWRowStep * Cfg::kRowBytes), wbase + cp.woff[j], 16);
+    }
+    if (cp.a_active) {
+#pragma unroll
+      for (int j = 0; j < Plan::kAPerThread; ++j) {
+        ctx.cp_async16(st + cp.adst + j * (Plan::kARowStep * Cfg::kActPitch * 16), abase + cp.aoff[j],
+                       ((cp.arow_ok >> j) & 1u) ? 16 : 0);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < Plan::kSPerThread; ++j) {
+      if (Plan::kSPerThread * Plan::kSBlocks > Cfg::kKw && cp.sidx0 + j * Plan::kSBlocks >= Cfg::kKw) break;
+      ctx.cp_async4(st + cp.sdst + 4 * j * Plan::kSBlocks, sbase + j * (Plan::kSBlocks * 512), 4);
+    }
+    return;
+  }
+  // Weights: bytes of this piece inside K (16 except in a final partial stage), rows inside N.
+  int valid = (p.k >> 1) - ((k0 >> 1) + cp.wbyte0);
+  valid = valid < 0 ? 0 : (valid > 16 ? 16 : valid);
+#pragma unroll
+  for (int j = 0; j < Plan::kWPerThread; ++j) {
+    const int bytes = ((cp.wrow_ok >> j) & 1u) ? valid : 0;
+    const uint8_t* src = bytes > 0 ? wbase + cp.woff[j] : p.w;
+    char* dst = st + cp.wdst + j * (Plan::kWRowStep * Cfg::kRowBytes);
+    if (p.w_aligned16) {
+      ctx.cp_async16_stream(dst, src, bytes);
+    } else {  // K % 32 == 16: rows are only 8-byte aligned
+      const int lo = bytes < 8 ? bytes : 8;
+      ctx.cp_async8(dst, src, lo);
+      ctx.cp_async8(dst + 8, bytes > 8 ? src + 8 : src, bytes - lo);
+    }
+  }
+  // Activations: units beyond K or rows beyond M are zero-filled.
+  if (cp.a_active) {
+    const bool in_k = k0 + cp.a_k < p.k;
+#pragma unroll
+    for (int j = 0; j < Plan::kAPerThread; ++j) {
+      const bool ok = in_k && ((cp.arow_ok >> j) & 1u);
+      ctx.cp_async16(st + cp.adst + j * (Plan::kARowStep * Cfg::kActPitch * 16), in_k ? abase + cp.aoff[j] : p.act,
+                     ok ? 16 : 0);
+    }
+  }
+  // Scale words: the CTA's row group is always inside the padded scale matrix; K words beyond it
+  // (a final partial stage) read as zero.
+#pragma unroll
+  for (int j = 0; j < Plan::kSPerThread; ++j) {
+    const int kw_l = cp.sidx0 + j * Plan::kSBlocks;
+    if (Plan::kSPerThread * Plan::kSBlocks > Cfg::kKw && kw_l >= Cfg::kKw) break;
+    const bool ok = step * Cfg::kKw + kw_l < (p.kp >> 2);
+    ctx.cp_async4(st + cp.sdst + 4 * j * Plan::kSBlocks, ok ? sbase + j * (Plan::kSBlocks * 512) : p.w_scale, ok ? 4 : 0);
+  }
+}
+
+// The activation units this thread copied for a stage, permuted in place into decode order.
+template <class Cfg, class Ctx>
+TORCH_FP4_DEV void permute_own_act_units(Ctx& ctx, const CopyPlan<Cfg>& cp, char* st) {
+  (void)ctx;
+  using Plan = CopyPlan<Cfg>;
+  if (!cp.a_active) return;
+#pragma unroll
+  for (int j = 0; j < Plan::kAPerThread; ++j) {
+    U128* q = reinterpret_cast<U128*>(st + cp.adst + j * (Plan::kARowStep * Cfg::kActPitch * 16));
+    *q = pair_for_decode(*q);
+  }
+}
+
+// One stage of MMAs for this warp: acc[tile][n-block][4].
+template <class Cfg, class Ctx>
+TORCH_FP4_DEV void compute_stage(Ctx& ctx, const char* st, const uint32_t* lut, int n0,
+                                 float (&acc)[Cfg::kWR][Cfg::kNB][4]) {
+  const int lane = ctx.tid() & 31, warp = ctx.tid() >> 5;
+  const int g = lane >> 2, t = lane & 3;
+  const char* wt = st;
+  // The lane's activation units: row g of n-block 0, unit t * kCpt / 8; unit u of the piece and
+  // n-block nb are at fixed offsets from it (a piece never crosses a pad: kCpt / 8 <= 8 units
+  // starting at a multiple of kCpt / 8).
+  const char* at = st + stage_weight_bytes<Cfg>() + act_unit_offset<Cfg>(g, t * (Cfg::kCpt / 8));
+  const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + stage_weight_bytes<Cfg>() + stage_act_bytes<Cfg>());
+  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
+  // The lane's first scale block and its byte in the scale word.
+  const int first_block = t * Cfg::kLaneBlocks;
+  const int kw_l = first_block >> 2, byte0 = first_block & 3;
+
+  uint32_t sw[Cfg::kWR][2];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kWR; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = (warp * Cfg::kWR + mt) * 16 + g + 8 * h;
+      const int nl = (n0 & 127) + r;  // row inside the CTA's 128-row scale group
+      sw[mt][h] = ctx.lds(sc + scale_word_index<Cfg>(nl & 31, nl >> 5, kw_l));
+    }
+  }
+#pragma unroll
+  for (int c = 0; c < Cfg::kLaneUnits; ++c) {
+    U128 raw[Cfg::kWR][2];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kWR; ++mt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = (warp * Cfg::kWR + mt) * 16 + g + 8 * h;
+        raw[mt][h] = ctx.lds(reinterpret_cast<const U128*>(wt + weight_unit_offset<Cfg>(r, t * Cfg::kLaneUnits + c)));
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int u = c * 4 + q;                 // code word of the lane's piece
+      const int blk = (8 * u) / Cfg::kBlock;   // its scale block inside the piece
+      uint32_t a[Cfg::kWR][2][4];
+#pragma unroll
+      for (int mt = 0; mt < Cfg::kWR; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t word = q == 0 ? raw[mt][h].x : (q == 1 ? raw[mt][h].y : (q == 2 ? raw[mt][h].z : raw[mt][h].w));
+          const uint32_t s2 = ctx.lds(lut + ((sw[mt][h] >> (8 * (byte0 + blk))) & 0xFFu));
+          uint32_t d[4];
+          if constexpr (Cfg::kFp16) {
+            place_f16(word, d);
+          } else {
+            place_bf16(word, d);
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            a[mt][h][e] = Cfg::kFold ? mul2<Cfg::kFp16>(d[e], s2) : mul2<Cfg::kFp16>(mul2<Cfg::kFp16>(d[e], kUnit), s2);
+          }
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < Cfg::kNB; ++nb) {
+        const U128 b = ctx.lds(reinterpret_cast<const U128*>(at + (nb * 8 * Cfg::kActPitch + u) * 16));
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kWR; ++mt) {
+          ctx.template mma<Cfg::kFp16>(acc[mt][nb], a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], b.x, b.y);
+          ctx.template mma<Cfg::kFp16>(acc[mt][nb], a[mt][0][2], a[mt][1][2], a[mt][0][3], a[mt][1][3], b.z, b.w);
+        }
+      }
+    }
+  }
+}
+
+TORCH_FP4_DEV void store_out(const Params& p, int m, int n, F4 v) {
+  const int64_t base = static_cast<int64_t>(m) * p.n + n;
+  const float vals[4] = {v.x, v.y, v.z, v.w};
+  const bool full = n + 3 < p.n && (p.n & 3) == 0;
+  if (p.out_dtype == kOutF32) {
+    float* o = static_cast<float*>(p.out) + base;
+    if (full) {
+      *reinterpret_cast<F4*>(o) = v;
+    } else {
+      for (int e = 0; e < 4; ++e)
+        if (n + e < p.n) o[e] = vals[e];
+    }
+    return;
+  }
+  uint16_t* o = static_cast<uint16_t*>(p.out) + base;
+  uint32_t h[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) h[e] = p.out_dtype == kOutBf16 ? round_out<kOutBf16>(vals[e]) : round_out<kOutF16>(vals[e]);
+  if (full) {
+    uint32_t* o2 = reinterpret_cast<uint32_t*>(o);
+    o2[0] = h[0] | (h[1] << 16);
+    o2[1] = h[2] | (h[3] << 16);
+  } else {
+    for (int e = 0; e < 4; ++e)
+      if (n + e < p.n) o[e] = static_cast<uint16_t>(h[e]);
+  }
+}
+
+template <class Cfg, class Ctx>
+TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
+  ctx.pdl_wait();  // before any global-memory access
+  const int tid = ctx.tid();
+  const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int n0 = ctx.tile() * Cfg::kBN;
+  char* smem = ctx.smem();
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
+  for (int i = tid; i < 256; i += Cfg::kThreads) lut[i] = scale_table_entry<Cfg>(static_cast<uint32_t>(i));
+  char* pipe = smem + kLutBytes;
+  constexpr int kStage = stage_bytes<Cfg>();
+  const CopyPlan<Cfg> plan(p, tid, n0);
+
+  const int total_steps = (p.k + Cfg::kBK - 1) / Cfg::kBK;
+  const int rank = ctx.rank(), splits = ctx.splits();
+  const int first = rank * p.steps_per_split;
+  int nsteps = total_steps - first;
+  nsteps = nsteps < 0 ? 0 : (nsteps > p.steps_per_split ? p.steps_per_split : nsteps);
+  const bool fast_tile = n0 + Cfg::kBN <= p.n && p.w_aligned16;
+  auto fast_stage = [&](int step) { return fast_tile && (step + 1) * Cfg::kBK <= p.k; };
+
+  float acc[Cfg::kWR][Cfg::kNB][4];
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kWR; ++mt)
+#pragma unroll
+    for (int nb = 0; nb < Cfg::kNB; ++nb)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[mt][nb][e] = 0.0f;
+
+  // Prologue: stages 0 .. stages-2 in flight (one commit group per stage, empty ones included, so
+  // that "stage i landed" is always "at most stages-2 newer groups pending").
+  for (int s = 0; s < stages - 1; ++s) {
+    if (s < nsteps) issue_stage<Cfg>(p, ctx, plan, pipe + s * kStage, first + s, fast_stage(first + s));
+    ctx.cp_commit();
+  }
+  int slot = 0, load_slot = stages - 1;
+  for (int i = 0; i < nsteps; ++i) {
+    ctx.cp_wait(stages - 2);                              // this thread's copies of stage i landed
+    permute_own_act_units<Cfg>(ctx, plan, pipe + slot * kStage);
+    ctx.sync();                                           // stage i visible; stage i-1 consumed
+    if (i + stages - 1 < nsteps) {
+      const int step = first + i + stages - 1;
+      issue_stage<Cfg>(p, ctx, plan, pipe + load_slot * kStage, step, fast_stage(step));
+    }
+    ctx.cp_commit();
+    compute_stage<Cfg>(ctx, pipe + slot * kStage, lut, n0, acc);
+    slot = slot + 1 == stages ? 0 : slot + 1;
+    load_slot = load_slot + 1 == stages ? 0 : load_slot + 1;
+  }
+  ctx.cp_wait_all();
+  ctx.pdl_launch_dependents();
+  ctx.sync();  // every warp done with the pipeline memory
+
+  // Epilogue: partial tile part[m][row] (fp32), then a fixed-order reduction over the K splits.
+  float* part = reinterpret_cast<float*>(pipe);
+  constexpr int kPitch = partial_pitch<Cfg>();
+#pragma unroll
+  for (int mt = 0; mt < Cfg::kWR; ++mt) {
+    const int r = (warp * Cfg::kWR + mt) * 16 + g;
+#pragma unroll
+    for (int nb = 0; nb < Cfg::kNB; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[(nb * 8 + 2 * t + (e & 1)) * kPitch + r + 8 * (e >> 1)] = acc[mt][nb][e];
+    }
+  }
+  if (splits > 1) {
+    ctx.cluster_sync();
+  } else {
+    ctx.sync();
+  }
+  const bool has_alpha = p.alpha != nullptr;
+  const float alpha = has_alpha ? load_alpha(p.alpha) : 1.0f;
+  constexpr int kPerRow = Cfg::kBN / 4;
+  const int chunks = p.m * kPerRow;
+  for (int c = rank * Cfg::kThreads + tid; c < chunks; c += splits * Cfg::kThreads) {
+    const int m = c / kPerRow, r4 = c % kPerRow;
+    if (n0 + 4 * r4 >= p.n) continue;
+    const float* local = part + m * kPitch + 4 * r4;
+    F4 s = *reinterpret_cast<const F4*>(splits > 1 ? ctx.remote(local, 0) : local);
+    for (int r = 1; r < splits; ++r) {
+      const F4 v = *reinterpret_cast<const F4*>(ctx.remote(local, r));
+      s = F4{add_rn(s.x, v.x), add_rn(s.y, v.y), add_rn(s.z, v.z), add_rn(s.w, v.w)};
+    }
+    if (Cfg::kFold) {  // undo the 2^-7 of the folded NVFP4 operands (exact)
+      s = F4{mul_rn(s.x, 128.0f), mul_rn(s.y, 128.0f), mul_rn(s.z, 128.0f), mul_rn(s.w, 128.0f)};
+    }
+    if (has_alpha) s = F4{mul_rn(s.x, alpha), mul_rn(s.y, alpha), mul_rn(s.z, alpha), mul_rn(s.w, alpha)};
+    store_out(p, m, n0 + 4 * r4, s);
+  }
+  if (splits > 1) ctx.cluster_sync();  // keep this CTA's partials alive until every rank read them
+}
+
+}  // namespace small_m
+
+// ---------------------------------------------------------------------------------------------
+// Launch interface (plain C++; binding.cpp fills it from tensors)
+// ---------------------------------------------------------------------------------------------
+// act: [m, k] bf16/fp16 (act_fp16), w: [n, k/2] packed FP4, w_scale: 128x4 [np, kp] bytes, out:
+// [m, n] of out_dtype (launch.h's DType code), alpha: one fp32 value or null. Tactic: warps per CTA
+// (4 or 8), MMA tiles per warp (1 or 2), block_k (128 or 256), stages (2..6), split_k (1..8, a
+// thread-block cluster along K).
+struct SmallMMmArgs {
+  const uint16_t* act;
+  const uint8_t* w;
+  const uint8_t* w_scale;
+  const float* alpha;
+  void* out;
+  int64_t m, n, k, kp;
+  int act_fp16, mx, out_dtype;
+  int warps, tiles_per_warp, block_k, stages, split_k;
+};
+
+}  // namespace torch_fp4
+
+#if !defined(TORCH_FP4_MM_EMULATION)
+#include <cuda_runtime_api.h>
+
+namespace torch_fp4 {
+// Enqueues the kernel on `stream` (programmatic dependent launch when `pdl`); false when the
+// arguments name a configuration that is not compiled (the caller validated the tactic).
+bool launch_small_m_mm(const SmallMMmArgs& args, cudaStream_t stream, bool pdl);
+}  // namespace torch_fp4
+#endif

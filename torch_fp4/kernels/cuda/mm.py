@@ -1,0 +1,42 @@
+"""mm_fp4 on the cuda backend (same signature as torch_fp4/reference/gemm.py, plus the tactic):
+the small-M FP4 GEMM of torch_fp4/csrc/mm_small_m.cu for M <= 64.
+
+W4A16 feeds the bf16/fp16 activations to the kernel as they are. W4A4 first dequantizes the FP4
+activations to bf16 with the backend's dequantize kernel (exact: every NVFP4/MXFP4 value is a bf16
+value), then runs the same kernel; the weights are decoded in registers inside the GEMM.
+"""
+from __future__ import annotations
+
+import torch
+
+from ... import formats as F
+from ... import meta
+from .._common import prepare_outputs, use_pdl
+from .build import extension
+from .mm_tactics import MM_SPACE, CudaMmTactic
+from .quantize import _LAYOUT_CODES
+
+
+def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
+           alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
+           layout: F.SfLayout, tactic: CudaMmTactic | None = None) -> torch.Tensor:
+    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
+    t = tactic if tactic is not None else MM_SPACE.default(*args)
+    reason = MM_SPACE.why_not(t, *args)
+    if reason is not None:
+        raise ValueError(f"mm_fp4: tactic {t.label()} cannot run this problem: {reason}")
+    out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
+    m, n, k = a.shape[0], b.shape[1], 2 * b.shape[0]
+    if m == 0 or n == 0:
+        return out
+    ext = extension(a.device)
+    pdl = use_pdl(a.device)
+    if a_scale is not None:
+        act = torch.empty((m, k), dtype=torch.bfloat16, device=a.device)
+        ext.dequantize(a.view(torch.uint8), a_scale.view(torch.uint8), None, act, fmt.block_size,
+                       _LAYOUT_CODES[layout], pdl)
+    else:
+        act = a
+    ext.mm_fp4_small_m(act, b.T.view(torch.uint8), b_scale.T.view(torch.uint8), alpha, out,
+                       fmt.block_size, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k, pdl)
+    return out

@@ -1,0 +1,213 @@
+"""Tactics of the cuda backend's small-M FP4 GEMM (torch_fp4/csrc/mm_small_m.cu). Cheap to import:
+no toolchain, no extension build.
+
+A tactic picks one compiled tile shape (warps per CTA x 16-row MMA tiles per warp = weight rows per
+CTA, and block_k, the K elements of one pipeline stage), the number of shared-memory stages, and
+split_k: CTAs along K per weight tile, launched as a thread-block cluster whose partial tiles are
+added in rank order through distributed shared memory (deterministic, no workspace).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ... import formats as F
+from ...backends import Backend
+from ...tactics import Tactic, TacticSpace, register_family
+from .._common import sm_count
+
+MAX_M = 64
+MAX_SPLIT = 8             # a portable cluster size
+STAGES = (2, 3, 4, 5, 6)  # cp.async.wait_group takes stages - 2 as an immediate (0..4)
+TILE_SHAPES = ((8, 1, 256), (8, 1, 128), (4, 1, 256), (4, 1, 128), (4, 2, 256), (4, 2, 128))
+SM90_SMEM_PER_SM = 228 * 1024       # shared memory of an H100 SM (per-CTA reserve: 1 KiB)
+SM90_SMEM_PER_BLOCK = 227 * 1024
+
+
+def tile_compiled(nb: int, warps: int, tiles: int, block_k: int) -> bool:
+    """The tile shapes compiled for n-block count nb (mirror of tile_compiled in mm_small_m.cuh)."""
+    if warps == 8 and tiles == 1:
+        return block_k == 128 or (block_k == 256 and nb <= 4)
+    if warps == 4 and tiles == 1:
+        return nb >= 4 if block_k == 128 else nb <= 4
+    if warps == 4 and tiles == 2:
+        return nb <= 2 if block_k == 256 else True
+    return False
+
+
+def n_blocks(m: int) -> int:
+    """Activation n-blocks of 8 rows the kernel is instantiated for (1, 2, 4 or 8)."""
+    return 1 if m <= 8 else 2 if m <= 16 else 4 if m <= 32 else 8
+
+
+@register_family
+@dataclass(frozen=True)
+class CudaMmTactic(Tactic):
+    warps: int = 8           # warps per CTA (4 or 8)
+    tiles_per_warp: int = 1  # 16-row MMA tiles per warp (1 or 2)
+    block_k: int = 256       # K elements per pipeline stage (128 or 256)
+    stages: int = 4          # shared-memory pipeline stages
+    split_k: int = 1         # CTAs along K (a cluster; 1..8)
+
+    backend = Backend.CUDA
+    family = "cuda_mm_small_m"
+
+    @property
+    def block_n(self) -> int:
+        """Weight rows per CTA."""
+        return 16 * self.warps * self.tiles_per_warp
+
+
+def smem_bytes(t: CudaMmTactic, nb: int, block: int) -> int:
+    """Dynamic shared memory of a launch (mirror of smem_bytes in mm_small_m.cuh): a 1 KiB scale
+    table, then `stages` stages of weights, activations (one 16-byte pad per 8 units) and scale
+    words; the epilogue's fp32 partial tile reuses the stages."""
+    bn, bk = t.block_n, t.block_k
+    act_rows = 8 * nb
+    act_pitch = bk // 8 + bk // 64
+    kw = bk // (4 * block)
+    scale_pitch = {4: 20, 2: 12, 1: 5}[kw]
+    stage = bn * bk // 2 + act_rows * act_pitch * 16 + (32 * scale_pitch * 4 + 15) // 16 * 16
+    partial = act_rows * (bn + 4) * 4
+    return 1024 + max(t.stages * stage, partial)
+
+
+def _warps_per_sm_by_registers(t: CudaMmTactic, nb: int) -> int:
+    """The register budget the kernel is compiled for (Config::kMinBlocks in mm_small_m.cuh)."""
+    acc = nb * t.tiles_per_warp
+    if acc <= 4 or (t.warps == 8 and acc <= 8):
+        return 16
+    return 12 if acc <= 8 else 8
+
+
+def ctas_per_sm(t: CudaMmTactic, nb: int, block: int) -> int:
+    """Resident CTAs per SM (shared memory, registers, 64 warps) on sm_90."""
+    by_smem = SM90_SMEM_PER_SM // (smem_bytes(t, nb, block) + 1024)
+    by_regs = max(1, _warps_per_sm_by_registers(t, nb) // t.warps)
+    return max(0, min(by_smem, by_regs, 64 // t.warps))
+
+
+def problem(args) -> tuple[int, int, int]:
+    a, b = args[0], args[1]
+    return a.shape[0], b.shape[1], 2 * b.shape[0]
+
+
+def _smem_limit(args) -> int:
+    a = args[0]
+    if isinstance(a, torch.Tensor) and a.is_cuda:
+        return torch.cuda.get_device_properties(a.device).shared_memory_per_block_optin
+    return SM90_SMEM_PER_BLOCK
+
+
+def _steps(k: int, block_k: int) -> int:
+    return -(-k // block_k)
+
+
+def why_not(t: Tactic, *args) -> Optional[str]:
+    if not isinstance(t, CudaMmTactic):
+        return f"{t.family} is not a cuda tactic"
+    m, n, k = problem(args)
+    a, a_scale, fmt = args[0], args[2], args[6]
+    if m > MAX_M:
+        return f"the cuda mm_fp4 kernel is for M <= {MAX_M} (decode); larger M uses triton"
+    if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
+        return ("fp16 activations with MXFP4 weights: the kernel multiplies in fp16 for fp16 "
+                "activations, which cannot hold every MXFP4 value (triton handles this case)")
+    if t.block_k % fmt.block_size:
+        return (f"block_k={t.block_k} is not a multiple of the {fmt.name.upper()} block "
+                f"({fmt.block_size})")
+    if t.block_k not in (128, 256):
+        return f"block_k={t.block_k} must be 128 or 256"
+    nb = n_blocks(m)
+    if not tile_compiled(nb, t.warps, t.tiles_per_warp, t.block_k):
+        have = ", ".join(f"warps={w} tiles_per_warp={r} block_k={b}" for w, r, b in TILE_SHAPES
+                         if tile_compiled(nb, w, r, b))
+        return (f"warps={t.warps}, tiles_per_warp={t.tiles_per_warp}, block_k={t.block_k} is not "
+                f"compiled for M <= {8 * nb} (compiled: {have})")
+    if t.stages not in STAGES:
+        return f"stages={t.stages} must be one of {STAGES}"
+    if not 1 <= t.split_k <= MAX_SPLIT:
+        return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
+    steps = _steps(k, t.block_k)
+    if t.split_k > 1 and (t.split_k - 1) * -(-steps // t.split_k) >= steps:
+        return f"split_k={t.split_k} leaves an empty K slice for K={k} with block_k={t.block_k}"
+    smem, limit = smem_bytes(t, nb, fmt.block_size), _smem_limit(args)
+    if smem > limit:
+        return (f"needs {smem / 1024:.1f} KiB of shared memory (more than the {limit // 1024} KiB "
+                f"per block of this GPU)")
+    return None
+
+
+def _sms(args) -> int:
+    a = args[0]
+    return sm_count(a.device) if isinstance(a, torch.Tensor) and a.is_cuda else 132
+
+
+def _split_for(t: CudaMmTactic, m: int, n: int, k: int, block: int, sms: int) -> int:
+    """The largest split (any cluster size up to 8) whose grid fits one wave of resident CTAs,
+    keeping at least two stages per split."""
+    tiles = -(-n // t.block_n)
+    slots = sms * max(1, ctas_per_sm(t, n_blocks(m), block))
+    steps = _steps(k, t.block_k)
+    split = max(1, min(MAX_SPLIT, slots // tiles, steps // 2))
+    while split > 1 and (split - 1) * -(-steps // split) >= steps:  # no empty K slice
+        split -= 1
+    return split
+
+
+def default(*args) -> Tactic:
+    """Heuristic (compiled and emulated, not yet measured on a GPU). M <= 16: 4 warps of two
+    16-row tiles (128 weight rows per CTA; each thread decodes four rows, which halves the
+    per-stage overheads per weight: about 3.5 SASS instructions per weight element against 4.0
+    for 8 warps of one tile) with 2 stages, so 3 (M <= 16) or 4 (M <= 8) CTAs share an SM;
+    M <= 32: 8 warps x 1 tile with 3 stages of 256; M <= 64: 8 warps x 1 tile with 4 stages of
+    128 (the activation tile is 4x wider). split_k fills one wave of resident CTAs."""
+    m, n, k = problem(args)
+    fmt = args[6]
+    nb = n_blocks(m)
+    if nb <= 2:
+        t = CudaMmTactic(4, 2, 256, 2, 1)
+    elif nb == 4:
+        t = CudaMmTactic(8, 1, 256, 3, 1)
+    else:
+        t = CudaMmTactic(8, 1, 128, 4, 1)
+    split = _split_for(t, m, n, k, fmt.block_size, _sms(args))
+    return dataclasses.replace(t, split_k=split)
+
+
+def candidates(*args) -> list[Tactic]:
+    m, n, k = problem(args)
+    fmt = args[6]
+    if m > MAX_M:
+        return []
+    nb = n_blocks(m)
+    sms = _sms(args)
+    out: list[Tactic] = [default(*args)]
+    for warps, tiles, bk in TILE_SHAPES:
+        if not tile_compiled(nb, warps, tiles, bk):
+            continue
+        for stages in (2, 3, 4):
+            t = CudaMmTactic(warps, tiles, bk, stages, 1)
+            base = _split_for(t, m, n, k, fmt.block_size, sms)
+            for split in sorted({max(1, base // 2), base, min(MAX_SPLIT, 2 * base)}):
+                out.append(CudaMmTactic(warps, tiles, bk, stages, split))
+    seen, unique = set(), []
+    for t in out:
+        if t not in seen and why_not(t, *args) is None:
+            seen.add(t)
+            unique.append(t)
+    return unique
+
+
+def key(*args) -> str:
+    m, n, k = problem(args)
+    a, a_scale, out_dtype, fmt, layout = args[0], args[2], args[5], args[6], args[7]
+    a_kind = f"fp4:{layout.value}" if a_scale is not None else str(a.dtype).removeprefix("torch.")
+    return (f"M<={8 * n_blocks(m)},N={n},K={k},{fmt.name},{a_kind},"
+            f"{str(out_dtype).removeprefix('torch.')}")
+
+
+MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)
