@@ -146,11 +146,12 @@ def _sms(args) -> int:
     return sm_count(a.device) if isinstance(a, torch.Tensor) and a.is_cuda else 132
 
 
-def _split_for(t: CudaMmTactic, m: int, n: int, k: int, block: int, sms: int) -> int:
-    """The largest split (any cluster size up to 8) whose grid fits one wave of resident CTAs,
-    keeping at least two stages per split."""
+def _split_for(t: CudaMmTactic, m: int, n: int, k: int, block: int, sms: int,
+               per_sm: Optional[int] = None) -> int:
+    """The largest split (any cluster size up to 8) whose grid fits one wave of `per_sm` CTAs
+    per SM (default: as many as are resident), keeping at least two stages per split."""
     tiles = -(-n // t.block_n)
-    slots = sms * max(1, ctas_per_sm(t, n_blocks(m), block))
+    slots = sms * (per_sm or max(1, ctas_per_sm(t, n_blocks(m), block)))
     steps = _steps(k, t.block_k)
     split = max(1, min(MAX_SPLIT, slots // tiles, steps // 2))
     while split > 1 and (split - 1) * -(-steps // split) >= steps:  # no empty K slice
@@ -159,22 +160,25 @@ def _split_for(t: CudaMmTactic, m: int, n: int, k: int, block: int, sms: int) ->
 
 
 def default(*args) -> Tactic:
-    """Heuristic (compiled and emulated, not yet measured on a GPU). M <= 16: 4 warps of two
-    16-row tiles (128 weight rows per CTA; each thread decodes four rows, which halves the
-    per-stage overheads per weight: about 3.5 SASS instructions per weight element against 4.0
-    for 8 warps of one tile) with 2 stages, so 3 (M <= 16) or 4 (M <= 8) CTAs share an SM;
-    M <= 32: 8 warps x 1 tile with 3 stages of 256; M <= 64: 8 warps x 1 tile with 4 stages of
-    128 (the activation tile is 4x wider). split_k fills one wave of resident CTAs."""
+    """Heuristic, from `bench mm --tactics` sweeps on H100 (N=8192, K=28672): M <= 8: 4 warps of
+    two 16-row tiles (128 weight rows per CTA), 4 stages of K=256 (54.4 us at M = 1, 3.0x bf16);
+    M <= 16: 8 warps of one tile, 4 stages of 256 (64.0 us); split_k gives about one CTA per SM
+    (2 there; the split 8 that fills every resident slot was 14% slower). M <= 32: 8 warps x 1
+    tile with 3 stages of 256; M <= 64: 8 warps x 1 tile with 4 stages of 128 (the activation
+    tile is 4x wider; HMMA-bound, 0.85x bf16 at M = 64 where Triton reaches 1.6x, so `auto` uses
+    this backend only up to M = 16)."""
     m, n, k = problem(args)
     fmt = args[6]
     nb = n_blocks(m)
-    if nb <= 2:
-        t = CudaMmTactic(4, 2, 256, 2, 1)
+    if nb == 1:
+        t = CudaMmTactic(4, 2, 256, 4, 1)
+    elif nb == 2:
+        t = CudaMmTactic(8, 1, 256, 4, 1)
     elif nb == 4:
         t = CudaMmTactic(8, 1, 256, 3, 1)
     else:
         t = CudaMmTactic(8, 1, 128, 4, 1)
-    split = _split_for(t, m, n, k, fmt.block_size, _sms(args))
+    split = _split_for(t, m, n, k, fmt.block_size, _sms(args), per_sm=1)
     return dataclasses.replace(t, split_k=split)
 
 
