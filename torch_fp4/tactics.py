@@ -77,6 +77,16 @@ class TacticSpace:
 _SPACES: dict[tuple[str, Backend], TacticSpace] = {}
 
 
+def valid_unique(ts: Sequence[Tactic], why_not: Callable[..., Optional[str]], *args) -> list[Tactic]:
+    """`ts` without repeats and without the tactics `why_not` rejects for `args`, in order."""
+    seen, unique = set(), []
+    for t in ts:
+        if t not in seen and why_not(t, *args) is None:
+            seen.add(t)
+            unique.append(t)
+    return unique
+
+
 def register_space(op: str, backend: Backend, space: TacticSpace) -> None:
     _SPACES[(op, backend)] = space
 

@@ -95,3 +95,18 @@ def global_scale_workspace(device: torch.device) -> torch.Tensor:
             return torch.zeros(2, dtype=torch.int32, device=device)
         ws = _WORKSPACES[key] = _zeros_outside_graph_pools(2, device)
     return ws
+
+
+def mm_problem(args) -> tuple[int, int, int]:
+    """(M, N, K) of mm_fp4 launcher arguments (a, b = w.T, a_scale, b_scale, alpha, out_dtype,
+    fmt, layout)."""
+    a, b = args[0], args[1]
+    return a.shape[0], b.shape[1], 2 * b.shape[0]
+
+
+def mm_key(args, m_bucket: int) -> str:
+    """The tactic-cache key of an mm_fp4 problem whose M falls in the bucket `m_bucket`."""
+    _, n, k = mm_problem(args)
+    a, a_scale, out_dtype, fmt, layout = args[0], args[2], args[5], args[6], args[7]
+    a_kind = f"fp4:{layout.value}" if a_scale is not None else str(a.dtype).removeprefix("torch.")
+    return f"M<={m_bucket},N={n},K={k},{fmt.name},{a_kind},{str(out_dtype).removeprefix('torch.')}"

@@ -16,8 +16,8 @@ import torch
 
 from ... import formats as F
 from ...backends import Backend
-from ...tactics import Tactic, TacticSpace, register_family
-from .._common import sm_count
+from ...tactics import Tactic, TacticSpace, register_family, valid_unique
+from .._common import mm_key, mm_problem, sm_count
 
 MAX_M = 64
 MAX_SPLIT = 8             # a portable cluster size
@@ -90,9 +90,7 @@ def ctas_per_sm(t: CudaMmTactic, nb: int, block: int) -> int:
     return max(0, min(by_smem, by_regs, 64 // t.warps))
 
 
-def problem(args) -> tuple[int, int, int]:
-    a, b = args[0], args[1]
-    return a.shape[0], b.shape[1], 2 * b.shape[0]
+problem = mm_problem
 
 
 def _smem_limit(args) -> int:
@@ -198,20 +196,12 @@ def candidates(*args) -> list[Tactic]:
             base = _split_for(t, m, n, k, fmt.block_size, sms)
             for split in sorted({max(1, base // 2), base, min(MAX_SPLIT, 2 * base)}):
                 out.append(CudaMmTactic(warps, tiles, bk, stages, split))
-    seen, unique = set(), []
-    for t in out:
-        if t not in seen and why_not(t, *args) is None:
-            seen.add(t)
-            unique.append(t)
-    return unique
+    return valid_unique(out, why_not, *args)
 
 
 def key(*args) -> str:
-    m, n, k = problem(args)
-    a, a_scale, out_dtype, fmt, layout = args[0], args[2], args[5], args[6], args[7]
-    a_kind = f"fp4:{layout.value}" if a_scale is not None else str(a.dtype).removeprefix("torch.")
-    return (f"M<={8 * n_blocks(m)},N={n},K={k},{fmt.name},{a_kind},"
-            f"{str(out_dtype).removeprefix('torch.')}")
+    m = problem(args)[0]
+    return mm_key(args, 8 * n_blocks(m))
 
 
 MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)

@@ -15,8 +15,8 @@ import torch
 
 from ... import formats as F
 from ...backends import Backend
-from ...tactics import Tactic, TacticSpace, register_family
-from .._common import sm_count
+from ...tactics import Tactic, TacticSpace, register_family, valid_unique
+from .._common import mm_key, mm_problem, sm_count
 from . import mm_dot_scaled_tactics as dot_scaled
 from .mm_dot_scaled_tactics import DotScaledMmTactic
 
@@ -47,9 +47,7 @@ class DequantMmTactic(Tactic):
     family = "triton_dequant_mm"
 
 
-def problem(args) -> tuple[int, int, int]:
-    a, b = args[0], args[1]
-    return a.shape[0], b.shape[1], 2 * b.shape[0]
+problem = mm_problem
 
 
 def _dot_dtype_bytes(args) -> int:
@@ -164,20 +162,12 @@ def candidates(*args) -> list[TritonMmTactic]:
     if m >= 128 and dot_dtype(args) != torch.float32:
         out.append(DequantMmTactic())
     out.extend(dot_scaled.candidates(*args))   # none off sm_100/sm_103/sm_12x, none for W4A16
-    seen, unique = set(), []
-    for t in out:
-        if t not in seen and why_not(t, *args) is None:
-            seen.add(t)
-            unique.append(t)
-    return unique
+    return valid_unique(out, why_not, *args)
 
 
 def key(*args) -> str:
-    m, n, k = problem(args)
-    a, a_scale, out_dtype, fmt, layout = args[0], args[2], args[5], args[6], args[7]
-    bucket = 1 << max(0, (m - 1).bit_length())
-    a_kind = f"fp4:{layout.value}" if a_scale is not None else str(a.dtype).removeprefix("torch.")
-    return f"M<={bucket},N={n},K={k},{fmt.name},{a_kind},{str(out_dtype).removeprefix('torch.')}"
+    m = problem(args)[0]
+    return mm_key(args, 1 << max(0, (m - 1).bit_length()))
 
 
 MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)
