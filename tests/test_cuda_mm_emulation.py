@@ -791,12 +791,14 @@ def test_candidates_are_valid_compiled_and_default_first():
     assert offered == {(nb, *s) for nb in (1, 2, 4, 8) for s in MT.TILE_SHAPES if MT.tile_compiled(nb, *s)}
 
 
-def test_heuristic_fills_one_wave_of_resident_ctas():
-    for m, ctas, split in ((1, 4, 8), (16, 4, 8), (32, 2, 4), (64, 2, 4)):
+def test_heuristic_splits_for_about_one_cta_per_sm():
+    """The measured H100 choice: 4 stages and a split giving about one CTA per SM."""
+    for m, shape in ((1, (4, 2, 256, 4)), (16, (8, 1, 256, 4)), (32, (8, 1, 256, 3)),
+                     (64, (8, 1, 128, 4))):
         t = MT.default(*_args(m))
-        assert MT.ctas_per_sm(t, MT.n_blocks(m), 16) == ctas
-        assert t.split_k == split  # 64 tiles of 128 rows x split <= 132 SMs x ctas
-    assert MT.default(*_args(16, n=28672, k=8192)).split_k == 2  # 224 tiles x 2 <= 528 slots
+        assert (t.warps, t.tiles_per_warp, t.block_k, t.stages) == shape
+        assert t.split_k == 2  # 64 tiles of 128 rows x 2 <= 132 SMs
+    assert MT.default(*_args(16, n=28672, k=8192)).split_k == 1  # 224 tiles already fill the SMs
     assert MT.default(*_args(1, n=1024, k=512)).split_k == 1  # two stages of 256 per split at least
 
 
