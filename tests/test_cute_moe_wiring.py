@@ -227,10 +227,13 @@ def test_glue_kernels_compile(arch):
     inv = compile_ptx(MF._inverse_kernel, dict(sorted_ptr="*i32", block_expert_ptr="*i32",
                                                end_ptr="*i32", inv_ptr="*i32", n_rows="i32"),
                       dict(BM=128, BR=1024, USE_GDC=False))
-    fin = compile_ptx(MF._finalize_kernel, dict(y_ptr="*bf16", inv_ptr="*i32", ids_ptr="*i32",
-                                                tw_ptr="*fp32", out_ptr="*bf16", top_k="i32",
-                                                H="i32", lo="i32", E="i32"),
-                      dict(OUT=tl.bfloat16, BH=1024, PORTABLE=False, USE_GDC=False))
+    from torch_fp4.kernels.triton import moe_fused as TF   # the shared finalize, through inv
+    fin = compile_ptx(TF._finalize_kernel, dict(y_ptr="*bf16", inv_ptr="*i32", ids_ptr="*i32",
+                                                tw_ptr="*fp32", gsw_ptr="*fp32", gsa_ptr="*fp32",
+                                                out_ptr="*bf16", top_k="i32", H="i32", P="i32",
+                                                lo="i32", E="i32", gsa_stride="i32"),
+                      dict(SPLIT=1, A_FP4=False, INDIRECT=True, OUT=tl.bfloat16, BH=1024,
+                           PORTABLE=False, USE_GDC=False))
     for ptx in (inv, fin):
         assert f".target sm_{arch}" in ptx and "atom." not in ptx
     assert "fma." not in fin

@@ -132,10 +132,10 @@ def test_fc1_compiles_for_sm100():
 
 @pytest.mark.parametrize("split", [1, 4])
 def test_finalize_kernel_ptx(split):
-    sig = dict(y_ptr="*bf16" if split == 1 else "*fp32", ids_ptr="*i32", tw_ptr="*fp32",
+    sig = dict(y_ptr="*bf16" if split == 1 else "*fp32", inv_ptr="*i32", ids_ptr="*i32", tw_ptr="*fp32",
                gsw_ptr="*fp32", gsa_ptr="*fp32", out_ptr="*bf16", top_k="i32", H="i32", P="i32",
                lo="i32", E="i32", gsa_stride="i32")
-    consts = dict(SPLIT=split, A_FP4=True, OUT=tl.bfloat16, BH=1024, PORTABLE=False,
+    consts = dict(SPLIT=split, A_FP4=True, INDIRECT=False, OUT=tl.bfloat16, BH=1024, PORTABLE=False,
                   USE_GDC=False)
     ptx = _compile(MF._finalize_kernel, sig, consts, {"H"}).asm["ptx"]
     assert _no_compiler_fma(ptx), "w * y + acc must round twice, as the reference"

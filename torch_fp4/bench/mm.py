@@ -9,14 +9,12 @@ W4A4 times include the activation quantization (global scale given, one quantize
 """
 from __future__ import annotations
 
-import csv
-import sys
 
 import torch
 
 from .. import formats as F
 from .. import ops, tactics
-from .timing import copy_bandwidth_gbs, graph_time_us
+from .timing import copy_bandwidth_gbs, graph_time_us, write_csv
 
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
 MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -102,7 +100,7 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False) ->
             del p
         del w, w_bf16, w_fp8
         torch.cuda.empty_cache()
-    _write(csv_path, rows)
+    write_csv(csv_path, rows)
     return rows
 
 
@@ -127,14 +125,6 @@ def run_tactics(m: int, n: int, k: int, csv_path: str | None, mode: str = "w4a16
         rows.append(dict(gpu=torch.cuda.get_device_name(dev), m=m, n=n, k=k, mode=mode,
                          tactic=t.label(), us=us, x_bf16=bf16 / us, bf16_us=bf16, fp8_us=fp8))
         print(f"{t.label():<110} {us:9.1f} us  x bf16 {bf16 / us:5.2f}", flush=True)
-    _write(csv_path, rows)
+    write_csv(csv_path, rows)
     return rows
 
-
-def _write(csv_path: str | None, rows: list[dict]) -> None:
-    if csv_path and rows:
-        with open(csv_path, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
-        print(f"wrote {len(rows)} rows to {csv_path}", file=sys.stderr)

@@ -19,15 +19,13 @@ on the values).
 """
 from __future__ import annotations
 
-import csv
-import sys
 from dataclasses import dataclass, field
 
 import torch
 
 from .. import formats as F
 from .. import ops
-from .timing import graph_time_us
+from .timing import graph_time_us, write_csv
 
 TOKENS = (1, 4, 16, 64, 256, 1024, 4096)
 QUICK_TOKENS = (1, 16, 256)
@@ -227,14 +225,6 @@ def run(quick: bool = False, csv_path: str | None = None) -> list[dict]:
     for m in MODELS:
         rows += _run_model(m, QUICK_TOKENS if quick else TOKENS, grouped, name)
         torch.cuda.empty_cache()
-    _write(csv_path, rows)
+    write_csv(csv_path, rows)
     return rows
 
-
-def _write(csv_path: str | None, rows: list[dict]) -> None:
-    if csv_path and rows:
-        with open(csv_path, "w", newline="") as f:
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
-        print(f"wrote {len(rows)} rows to {csv_path}", file=sys.stderr)

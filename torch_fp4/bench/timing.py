@@ -1,8 +1,10 @@
 """Device timing: CUDA-graph replays of many calls over rotating inputs, timed with events."""
 from __future__ import annotations
 
+import csv
 import math
 import statistics
+import sys
 from typing import Callable, Sequence
 
 import torch
@@ -71,3 +73,13 @@ def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> float:
 def geomean(values: Sequence[float]) -> float:
     vals = [v for v in values if v > 0 and math.isfinite(v)]
     return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else float("nan")
+
+
+def write_csv(csv_path: str | None, rows: list[dict]) -> None:
+    """Benchmark rows to a CSV file (columns from the first row), when a path is given."""
+    if csv_path and rows:
+        with open(csv_path, "w", newline="") as f:
+            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
+            wr.writeheader()
+            wr.writerows(rows)
+        print(f"wrote {len(rows)} rows to {csv_path}", file=sys.stderr)

@@ -33,7 +33,7 @@ construction: every buffer is sized from upper bounds of the shapes):
 7. _inverse_kernel: inv[sorted_pairs[r]] = r for every row r holding a pair (r < expert_end of
    its block's expert); pairs routed to no local expert keep an undefined entry that nothing
    reads.
-8. _finalize_kernel: out[t] = RN_out(sum_j topk_weights[t, j] * y[inv[t k + j]]) in fp32, j in
+8. triton.moe_fused.finalize (through inv): out[t] = RN_out(sum_j topk_weights[t, j] * y[inv[t k + j]]) in fp32, j in
    order, starting from 0, pairs routed to no local expert adding w * 0 (the Triton backend's
    finalize, reading rows through inv; no atomics, deterministic).
 
@@ -52,14 +52,14 @@ from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, use_pdl
 from ..triton.moe_align import align, max_blocks
-from ..triton.moe_numerics import interpreting, rn_bf16
+from ..triton.moe_fused import finalize
+from ..triton.moe_numerics import interpreting
 from .moe_tactics import TILE_M
 
 BLOCK_M = TILE_M      # rows per block_expert entry: the 1x1-cluster tactics' grouping
 MAX_QUANTIZE_BATCH = 65535   # grid z of the batched (per-block) quantize of the intermediate
 _ROWS_PER_PROGRAM = 1024
 
-_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -75,32 +75,6 @@ def _inverse_kernel(sorted_ptr, block_expert_ptr, end_ptr, inv_ptr, n_rows, BM: 
     holds_pair = in_range & (e >= 0) & (r < end)
     pair = tl.load(sorted_ptr + r, mask=holds_pair, other=0)
     tl.store(inv_ptr + pair, r, mask=holds_pair)
-
-
-@triton.jit(do_not_specialize=["top_k", "lo"])
-def _finalize_kernel(y_ptr, inv_ptr, ids_ptr, tw_ptr, out_ptr, top_k, H, lo, E,
-                     OUT: tl.constexpr, BH: tl.constexpr, PORTABLE: tl.constexpr,
-                     USE_GDC: tl.constexpr):
-    """out[t] = RN_out(sum_j w[t, j] * y[inv[t k + j]]) in fp32, j in order, from 0."""
-    if USE_GDC:
-        tl.extra.cuda.gdc_wait()
-    t = tl.program_id(0).to(tl.int64)
-    cols = tl.program_id(1) * BH + tl.arange(0, BH)
-    col_ok = cols < H
-    acc = tl.zeros([BH], tl.float32)
-    for j in range(top_k):
-        pair = t * top_k + j
-        eid = tl.load(ids_ptr + pair)
-        w = tl.load(tw_ptr + pair)
-        local = (eid >= lo) & (eid < lo + E)
-        row = tl.where(local, tl.load(inv_ptr + pair), 0).to(tl.int64)
-        ev = eid + tl.zeros([BH], tl.int32)   # a vector (the interpreter mishandles scalar & vector)
-        m = col_ok & (ev >= lo) & (ev < lo + E)
-        y = tl.load(y_ptr + row * H + cols, mask=m, other=0.0).to(tl.float32)
-        acc = acc + w * y
-    if PORTABLE and OUT == tl.bfloat16:
-        acc = rn_bf16(acc, PORTABLE)
-    tl.store(out_ptr + t * H + cols, acc.to(OUT), mask=col_ok)
 
 
 def _nvfp4_quantize(x: torch.Tensor, gs: torch.Tensor, portable: bool):
@@ -185,8 +159,5 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     _inverse_kernel[(triton.cdiv(blocks.rows, _ROWS_PER_PROGRAM),)](
         blocks.sorted_pairs, blocks.block_expert, blocks.expert_end, inv, blocks.rows,
         BM=BLOCK_M, BR=_ROWS_PER_PROGRAM, **launch)
-    bh = min(1024, triton.next_power_of_2(hidden))
-    _finalize_kernel[(tokens, triton.cdiv(hidden, bh))](
-        y, inv, ids, tw, out, top_k, hidden, local_expert_offset, experts, OUT=_TL[out_dtype],
-        BH=bh, PORTABLE=portable, **launch, enable_fp_fusion=False)
+    finalize(y, ids, tw, out, experts, local_expert_offset, portable, inv=inv)
     return out

@@ -24,7 +24,7 @@ from ... import meta
 from .._common import prepare_outputs, use_pdl
 from .mm_dot_scaled_tactics import DotScaledMmTactic
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
-from .numerics import LAYOUT_128x4, LAYOUT_LINEAR, scale_offsets, scale_word_offsets
+from .numerics import LAYOUT_128x4, LAYOUT_LINEAR, grouped_tile, scale_offsets, scale_word_offsets
 from .quantize import _LAYOUT_ID, fp4_dequantize
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -144,12 +144,7 @@ def _mm_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, ws_ptr,
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     pid, pid_k = tl.program_id(0), tl.program_id(1)
-    tiles_m, tiles_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    group = GROUP_M * tiles_n
-    first_m = (pid // group) * GROUP_M
-    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % rows_in_group
-    pid_n = (pid % group) // rows_in_group
+    pid_m, pid_n = grouped_tile(pid, M, N, BM, BN, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     n_kb = K // BLOCK  # KH = K // 2 is an argument so that its divisibility is known

@@ -40,7 +40,7 @@ from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, use_pdl
 from .mm_dot_scaled_tactics import DotScaledMmTactic, default, problem, why_not
-from .numerics import LAYOUT_128x4, scale_offsets
+from .numerics import LAYOUT_128x4, grouped_tile, scale_offsets
 from .quantize import _LAYOUT_ID
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
@@ -102,12 +102,7 @@ def _mm_dot_scaled_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, M, N
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     pid = tl.program_id(0)
-    tiles_m, tiles_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
-    group = GROUP_M * tiles_n
-    first_m = (pid // group) * GROUP_M
-    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % group) % rows_in_group
-    pid_n = (pid % group) // rows_in_group
+    pid_m, pid_n = grouped_tile(pid, M, N, BM, BN, GROUP_M)
     rm = pid_m * BM + tl.arange(0, BM)
     rn = pid_n * BN + tl.arange(0, BN)
     KH = K // 2

@@ -15,6 +15,8 @@ does not round to nearest), so the whole launcher is checked on a CPU.
 """
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -31,10 +33,13 @@ _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl
 
 
 @triton.jit(do_not_specialize=["top_k", "P", "lo"])
-def _finalize_kernel(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, top_k, H, P, lo, E,
-                     gsa_stride, SPLIT: tl.constexpr, A_FP4: tl.constexpr,
-                     OUT: tl.constexpr, BH: tl.constexpr, PORTABLE: tl.constexpr,
-                     USE_GDC: tl.constexpr):
+def _finalize_kernel(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, top_k, H, P, lo,
+                     E, gsa_stride, SPLIT: tl.constexpr, A_FP4: tl.constexpr,
+                     INDIRECT: tl.constexpr, OUT: tl.constexpr, BH: tl.constexpr,
+                     PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+    """out[t] = RN_out(sum_j w[t, j] * y[row of pair t k + j]) in fp32, j in order, from 0. The
+    row is the pair itself, or inv[pair] when INDIRECT (y in the grouping's sorted order); with
+    SPLIT > 1, y holds unscaled fp32 partial sums that are added, scaled and rounded here."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     t = tl.program_id(0).to(tl.int64)
@@ -60,7 +65,11 @@ def _finalize_kernel(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, top_k, H
                 alpha = rcp_rn(gsw)
             y = tl.where(m, rn_bf16(s * alpha, PORTABLE), 0.0)
         else:
-            y = tl.load(y_ptr + pair * H + cols, mask=m, other=0.0).to(tl.float32)
+            if INDIRECT:
+                row = tl.where(local, tl.load(inv_ptr + pair), 0).to(tl.int64)
+            else:
+                row = pair
+            y = tl.load(y_ptr + row * H + cols, mask=m, other=0.0).to(tl.float32)
         acc = acc + w * y
     if PORTABLE and OUT == tl.bfloat16:
         acc = rn_bf16(acc, PORTABLE)
@@ -104,11 +113,28 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
         inter = fc1(x, None, w1, w1_scale, w1_global_scale, None, None, blocks, top_k, config,
                     portable)
     y = fc2(inter, w2, w2_scale, w2_global_scale, a2_global_scale, blocks, pairs, config, portable)
-    bh = min(1024, triton.next_power_of_2(hidden))
-    pdl = use_pdl(x.device)
-    _finalize_kernel[(tokens, triton.cdiv(hidden, bh))](
-        y, ids, tw, w2_global_scale, a2_global_scale if w4a4 else w2_global_scale, out, top_k, hidden,
-        pairs, local_expert_offset, experts, 1 if (w4a4 and a2_global_scale.numel() > 1) else 0,
-        SPLIT=config.fc2_split, A_FP4=w4a4, OUT=_TL[out_dtype], BH=bh,
-        PORTABLE=portable, USE_GDC=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
+    finalize(y, ids, tw, out, experts, local_expert_offset, portable, config.fc2_split,
+             w2_global_scale, a2_global_scale if w4a4 else None)
     return out
+
+
+def finalize(y: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, out: torch.Tensor, experts: int,
+             local_expert_offset: int, portable: bool, split: int = 1,
+             w2_global_scale: Optional[torch.Tensor] = None,
+             a2_global_scale: Optional[torch.Tensor] = None,
+             inv: Optional[torch.Tensor] = None) -> None:
+    """The top-k sum into out [T, H]: y rows per pair (or per sorted row through `inv`); with
+    split > 1, y holds `split` unscaled fp32 partial sums per pair and alpha2 comes from the
+    global scales."""
+    tokens, hidden = out.shape
+    top_k, pairs = ids.shape[1], ids.numel()
+    w4a4 = a2_global_scale is not None
+    gsw = w2_global_scale if w2_global_scale is not None else tw
+    bh = min(1024, triton.next_power_of_2(hidden))
+    pdl = use_pdl(out.device)
+    _finalize_kernel[(tokens, triton.cdiv(hidden, bh))](
+        y, inv if inv is not None else ids, ids, tw, gsw, a2_global_scale if w4a4 else gsw, out,
+        top_k, hidden, pairs, local_expert_offset, experts,
+        1 if (w4a4 and a2_global_scale.numel() > 1) else 0,
+        SPLIT=split, A_FP4=w4a4, INDIRECT=inv is not None, OUT=_TL[out.dtype], BH=bh,
+        PORTABLE=portable, USE_GDC=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)

@@ -171,3 +171,14 @@ def scale_word_offsets(rows, kws, kp, LAYOUT: tl.constexpr):
     else:
         off = (m // 8) * (kp // 4) * 8 + kw * 8 + m % 8
     return off
+
+
+@triton.jit
+def grouped_tile(pid, M, N, BM: tl.constexpr, BN: tl.constexpr, GROUP_M: tl.constexpr):
+    """(M tile, N tile) of program `pid` in grouped order: GROUP_M M tiles run along each N
+    column of tiles before the next, so programs that share a weight tile run together (L2)."""
+    tiles_m, tiles_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    group = GROUP_M * tiles_n
+    first_m = (pid // group) * GROUP_M
+    rows_in_group = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (pid % group) % rows_in_group, (pid % group) // rows_in_group
