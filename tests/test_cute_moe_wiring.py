@@ -232,8 +232,8 @@ def test_glue_kernels_compile(arch):
                                                 tw_ptr="*fp32", gsw_ptr="*fp32", gsa_ptr="*fp32",
                                                 out_ptr="*bf16", top_k="i32", H="i32", P="i32",
                                                 lo="i32", E="i32", gsa_stride="i32"),
-                      dict(SPLIT=1, A_FP4=False, INDIRECT=True, OUT=tl.bfloat16, BH=1024,
-                           PORTABLE=False, USE_GDC=False))
+                      dict(KP=8, SPLIT=1, A_FP4=False, INDIRECT=True, OUT=tl.bfloat16, BT=4,
+                           BH=256, PORTABLE=False, USE_GDC=False))
     for ptx in (inv, fin):
         assert f".target sm_{arch}" in ptx and "atom." not in ptx
     assert "fma." not in fin

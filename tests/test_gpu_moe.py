@@ -296,7 +296,10 @@ def _tiles():
     G, M = _mg().GemmTile, _mg().MoeConfig
     return [M(16, True, G(64, 128), G(64, 128), 1), M(16, True, G(64, 64), G(64, 64), 4),
             M(32, True, G(64, 128), G(64, 128), 2), M(64, True, G(64, 64), G(64, 64), 1),
-            M(128, False, G(64, 64, 8), G(128, 64, 8), 1)]
+            M(128, False, G(64, 64, 8), G(128, 64, 8), 1),
+            M(16, True, G(64, 128), G(64, 128), 2, fused_finalize=False),
+            M(16, True, G(128, 128, 8), G(64, 128, 4, 5), 1),
+            M(128, False, G(64, 64, 8), G(128, 64, 8), 1, fused_finalize=False)]
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -22,10 +22,15 @@ sum). _layout_kernel (one program): per expert, the exclusive scan of the chunk 
 counts, start, end and the block map. _scatter_kernel: row = start[e] + (pairs of e in earlier
 chunks) + rank. When every pair fits one chunk (decode), _align_small_kernel does all three in
 one program. No atomics: the result is a function of topk_ids alone.
+
+align() also zeroes an optional int32 buffer for a later kernel of the same call (the arrival
+counters of FC2's fused finalize), so that needs no launch of its own: the count kernel's programs
+(or the one program) each clear a slice.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -36,6 +41,7 @@ from .._common import use_pdl
 CHUNK = 128           # pairs per program of the count and scatter kernels
 EXPERT_SLICE = 64     # experts per one-hot step of the count kernel
 TILE = 4096           # elements per step of the layout kernel
+ZERO_STEP = 1024      # elements per store step when clearing the `zero` buffer
 
 
 @dataclass(frozen=True)
@@ -114,12 +120,22 @@ def _layout(chunk_counts_ptr, n_chunks, E, base_ptr, counts_ptr, start_ptr, end_
         tl.store(block_expert_ptr + bb, tl.where(row0 < used, ex, -1), mask=bb < n_blocks)
 
 
-@triton.jit(do_not_specialize=["P", "lo"])
-def _count_kernel(ids_ptr, P, lo, E, chunk_counts_ptr, rank_ptr, C: tl.constexpr,
-                  ES: tl.constexpr, USE_GDC: tl.constexpr):
+@triton.jit
+def _zero_slice(zero_ptr, n_zero, c, n_programs, Z: tl.constexpr):
+    """Program c of n_programs clears its share of zero_ptr[0:n_zero], Z elements per step."""
+    per = tl.cdiv(tl.cdiv(n_zero, n_programs), Z) * Z
+    for z0 in range(c * per, tl.minimum(n_zero, c * per + per), Z):
+        zz = z0 + tl.arange(0, Z)
+        tl.store(zero_ptr + zz, tl.zeros([Z], tl.int32), mask=zz < n_zero)
+
+
+@triton.jit(do_not_specialize=["P", "lo", "n_zero"])
+def _count_kernel(ids_ptr, P, lo, E, chunk_counts_ptr, rank_ptr, zero_ptr, n_zero,
+                  C: tl.constexpr, ES: tl.constexpr, Z: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     c = tl.program_id(0)
+    _zero_slice(zero_ptr, n_zero, c, tl.num_programs(0), Z)
     p, e, local, ok = _chunk(ids_ptr, c, P, lo, E, C)
     rank = _count_chunk(e, chunk_counts_ptr + c.to(tl.int64) * E, E, C, ES)
     tl.store(rank_ptr + p, rank, mask=ok)
@@ -149,15 +165,17 @@ def _scatter_kernel(ids_ptr, P, lo, E, rank_ptr, base_ptr, start_ptr, sorted_ptr
     tl.store(sorted_ptr + row, p, mask=local)
 
 
-@triton.jit(do_not_specialize=["P", "lo", "n_blocks"])
+@triton.jit(do_not_specialize=["P", "lo", "n_blocks", "n_zero"])
 def _align_small_kernel(ids_ptr, P, lo, E, chunk_counts_ptr, base_ptr, counts_ptr, start_ptr,
-                        end_ptr, block_expert_ptr, n_blocks, sorted_ptr, C: tl.constexpr,
-                        ES: tl.constexpr, BM: tl.constexpr, BLOCK_E: tl.constexpr,
-                        CH: tl.constexpr, NB: tl.constexpr, USE_GDC: tl.constexpr):
+                        end_ptr, block_expert_ptr, n_blocks, sorted_ptr, zero_ptr, n_zero,
+                        C: tl.constexpr, ES: tl.constexpr, BM: tl.constexpr,
+                        BLOCK_E: tl.constexpr, CH: tl.constexpr, NB: tl.constexpr,
+                        Z: tl.constexpr, USE_GDC: tl.constexpr):
     """All pairs in one chunk: count, layout and scatter in one program (global memory written
     by one step is read by the next after a barrier)."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
+    _zero_slice(zero_ptr, n_zero, 0, 1, Z)
     p, e, local, ok = _chunk(ids_ptr, 0, P, lo, E, C)
     rank = _count_chunk(e, chunk_counts_ptr, E, C, ES)
     tl.debug_barrier()
@@ -168,9 +186,11 @@ def _align_small_kernel(ids_ptr, P, lo, E, chunk_counts_ptr, base_ptr, counts_pt
     tl.store(sorted_ptr + row, p, mask=local)
 
 
-def align(topk_ids: torch.Tensor, experts: int, local_expert_offset: int, block_m: int) -> ExpertBlocks:
+def align(topk_ids: torch.Tensor, experts: int, local_expert_offset: int, block_m: int,
+          zero: Optional[torch.Tensor] = None) -> ExpertBlocks:
     """Group the pairs of topk_ids [T, k] (int32, contiguous) by local expert, each expert padded
-    to a multiple of block_m rows. Launches only; reads nothing back."""
+    to a multiple of block_m rows; also set the int32 tensor `zero` (if given) to 0. Launches
+    only; reads nothing back."""
     dev = topk_ids.device
     pairs = topk_ids.numel()
     n_blocks = max_blocks(pairs, experts, block_m)
@@ -189,14 +209,16 @@ def align(topk_ids: torch.Tensor, experts: int, local_expert_offset: int, block_
     layout_args = (out.counts, out.expert_start, out.expert_end, out.block_expert, n_blocks)
     shape = dict(BM=block_m, BLOCK_E=block_e, CH=ch, NB=ch)
     ids = topk_ids.reshape(-1)
+    zeroed = (zero, zero.numel()) if zero is not None else (ids, 0)
     if n_chunks == 1:
         _align_small_kernel[(1,)](ids, pairs, local_expert_offset, experts, chunk_counts, base,
-                                  *layout_args, out.sorted_pairs, C=CHUNK, ES=EXPERT_SLICE,
-                                  **shape, **launch, num_warps=4)
+                                  *layout_args, out.sorted_pairs, *zeroed, C=CHUNK, ES=EXPERT_SLICE,
+                                  **shape, Z=ZERO_STEP, **launch, num_warps=4)
         return out
     rank = torch.empty(pairs, **i32)
     _count_kernel[(n_chunks,)](ids, pairs, local_expert_offset, experts, chunk_counts, rank,
-                               C=CHUNK, ES=EXPERT_SLICE, **launch, num_warps=4)
+                               *zeroed, C=CHUNK, ES=EXPERT_SLICE, Z=ZERO_STEP, **launch,
+                               num_warps=4)
     _layout_kernel[(1,)](chunk_counts, n_chunks, experts, base, *layout_args, **shape, **launch,
                          num_warps=8)
     _scatter_kernel[(n_chunks,)](ids, pairs, local_expert_offset, experts, rank, base,

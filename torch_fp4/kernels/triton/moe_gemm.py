@@ -17,9 +17,12 @@ functions and a2_global_scale (per expert or shared): packed codes [rows, I/2] a
 scales, bit for bit what nvfp4_quantize(a, gs) writes for those rows.
 
 FC2 (_fc2_kernel): rows are the intermediate's sorted rows; y = RN_bf16(alpha2[e] * acc) goes to
-row `pair` of a [T k, H] bf16 buffer (torch_fp4/kernels/triton/moe_fused.py adds the k rows of a
-token). With split-K (decode shapes with few programs) each split stores its fp32 partial sums
-and the finalize kernel adds them in split order before alpha2 and the bf16 rounding.
+row `pair` of a [T k, H] bf16 buffer (with split-K, for decode shapes with few programs, each
+split stores its fp32 partial sums instead). The finalize is fused: each program then counts
+itself in on a per-(token, column tile) counter (release: fence, barrier, acq_rel atomic), and the
+program that arrives last for a token (local pairs x splits arrivals) adds that token's k rows in
+slot order (moe_numerics.topk_sum, reading past L1) and writes out[t]; the order of arrival
+never changes the sum. Extra programs write zeros for tokens with no local pair.
 
 Alphas are read from device memory and formed in the kernel as torch_fp4.formats.nvfp4_alpha
 does: RN(1 / RN(gs_a * gs_w[e])), or RN(1 / gs_w[e]) in W4A16.
@@ -34,7 +37,8 @@ import triton.language as tl
 
 from .. import _common
 from .moe_align import ExpertBlocks
-from .moe_numerics import exp_f32, fp4_tile, mma, nvfp4_scale, rn_bf16
+from .moe_numerics import (alpha_of, exp_f32, fp4_tile, mma, nvfp4_scale, rn_bf16, slot_tiles,
+                           topk_sum)
 from .numerics import LAYOUT_128x4, e2m1_encode_doubled, nan_amax, rcp_rn, scale_offsets
 
 
@@ -53,7 +57,8 @@ class MoeConfig:
     swap_ab: bool
     fc1: GemmTile
     fc2: GemmTile
-    fc2_split: int = 1  # K slices of FC2 (partials added in order by the finalize kernel)
+    fc2_split: int = 1  # K slices of FC2 (partials added in order by the finalize)
+    fused_finalize: bool = True   # the top-k sum in FC2's epilogue, else a separate kernel
 
     def __post_init__(self):
         for name, v, least in (("block_m", self.block_m, 16), ("fc1.block_n", self.fc1.block_n, 16),
@@ -66,7 +71,7 @@ class MoeConfig:
         return (f"bm{self.block_m}{'-swap' if self.swap_ab else ''}-fc1:{self.fc1.block_n}x"
                 f"{self.fc1.block_k}w{self.fc1.num_warps}s{self.fc1.num_stages}-fc2:"
                 f"{self.fc2.block_n}x{self.fc2.block_k}w{self.fc2.num_warps}s"
-                f"{self.fc2.num_stages}k{self.fc2_split}")
+                f"{self.fc2.num_stages}k{self.fc2_split}{'-fin' if self.fused_finalize else ''}")
 
 
 def block_k_for(k: int, preferred: int) -> int:
@@ -91,22 +96,31 @@ def _split_for(programs: int, k: int, bk: int, sms: int) -> int:
 def default_config(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
                    sms: int = 132) -> MoeConfig:
     """Tiles from the rows each active expert gets on average. Up to 64 rows (decode): blocks of
-    16, 32 or 64 rows, swapped operands, split-K for FC2 when programs are few; more: 128-row
-    blocks, unswapped, 8 warps. Every tile compiles for sm_90 without register spills (block_k
+    16, 32 or 64 rows, swapped operands, FC1 tiles of 64 or 128 weight rows by the number of
+    programs, split-K for FC2 when programs are few, the finalize in
+    FC2's epilogue; more: 128-row blocks, unswapped, 8 warps, the finalize as a separate
+    bandwidth-bound kernel (in the epilogue, the last program of each token's tile would add
+    slot-order reads to the end of every program: measured slower on H100 at T >= 1024). Every
+    tile compiles for sm_90 without register spills (block_k
     256 spills; tests/test_triton_moe_compile.py checks the benchmark models' tiles)."""
     pairs = tokens * top_k
     active = max(1, min(experts, pairs))
     per_expert = triton.cdiv(pairs, active)
     if per_expert <= 64:
         bm = max(16, triton.next_power_of_2(per_expert))
-        fc1 = GemmTile(64, block_k_for(hidden, 128))
-        fc2 = GemmTile(64, block_k_for(inter, 128))
         blocks = active * triton.cdiv(per_expert, bm)
+        # FC1: 128 gate + 128 up rows per program (8 warps) while that still fills every SM,
+        # else 64 + 64 with a deeper pipeline (H100 sweeps, scripts/sweep_moe.py)
+        if blocks * triton.cdiv(inter, 128) >= sms:
+            fc1 = GemmTile(128, block_k_for(hidden, 128), num_warps=8)
+        else:
+            fc1 = GemmTile(64, block_k_for(hidden, 128), num_stages=5)
+        fc2 = GemmTile(64, block_k_for(inter, 128))
         split = _split_for(blocks * triton.cdiv(hidden, fc2.block_n), inter, fc2.block_k, sms)
         return MoeConfig(bm, True, fc1, fc2, split)
     fc1 = GemmTile(64, block_k_for(hidden, 64), num_warps=8)
     fc2 = GemmTile(128, block_k_for(inter, 64), num_warps=8)
-    return MoeConfig(128, False, fc1, fc2)
+    return MoeConfig(128, False, fc1, fc2, fused_finalize=False)
 
 
 @triton.jit
@@ -139,17 +153,6 @@ def _act_tile(a_ptr, as_ptr, arows, n_arows, kh0, KH, n_kb, a_kp, A_FP4: tl.cons
                     other=0.0)
         x0, x1 = tl.split(tl.reshape(x, (BM, BK // 2, 2)))
     return x0, x1
-
-
-@triton.jit
-def _alpha(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4: tl.constexpr):
-    """RN(1 / RN(gs_a * gs_w[e])) (W4A4) or RN(1 / gs_w[e]) (W4A16), as formats.nvfp4_alpha."""
-    gsw = tl.load(gsw_ptr + e)
-    if A_FP4:
-        alpha = rcp_rn(tl.load(gsa_ptr + e * gsa_stride) * gsw)
-    else:
-        alpha = rcp_rn(gsw)
-    return alpha
 
 
 @triton.jit(do_not_specialize=["top_k", "T", "w_kp", "a_kp", "out_kp"])
@@ -199,7 +202,7 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
     if SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
-    alpha = _alpha(gsw_ptr, gsa_ptr, e, 0, A_FP4)
+    alpha = alpha_of(gsw_ptr, gsa_ptr, e, 0, A_FP4)
     gate = rn_bf16(acc_g * alpha, PORTABLE)
     up = rn_bf16(acc_u * alpha, PORTABLE)
     act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
@@ -227,16 +230,39 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
                  mask=row_ok[:, None] & (rn < I)[None, :])
 
 
-@triton.jit(do_not_specialize=["R", "P", "w_kp", "a_kp"])
-def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr, part_ptr,
-                sorted_ptr, block_expert_ptr, expert_end_ptr,
+@triton.jit
+def _zero_unrouted(ids_ptr, out_ptr, z, T, N, top_k, lo, E, OUT: tl.constexpr, KP: tl.constexpr,
+                   ZB: tl.constexpr, BN: tl.constexpr):
+    """Tokens [z ZB, z ZB + ZB) with no pair on a local expert: out rows of zeros (no GEMM
+    program arrives for them)."""
+    tok = z.to(tl.int64) * ZB + tl.arange(0, ZB)
+    ok = tok < T
+    ids_t, _ = slot_tiles(ids_ptr, ids_ptr, tok, ok, top_k, KP)
+    none = ok & (tl.sum(((ids_t >= lo) & (ids_t < lo + E)).to(tl.int32), axis=1) == 0)
+    for n0 in range(0, N, BN):
+        cols = n0 + tl.arange(0, BN)
+        tl.store(out_ptr + tok[:, None] * N + cols[None, :], tl.zeros([ZB, BN], OUT),
+                 mask=none[:, None] & (cols < N)[None, :])
+
+
+@triton.jit(do_not_specialize=["R", "P", "w_kp", "a_kp", "top_k", "T", "lo", "n_gemm"])
+def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
+                sorted_ptr, block_expert_ptr, expert_end_ptr, ids_ptr, tw_ptr, out_ptr, cnt_ptr,
                 R, N, KH, P, w_kp, a_kp, w_stride, ws_stride, gsa_stride, kh_per_split,
+                top_k, T, lo, E, n_gemm,
                 A_FP4: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
                 DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                EVEN_K: tl.constexpr, PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+                EVEN_K: tl.constexpr, FUSED: tl.constexpr, OUT: tl.constexpr, KP: tl.constexpr,
+                ZB: tl.constexpr, FIN_N: tl.constexpr, PORTABLE: tl.constexpr,
+                USE_GDC: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     pid, pid_k = tl.program_id(0), tl.program_id(1)
+    if FUSED:
+        if pid >= n_gemm:
+            if pid_k == 0:
+                _zero_unrouted(ids_ptr, out_ptr, pid - n_gemm, T, N, top_k, lo, E, OUT, KP, ZB, BN)
+            return
     tiles_n = tl.cdiv(N, BN)
     b = pid // tiles_n
     pid_n = pid % tiles_n
@@ -267,16 +293,56 @@ def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr, part_ptr,
             acc = mma(x1, tl.trans(w1), acc, PORTABLE)
     if SWAP:
         acc = tl.trans(acc)
-    mask = row_ok[:, None] & (rn < N)[None, :]
-    offs = pairs.to(tl.int64)[:, None] * N + rn[None, :]
+    if FUSED:   # the block's rows and pairs again: volatile loads, fewer registers held
+        rows = b * BM + tl.arange(0, BM)   # across the main loop (else the epilogue spills)
+        row_ok = rows < tl.load(expert_end_ptr + e, volatile=True)
+        pairs = tl.load(sorted_ptr + rows, mask=row_ok, other=0, volatile=True)
+    col_ok = rn < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    pairs64 = pairs.to(tl.int64)
+    offs = pairs64[:, None] * N + rn[None, :]
     if SPLIT > 1:
-        tl.store(part_ptr + pid_k.to(tl.int64) * P * N + offs, acc, mask=mask)
+        tl.store(y_ptr + pid_k.to(tl.int64) * P * N + offs, acc, mask=mask)
     else:
-        y = rn_bf16(acc * _alpha(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4), PORTABLE)
+        y = rn_bf16(acc * alpha_of(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4), PORTABLE)
         tl.store(y_ptr + offs, y.to(tl.bfloat16), mask=mask)
+    if FUSED:
+        _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt_ptr, pairs64,
+                              row_ok, pid_n, gsa_stride, top_k, N, P, lo, E, A_FP4, SPLIT, OUT,
+                              BM, BN, KP, FIN_N, PORTABLE)
 
 
-_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}
+@triton.jit
+def _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt_ptr, pairs64,
+                          row_ok, pid_n, gsa_stride, top_k, N, P, lo, E, A_FP4: tl.constexpr,
+                          SPLIT: tl.constexpr, OUT: tl.constexpr, BM: tl.constexpr,
+                          BN: tl.constexpr, KP: tl.constexpr, FIN_N: tl.constexpr,
+                          PORTABLE: tl.constexpr):
+    """FC2's fused finalize, after this program stored its rows of y: every (pair, split) program
+    of a token's column tile counts itself in (CTA barrier, then an acq_rel atomic: the stores
+    are released before the count), and the program whose count completes the token's local
+    pairs x splits adds the token's k rows in slot order (topk_sum: the order of arrival never
+    changes the sum)."""
+    tok = tl.where(row_ok, pairs64 // top_k, 0)
+    ids_t, _ = slot_tiles(ids_ptr, ids_ptr, tok, row_ok, top_k, KP)
+    n_local = tl.sum(((ids_t >= lo) & (ids_t < lo + E)).to(tl.int32), axis=1)
+    tl.debug_barrier()
+    arrived = tl.atomic_add(cnt_ptr + tok * tl.cdiv(N, BN) + pid_n, 1, mask=row_ok, sem="acq_rel",
+                            scope="gpu")
+    last = row_ok & (arrived == n_local * SPLIT - 1)
+    if tl.max(last.to(tl.int32), axis=0) > 0:
+        for c0 in tl.static_range(0, BN, FIN_N):   # column slices: fewer live registers
+            cols = pid_n * BN + c0 + tl.arange(0, FIN_N)
+            ok = cols < N
+            out = topk_sum(y_ptr, y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, tok, last,
+                           cols, ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, False, PORTABLE)
+            if PORTABLE and OUT == tl.bfloat16:
+                out = rn_bf16(out, PORTABLE)
+            tl.store(out_ptr + tok[:, None] * N + cols[None, :], out.to(OUT),
+                     mask=last[:, None] & ok[None, :])
+
+
+_TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 def _launch_options(device: torch.device, tile: GemmTile) -> dict:
@@ -325,12 +391,33 @@ def fc1(x, x_scale, w1, w1_scale, w1_gs, a1_gs, a2_gs, blocks: ExpertBlocks, top
     return result
 
 
-def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, pairs: int, cfg: MoeConfig,
-        portable: bool) -> torch.Tensor:
-    """FC2 over the sorted rows of `inter` (fc1's result). Returns y bf16 [pairs, H] (rows of
+ZERO_TOKENS = 16   # tokens per program of FC2's zero-fill of tokens no local expert received
+
+
+def _finalize_columns(cfg: MoeConfig, top_k: int) -> int:
+    """Columns per slice of the fused finalize: its unrolled slot loop holds about 64 values per
+    thread (k slots x block_m rows x columns / threads)."""
+    per = 64 * 32 * cfg.fc2.num_warps // (triton.next_power_of_2(top_k) * cfg.block_m)
+    return min(cfg.fc2.block_n, max(16, triton.next_power_of_2(per + 1) // 2))
+
+
+def fc2_counters(tokens: int, hidden: int, cfg: MoeConfig) -> int:
+    """Arrival counters FC2's fused finalize needs (one per token and column tile; none without
+    it), to be zeroed before FC2 (moe_align.align(zero=...))."""
+    return tokens * triton.cdiv(hidden, cfg.fc2.block_n) if cfg.fused_finalize else 0
+
+
+def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, ids: torch.Tensor,
+        tw: torch.Tensor, out: torch.Tensor, lo: int, cfg: MoeConfig, portable: bool,
+        counters: torch.Tensor) -> torch.Tensor:
+    """FC2 over the sorted rows of `inter` (fc1's result). Returns y: bf16 [pairs, H] (rows of
     pairs routed to no local expert are not written), or with split-K the fp32 partial sums
-    [split, pairs, H]."""
+    [split, pairs, H]. With cfg.fused_finalize it also writes out [T, H] (bf16/fp16/fp32): per
+    token the top-k weighted sum of its pairs' rows, zeros for tokens with no local pair
+    (`counters`: fc2_counters of them, int32, zero)."""
     experts, hidden, half_i = w2.shape
+    tokens, top_k = ids.shape
+    pairs = ids.numel()
     w4a4 = isinstance(inter, tuple)
     a, a_s = inter if w4a4 else (inter, inter)
     dev = a.device
@@ -339,18 +426,22 @@ def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, pairs: int, cfg
     bk = block_k_for(2 * half_i, t.block_k)
     per_split = triton.cdiv(triton.cdiv(2 * half_i, bk), split) * bk
     if split > 1:
-        out = torch.empty((split, pairs, hidden), dtype=torch.float32, device=dev)
+        y = torch.empty((split, pairs, hidden), dtype=torch.float32, device=dev)
     else:
-        out = torch.empty((pairs, hidden), dtype=torch.bfloat16, device=dev)
-    grid = (blocks.num_blocks * triton.cdiv(hidden, t.block_n), split)
+        y = torch.empty((pairs, hidden), dtype=torch.bfloat16, device=dev)
+    n_gemm = blocks.num_blocks * triton.cdiv(hidden, t.block_n)
+    fused = cfg.fused_finalize
+    grid = (n_gemm + (triton.cdiv(tokens, ZERO_TOKENS) if fused else 0), split)
     w_u8, ws_u8 = w2.view(torch.uint8), w2_scale.view(torch.uint8)
     _fc2_kernel[grid](
-        a, a_s, w_u8, ws_u8, w2_gs, a2_gs if w4a4 else w2_gs, out, out,
-        blocks.sorted_pairs, blocks.block_expert, blocks.expert_end,
-        blocks.rows, hidden, half_i, pairs, w2_scale.shape[2], a_s.shape[1] if w4a4 else 0,
-        hidden * half_i, w2_scale.shape[1] * w2_scale.shape[2],
+        a, a_s, w_u8, ws_u8, w2_gs, a2_gs if w4a4 else w2_gs, y,
+        blocks.sorted_pairs, blocks.block_expert, blocks.expert_end, ids, tw, out,
+        counters if fused else ids, blocks.rows, hidden, half_i, pairs, w2_scale.shape[2],
+        a_s.shape[1] if w4a4 else 0, hidden * half_i, w2_scale.shape[1] * w2_scale.shape[2],
         1 if (w4a4 and a2_gs.numel() > 1) else 0, per_split // 2,
+        top_k, tokens, lo, experts, n_gemm,
         A_FP4=w4a4, SPLIT=split, SWAP=cfg.swap_ab, DOT=tl.float32 if portable else tl.bfloat16,
-        BM=cfg.block_m, BN=t.block_n, BK=bk, EVEN_K=2 * half_i % bk == 0, PORTABLE=portable,
-        **_launch_options(dev, t))
-    return out
+        BM=cfg.block_m, BN=t.block_n, BK=bk, EVEN_K=2 * half_i % bk == 0, FUSED=fused,
+        OUT=_TL[out.dtype], KP=triton.next_power_of_2(top_k), ZB=ZERO_TOKENS,
+        FIN_N=_finalize_columns(cfg, top_k), PORTABLE=portable, **_launch_options(dev, t))
+    return y

@@ -118,3 +118,85 @@ def mma(a, b, acc, PORTABLE: tl.constexpr):
     else:
         acc = tl.dot(a, b, acc)
     return acc
+
+
+@triton.jit
+def alpha_of(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4: tl.constexpr):
+    """GEMM alpha of expert e (scalar or vector): RN(1 / RN(gs_a * gs_w[e])) (W4A4) or
+    RN(1 / gs_w[e]) (W4A16), as torch_fp4.formats.nvfp4_alpha."""
+    gsw = tl.load(gsw_ptr + e)
+    if A_FP4:
+        alpha = rcp_rn(tl.load(gsa_ptr + e * gsa_stride) * gsw)
+    else:
+        alpha = rcp_rn(gsw)
+    return alpha
+
+
+@triton.jit
+def slot_tiles(ids_ptr, tw_ptr, tok, sel, top_k, KP: tl.constexpr):
+    """The routing of tokens `tok` [R] where `sel`: expert ids [R, KP] (-1 where unselected or
+    past top_k) and weights [R, KP] (0), one load each."""
+    jj = tl.arange(0, KP)
+    m = sel[:, None] & (jj < top_k)[None, :]
+    offs = tok[:, None] * top_k + jj[None, :]
+    return (tl.load(ids_ptr + offs, mask=m, other=-1),
+            tl.load(tw_ptr + offs, mask=m, other=0.0))
+
+
+@triton.jit
+def _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, tok, sel, cols,
+               col_ok, top_k, N, P, lo, E, KP: tl.constexpr, SPLIT: tl.constexpr,
+               A_FP4: tl.constexpr, INDIRECT: tl.constexpr, PORTABLE: tl.constexpr):
+    """(w[t, j], y[t, j]) of topk_sum for slot j (0 and 0 where unselected)."""
+    jj = tl.arange(0, KP)[None, :]
+    # column j of the slot tiles (a sum with one term: exact; w through its bits keeps -0.0)
+    eid = tl.sum(tl.where(jj == j, ids_t, 0), axis=1)
+    w = tl.sum(tl.where(jj == j, w_bits, 0), axis=1).to(tl.float32, bitcast=True)
+    pair = tok * top_k + j
+    local = sel & (eid >= lo) & (eid < lo + E)
+    m = local[:, None] & col_ok[None, :]
+    if SPLIT > 1:
+        s = tl.load(y_ptr + pair[:, None] * N + cols[None, :], mask=m, other=0.0,
+                    cache_modifier=".cg")
+        for sp in tl.static_range(1, SPLIT):
+            s += tl.load(y_ptr + (pair + sp * P)[:, None] * N + cols[None, :], mask=m,
+                         other=0.0, cache_modifier=".cg")
+        alpha = alpha_of(gsw_ptr, gsa_ptr, tl.where(local, eid - lo, 0), gsa_stride, A_FP4)
+        y = tl.where(m, rn_bf16(s * alpha[:, None], PORTABLE), 0.0)
+    else:
+        if INDIRECT:
+            row = tl.load(inv_ptr + pair, mask=local, other=0).to(tl.int64)
+        else:
+            row = pair
+        y = tl.load(y_ptr + row[:, None] * N + cols[None, :], mask=m, other=0.0,
+                    cache_modifier=".cg").to(tl.float32)
+    return w, y
+
+
+@triton.jit
+def topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, tok, sel, cols,
+             col_ok, top_k, N, P, lo, E, KP: tl.constexpr, SPLIT: tl.constexpr,
+             A_FP4: tl.constexpr, INDIRECT: tl.constexpr, PORTABLE: tl.constexpr):
+    """The finalize rule for tokens `tok` [R] (where `sel`) x columns `cols` [C]: fp32
+    sum_j w[t, j] * y[t, j], j = 0, 1, ... in order from 0 as the reference adds, pairs routed to
+    no local expert adding w * 0. y[t, j] is row t k + j of y [*, N] bf16 (row inv[t k + j] when
+    INDIRECT), or, with SPLIT > 1, RN_bf16(alpha2[e] * (sum of the SPLIT fp32 partial rows
+    t k + j of y [SPLIT, P, N], in split order)). KP >= top_k (a power of two); without split
+    partials the slot loop is unrolled so that every slot's rows load at once. Rows are read
+    past L1 (.cg): other programs of the same kernel may have written them."""
+    ids_t, w_t = slot_tiles(ids_ptr, tw_ptr, tok, sel, top_k, KP)
+    w_bits = w_t.to(tl.int32, bitcast=True)
+    acc = tl.zeros([tok.shape[0], cols.shape[0]], tl.float32)
+    if SPLIT > 1:
+        for j in range(top_k):
+            w, y = _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, tok,
+                              sel, cols, col_ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, INDIRECT,
+                              PORTABLE)
+            acc = acc + w[:, None] * y
+    else:
+        for j in tl.static_range(KP):
+            w, y = _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, tok,
+                              sel, cols, col_ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, INDIRECT,
+                              PORTABLE)
+            acc = acc + w[:, None] * y   # slots past top_k add +0 (acc is never -0)
+    return acc
