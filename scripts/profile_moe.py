@@ -43,7 +43,6 @@ def profile(m: B.Model, tokens: int, w4a4: bool, iters: int = 20) -> None:
     total = sum(times.values())
     parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(times.items(), key=lambda kv: -kv[1]))
     print(f"{m.name:<14} T={tokens:<5} {'W4A4 ' if w4a4 else 'W4A16'} kernels {total:7.1f} us: {parts}", flush=True)
-    del weights
     torch.cuda.empty_cache()
 
 

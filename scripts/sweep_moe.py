@@ -33,7 +33,7 @@ def sweep(m: B.Model, tokens: int) -> None:
         try:
             return graph_time_us(lambda: MF.fused_moe(x, *w1, *w2, ids, tw, None, None, 0,
                                                       torch.bfloat16, config=cfg), [()])
-        except Exception as exc:   # a tile that does not compile or launch here
+        except Exception:   # a tile that does not compile or launch here
             return float("inf")
     t0 = t(base)
     fc1 = sorted((t(MG.MoeConfig(base.block_m, True, tile, base.fc2, base.fc2_split)), tile) for tile in TILES)

@@ -39,7 +39,7 @@ from .. import _common
 from .moe_align import ExpertBlocks
 from .moe_numerics import (alpha_of, exp_f32, fp4_tile, mma, nvfp4_scale, rn_bf16, slot_tiles,
                            topk_sum)
-from .numerics import LAYOUT_128x4, e2m1_encode_doubled, nan_amax, rcp_rn, scale_offsets
+from .numerics import LAYOUT_128x4, e2m1_encode_doubled, nan_amax, scale_offsets
 
 
 @dataclass(frozen=True)
