@@ -40,11 +40,10 @@ def sweep(m: B.Model, tokens: int) -> None:
     fc2 = sorted((t(MG.MoeConfig(base.block_m, True, base.fc1, tile, split)), tile, split)
                  for tile in TILES for split in (1, 2, 4))
     print(f"{m.name:<14} T={tokens:<3} default {t0:7.1f} us {base.label()}", flush=True)
-    print(f"   fc1 best: " + "; ".join(f"{us:.1f} {tl.block_n}x{tl.block_k}w{tl.num_warps}s{tl.num_stages}"
+    print("   fc1 best: " + "; ".join(f"{us:.1f} {tl.block_n}x{tl.block_k}w{tl.num_warps}s{tl.num_stages}"
                                       for us, tl in fc1[:4]), flush=True)
-    print(f"   fc2 best: " + "; ".join(f"{us:.1f} {tl.block_n}x{tl.block_k}w{tl.num_warps}s{tl.num_stages}k{sp}"
+    print("   fc2 best: " + "; ".join(f"{us:.1f} {tl.block_n}x{tl.block_k}w{tl.num_warps}s{tl.num_stages}k{sp}"
                                       for us, tl, sp in fc2[:4]), flush=True)
-    del w1, w2
     torch.cuda.empty_cache()
 
 
