@@ -93,31 +93,29 @@ def _split_for(programs: int, k: int, bk: int, sms: int) -> int:
     return split
 
 
+FUSED_FINALIZE_PAIRS = 128   # default_config fuses the finalize into FC2 up to this many pairs
+
+
 def default_config(tokens: int, top_k: int, experts: int, hidden: int, inter: int,
                    sms: int = 132) -> MoeConfig:
     """Tiles from the rows each active expert gets on average. Up to 64 rows (decode): blocks of
-    16, 32 or 64 rows, swapped operands, FC1 tiles of 64 or 128 weight rows by the number of
-    programs, split-K for FC2 when programs are few, the finalize in
-    FC2's epilogue; more: 128-row blocks, unswapped, 8 warps, the finalize as a separate
-    bandwidth-bound kernel (in the epilogue, the last program of each token's tile would add
-    slot-order reads to the end of every program: measured slower on H100 at T >= 1024). Every
-    tile compiles for sm_90 without register spills (block_k
-    256 spills; tests/test_triton_moe_compile.py checks the benchmark models' tiles)."""
+    16, 32 or 64 rows, swapped operands, split-K for FC2 when programs are few; more: 128-row
+    blocks, unswapped, 8 warps. The finalize runs in FC2's epilogue up to FUSED_FINALIZE_PAIRS
+    (token, slot) pairs, where it saves a launch; above, as a separate bandwidth-bound kernel (in
+    the epilogue, the programs that complete tokens last add slot-order reads at the end of the
+    grid: measured slower on H100 from T = 1024). Every tile compiles for sm_90 without register
+    spills in its main loop (block_k 256 spills; tests/test_triton_moe_compile.py checks the
+    benchmark models' tiles)."""
     pairs = tokens * top_k
     active = max(1, min(experts, pairs))
     per_expert = triton.cdiv(pairs, active)
     if per_expert <= 64:
         bm = max(16, triton.next_power_of_2(per_expert))
         blocks = active * triton.cdiv(per_expert, bm)
-        # FC1: 128 gate + 128 up rows per program (8 warps) while that still fills every SM,
-        # else 64 + 64 with a deeper pipeline (H100 sweeps, scripts/sweep_moe.py)
-        if blocks * triton.cdiv(inter, 128) >= sms:
-            fc1 = GemmTile(128, block_k_for(hidden, 128), num_warps=8)
-        else:
-            fc1 = GemmTile(64, block_k_for(hidden, 128), num_stages=5)
+        fc1 = GemmTile(64, block_k_for(hidden, 128))
         fc2 = GemmTile(64, block_k_for(inter, 128))
         split = _split_for(blocks * triton.cdiv(hidden, fc2.block_n), inter, fc2.block_k, sms)
-        return MoeConfig(bm, True, fc1, fc2, split)
+        return MoeConfig(bm, True, fc1, fc2, split, fused_finalize=pairs <= FUSED_FINALIZE_PAIRS)
     fc1 = GemmTile(64, block_k_for(hidden, 64), num_warps=8)
     fc2 = GemmTile(128, block_k_for(inter, 64), num_warps=8)
     return MoeConfig(128, False, fc1, fc2, fused_finalize=False)
