@@ -2,12 +2,7 @@
 # mm_fp4 on the GPU: GPU tests, then `bench mm` (quick grid or full) and tactic sweeps.
 # Usage: scripts/device_mm.sh [tests] [quick|full] [ncu] [tactics]   (writes under $OUT)
 # TACTIC_PROBLEMS="1_w4a16 16_w4a16" limits the tactic sweeps (M_mode, N=8192 K=28672).
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=.
-[ -f .carry/device-env.sh ] && source .carry/device-env.sh
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/device_common.sh"
 for step in "$@"; do
   case $step in
     tests) timeout ${TEST_TIMEOUT:-900} python -m pytest -q -x -rs ${PYTEST_ARGS:-tests/test_gpu_mm.py} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;

@@ -1,12 +1,7 @@
 #!/usr/bin/env bash
 # fused_moe on the GPU: GPU tests, kernel-time profile, `bench moe` (quick or full).
 # Usage: scripts/device_moe.sh [tests] [profile] [sweep] [quick|full]   (writes under $OUT)
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-export PYTHONPATH=.
-[ -f .carry/device-env.sh ] && source .carry/device-env.sh
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" | tee -a "$OUT/gpu.txt"
+source "$(dirname "$0")/device_common.sh"
 for step in "$@"; do
   case $step in
     tests) timeout ${TEST_TIMEOUT:-900} python -m pytest -q -rs ${PYTEST_ARGS:-tests/test_gpu_moe.py} ${PYTEST_K:+-k "$PYTEST_K"} > "$OUT/tests.txt" 2>&1
