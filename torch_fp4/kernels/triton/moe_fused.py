@@ -81,7 +81,10 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
         sms = sm_count(x.device) if x.is_cuda else 132
         config = default_config(tokens, top_k, experts, hidden, two_i // 2, sms)
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
-    counters = torch.empty(fc2_counters(tokens, hidden, config), dtype=torch.int32, device=x.device)
+    counters = None
+    if config.fused_finalize:
+        counters = torch.empty(fc2_counters(tokens, hidden, config), dtype=torch.int32,
+                               device=x.device)
     blocks = align(ids, experts, local_expert_offset, config.block_m, zero=counters)
     w4a4 = a1_global_scale is not None
     if w4a4:

@@ -30,6 +30,7 @@ does: RN(1 / RN(gs_a * gs_w[e])), or RN(1 / gs_w[e]) in W4A16.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import triton
@@ -133,6 +134,40 @@ def _block_rows(b, block_expert_ptr, expert_end_ptr, sorted_ptr, BM: tl.constexp
 
 
 @triton.jit
+def _program_tile(pid, n, w_ptr, ws_ptr, w_stride, ws_stride, block_expert_ptr, expert_end_ptr,
+                  sorted_ptr, BM: tl.constexpr, BN: tl.constexpr):
+    """Program pid of a grouped GEMM over n weight rows: its block b (_block_rows: e, rows,
+    row_ok, pairs), column tile pid_n, weight rows rn, and expert e's weights and scales."""
+    tiles_n = tl.cdiv(n, BN)
+    b = pid // tiles_n
+    pid_n = pid % tiles_n
+    e, rows, row_ok, pairs = _block_rows(b, block_expert_ptr, expert_end_ptr, sorted_ptr, BM)
+    rn = pid_n * BN + tl.arange(0, BN)
+    w_e = w_ptr + e.to(tl.int64) * w_stride
+    ws_e = ws_ptr + e.to(tl.int64) * ws_stride
+    return b, pid_n, e, rows, row_ok, pairs, rn, w_e, ws_e
+
+
+@triton.jit
+def _mma_step(w0, w1, x0, x1, acc, SWAP: tl.constexpr, PORTABLE: tl.constexpr):
+    """acc + one K step of weights (w0, w1: even / odd K halves) times activations (x0, x1):
+    acc [BN, BM] (weight rows as the MMA's M side) when SWAP, else [BM, BN]."""
+    if SWAP:
+        acc = mma(w0, tl.trans(x0), acc, PORTABLE)
+        acc = mma(w1, tl.trans(x1), acc, PORTABLE)
+    else:
+        acc = mma(x0, tl.trans(w0), acc, PORTABLE)
+        acc = mma(x1, tl.trans(w1), acc, PORTABLE)
+    return acc
+
+
+@triton.jit
+def _local_slots(ids_t, lo, E):
+    """Per row of a slot tile (slot_tiles), how many slots name a local expert."""
+    return tl.sum(((ids_t >= lo) & (ids_t < lo + E)).to(tl.int32), axis=1)
+
+
+@triton.jit
 def _act_tile(a_ptr, as_ptr, arows, n_arows, kh0, KH, n_kb, a_kp, A_FP4: tl.constexpr,
               HALF: tl.constexpr, BM: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
               PORTABLE: tl.constexpr):
@@ -163,17 +198,12 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
                 PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
-    pid = tl.program_id(0)
-    tiles_n = tl.cdiv(I, BN)
-    b = pid // tiles_n
-    pid_n = pid % tiles_n
-    e, rows, row_ok, pairs = _block_rows(b, block_expert_ptr, expert_end_ptr, sorted_ptr, BM)
+    b, pid_n, e, rows, row_ok, pairs, rn, w_e, ws_e = _program_tile(
+        tl.program_id(0), I, w_ptr, ws_ptr, w_stride, ws_stride, block_expert_ptr, expert_end_ptr,
+        sorted_ptr, BM, BN)
     if e < 0:
         return
     tok = tl.where(row_ok, pairs // top_k, T)
-    rn = pid_n * BN + tl.arange(0, BN)
-    w_e = w_ptr + e.to(tl.int64) * w_stride
-    ws_e = ws_ptr + e.to(tl.int64) * ws_stride
     n_kb = KH // 8
     if SWAP:
         acc_g = tl.zeros((BN, BM), tl.float32)
@@ -187,16 +217,8 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
         x0, x1 = _act_tile(a_ptr, as_ptr, tok, T, kh0, KH, n_kb, a_kp, A_FP4, HALF, BM, BK, EVEN_K,
                            PORTABLE)
         g0, g1, u0, u1, x0, x1 = g0.to(DOT), g1.to(DOT), u0.to(DOT), u1.to(DOT), x0.to(DOT), x1.to(DOT)
-        if SWAP:
-            acc_g = mma(g0, tl.trans(x0), acc_g, PORTABLE)
-            acc_g = mma(g1, tl.trans(x1), acc_g, PORTABLE)
-            acc_u = mma(u0, tl.trans(x0), acc_u, PORTABLE)
-            acc_u = mma(u1, tl.trans(x1), acc_u, PORTABLE)
-        else:
-            acc_g = mma(x0, tl.trans(g0), acc_g, PORTABLE)
-            acc_g = mma(x1, tl.trans(g1), acc_g, PORTABLE)
-            acc_u = mma(x0, tl.trans(u0), acc_u, PORTABLE)
-            acc_u = mma(x1, tl.trans(u1), acc_u, PORTABLE)
+        acc_g = _mma_step(g0, g1, x0, x1, acc_g, SWAP, PORTABLE)
+        acc_u = _mma_step(u0, u1, x0, x1, acc_u, SWAP, PORTABLE)
     if SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
@@ -236,7 +258,7 @@ def _zero_unrouted(ids_ptr, out_ptr, z, T, N, top_k, lo, E, OUT: tl.constexpr, K
     tok = z.to(tl.int64) * ZB + tl.arange(0, ZB)
     ok = tok < T
     ids_t, _ = slot_tiles(ids_ptr, ids_ptr, tok, ok, top_k, KP)
-    none = ok & (tl.sum(((ids_t >= lo) & (ids_t < lo + E)).to(tl.int32), axis=1) == 0)
+    none = ok & (_local_slots(ids_t, lo, E) == 0)
     for n0 in range(0, N, BN):
         cols = n0 + tl.arange(0, BN)
         tl.store(out_ptr + tok[:, None] * N + cols[None, :], tl.zeros([ZB, BN], OUT),
@@ -261,16 +283,12 @@ def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
             if pid_k == 0:
                 _zero_unrouted(ids_ptr, out_ptr, pid - n_gemm, T, N, top_k, lo, E, OUT, KP, ZB, BN)
             return
-    tiles_n = tl.cdiv(N, BN)
-    b = pid // tiles_n
-    pid_n = pid % tiles_n
-    e, rows, row_ok, pairs = _block_rows(b, block_expert_ptr, expert_end_ptr, sorted_ptr, BM)
+    b, pid_n, e, rows, row_ok, pairs, rn, w_e, ws_e = _program_tile(
+        pid, N, w_ptr, ws_ptr, w_stride, ws_stride, block_expert_ptr, expert_end_ptr, sorted_ptr,
+        BM, BN)
     if e < 0:
         return
     arows = tl.where(row_ok, rows, R)
-    rn = pid_n * BN + tl.arange(0, BN)
-    w_e = w_ptr + e.to(tl.int64) * w_stride
-    ws_e = ws_ptr + e.to(tl.int64) * ws_stride
     n_kb = KH // 8
     if SWAP:
         acc = tl.zeros((BN, BM), tl.float32)
@@ -283,12 +301,7 @@ def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
         x0, x1 = _act_tile(a_ptr, as_ptr, arows, R, kh0, KH, n_kb, a_kp, A_FP4, tl.bfloat16, BM, BK,
                            EVEN_K, PORTABLE)
         w0, w1, x0, x1 = w0.to(DOT), w1.to(DOT), x0.to(DOT), x1.to(DOT)
-        if SWAP:
-            acc = mma(w0, tl.trans(x0), acc, PORTABLE)
-            acc = mma(w1, tl.trans(x1), acc, PORTABLE)
-        else:
-            acc = mma(x0, tl.trans(w0), acc, PORTABLE)
-            acc = mma(x1, tl.trans(w1), acc, PORTABLE)
+        acc = _mma_step(w0, w1, x0, x1, acc, SWAP, PORTABLE)
     if SWAP:
         acc = tl.trans(acc)
     if FUSED:   # the block's rows and pairs again: volatile loads, fewer registers held
@@ -323,7 +336,7 @@ def _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt
     changes the sum)."""
     tok = tl.where(row_ok, pairs64 // top_k, 0)
     ids_t, _ = slot_tiles(ids_ptr, ids_ptr, tok, row_ok, top_k, KP)
-    n_local = tl.sum(((ids_t >= lo) & (ids_t < lo + E)).to(tl.int32), axis=1)
+    n_local = _local_slots(ids_t, lo, E)
     tl.debug_barrier()
     arrived = tl.atomic_add(cnt_ptr + tok * tl.cdiv(N, BN) + pid_n, 1, mask=row_ok, sem="acq_rel",
                             scope="gpu")
@@ -400,19 +413,19 @@ def _finalize_columns(cfg: MoeConfig, top_k: int) -> int:
 
 
 def fc2_counters(tokens: int, hidden: int, cfg: MoeConfig) -> int:
-    """Arrival counters FC2's fused finalize needs (one per token and column tile; none without
-    it), to be zeroed before FC2 (moe_align.align(zero=...))."""
-    return tokens * triton.cdiv(hidden, cfg.fc2.block_n) if cfg.fused_finalize else 0
+    """Arrival counters FC2's fused finalize needs (one per token and column tile), to be zeroed
+    before FC2 (moe_align.align(zero=...))."""
+    return tokens * triton.cdiv(hidden, cfg.fc2.block_n)
 
 
 def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, ids: torch.Tensor,
         tw: torch.Tensor, out: torch.Tensor, lo: int, cfg: MoeConfig, portable: bool,
-        counters: torch.Tensor) -> torch.Tensor:
+        counters: Optional[torch.Tensor]) -> torch.Tensor:
     """FC2 over the sorted rows of `inter` (fc1's result). Returns y: bf16 [pairs, H] (rows of
     pairs routed to no local expert are not written), or with split-K the fp32 partial sums
     [split, pairs, H]. With cfg.fused_finalize it also writes out [T, H] (bf16/fp16/fp32): per
     token the top-k weighted sum of its pairs' rows, zeros for tokens with no local pair
-    (`counters`: fc2_counters of them, int32, zero)."""
+    (`counters`: fc2_counters of them, int32, zero; None without the fused finalize)."""
     experts, hidden, half_i = w2.shape
     tokens, top_k = ids.shape
     pairs = ids.numel()
