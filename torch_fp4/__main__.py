@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     bm.add_argument("--csv", default=None, help="write every measurement to this CSV file")
     bm.add_argument("--tune", action="store_true", help="autotune each problem first "
                                                         "(torch_fp4.autotune; fills the tactic cache)")
+    bm.add_argument("--ms", default=None, help="comma-separated M values (default: all, or --quick's)")
     bm.add_argument("--tactics", action="store_true", help="time every tactic of one problem")
     bm.add_argument("--m", type=int, default=16)
     bm.add_argument("--n", type=int, default=8192)
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             bench_mm.run_tactics(args.m, args.n, args.k, args.csv, args.mode)
         else:
             from .bench import mm as bench_mm
-            bench_mm.run(args.quick, args.csv, args.tune)
+            ms = tuple(int(v) for v in args.ms.split(",")) if args.ms else None
+            bench_mm.run(args.quick, args.csv, args.tune, ms)
     return 0
 
 

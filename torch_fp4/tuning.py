@@ -34,13 +34,16 @@ def _band(numel: int) -> int:
     return SMALL if numel < _BAND_EDGES[0] else MEDIUM if numel < _BAND_EDGES[1] else LARGE
 
 
-# mm_fp4: "auto" tries the cuda small-M GEMM first for M <= CUDA_MM_MAX_M (csrc/mm_small_m.cu;
-# measured on H100: 2.6-3.0x bf16 at M <= 16 against Triton's 2.0-2.1x, but 0.85x at M = 64
-# where Triton reaches 1.6x), then the Triton GEMM (run and tested on H100). The CuTe DSL
-# Blackwell kernels are compiled and SASS-checked in CI but have never run on a GPU, so they are
-# opt-in (backend="cute-dsl") rather than chosen silently. route and fused_moe: the Triton
-# kernels on CUDA tensors (the cute-dsl fused_moe is opt-in, never run), the reference elsewhere.
+# mm_fp4: "auto" tries the cuda backend first: on sm_90 its tactic space holds the small-M GEMM
+# (csrc/mm_small_m.cu, M <= 16 by default) and the Hopper wgmma GEMM (csrc/mm_wgmma.cu, every M;
+# BENCHMARKS.md); elsewhere only the small-M GEMM, which is used up to M = CUDA_MM_MAX_M
+# (measured on H100: 2.6-3.0x bf16 at M <= 16 against Triton's 2.0-2.1x, but 0.85x at M = 64
+# where Triton reaches 1.6x). Then the Triton GEMM. The CuTe DSL Blackwell kernels are compiled
+# and SASS-checked in CI but have never run on a GPU, so they are opt-in (backend="cute-dsl")
+# rather than chosen silently. route and fused_moe: the Triton kernels on CUDA tensors (the
+# cute-dsl fused_moe is opt-in, never run), the reference elsewhere.
 CUDA_MM_MAX_M = 16
+HOPPER_MM = (9, 0)   # where the cuda backend has the wgmma GEMM for every M
 OP_ORDER: dict[str, tuple[Backend, ...]] = {
     "mm_fp4": (Backend.CUDA, Backend.TRITON, Backend.REFERENCE),
     "route": (Backend.TRITON, Backend.REFERENCE),
@@ -48,9 +51,13 @@ OP_ORDER: dict[str, tuple[Backend, ...]] = {
 }
 
 
+def _hopper(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda" and torch.cuda.get_device_capability(t.device) == HOPPER_MM
+
+
 def auto_order(op: str, args: tuple) -> tuple[Backend, ...]:
     """Backends to try for `op` on `args`, fastest first (the reference always last)."""
-    if op == "mm_fp4" and args and args[0].shape[0] > CUDA_MM_MAX_M:
+    if op == "mm_fp4" and args and args[0].shape[0] > CUDA_MM_MAX_M and not _hopper(args[0]):
         return tuple(b for b in OP_ORDER[op] if b != Backend.CUDA)
     if op in OP_ORDER:
         return OP_ORDER[op]

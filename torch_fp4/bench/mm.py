@@ -3,7 +3,10 @@ Llama-3.1-70B linear shapes against torch bf16 matmul and torch fp8 `_scaled_mm`
 in the same run with CUDA-graph replays (torch_fp4/bench/timing.py).
 
 Columns: time per call; TFLOP/s; speed-up over bf16 and over fp8; fraction of the FP4 memory
-floor (weight + scale bytes at the measured copy bandwidth, divided by the measured time).
+floor (weight + scale bytes at the measured copy bandwidth, divided by the measured time). When
+the optional peer quack-kernels is importable, `quack.gemm_w4.gemm_w4a16` (NVFP4, the same weights
+repacked once by its `prepare_w4_weight`, not timed) is timed in the same run and "x quack" is
+its time over ours.
 W4A4 times include the activation quantization (global scale given, one quantize launch).
 `--tactics` times every tactic of one problem and writes them to a CSV file.
 """
@@ -64,7 +67,22 @@ def _peers(m: int, n: int, k: int, w_bf16: torch.Tensor, w_fp8: torch.Tensor, de
     return bf16, fp8
 
 
-def run(quick: bool = False, csv_path: str | None = None, tune: bool = False) -> list[dict]:
+def quack_w4a16(a: torch.Tensor, w_data: torch.Tensor, w_scale: torch.Tensor, n: int, k: int):
+    """A call of quack's NVFP4 W4A16 GEMM on our weights (repacked once), or None when quack is not
+    installed or cannot run the shape (it needs N and K multiples of 64)."""
+    try:
+        from quack.gemm_w4 import gemm_w4a16, prepare_w4_weight
+    except Exception:
+        return None
+    if n % 64 or k % 64:
+        return None
+    sf = F.unswizzle(w_scale, n, k // 16, "128x4").view(torch.float8_e4m3fn)
+    blob, sf_blob = prepare_w4_weight(w_data.view(torch.uint8), sf, wformat="nvfp4")
+    return lambda: gemm_w4a16(a, blob, sf_blob, wformat="nvfp4")
+
+
+def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
+        ms: tuple[int, ...] | None = None) -> list[dict]:
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
     copy_bw = copy_bandwidth_gbs(dev)
@@ -73,14 +91,15 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False) ->
           flush=True)
     rows = []
     hdr = (f"{'N':>6} {'K':>6} {'M':>6} | {'bf16 us':>9} {'fp8 us':>9} | {'W4A16 us':>9} {'TFLOP/s':>7} "
-           f"{'x bf16':>6} {'x fp8':>6} {'floor':>5} | {'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6}")
+           f"{'x bf16':>6} {'x fp8':>6} {'floor':>5} | {'quack us':>9} {'x quack':>7} | "
+           f"{'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6}")
     print(hdr)
     for n, k in SHAPES:
         w = nvfp4_weight(n, k, dev)
         w_bf16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
         w_fp8 = w_bf16.to(torch.float8_e4m3fn)
         floor_us = (n * k // 2 + w[1].numel()) / copy_bw / 1e3
-        for m in (QUICK_MS if quick else MS):
+        for m in ms or (QUICK_MS if quick else MS):
             p = Problem(m, n, k, w, dev)
             with tactics.autotune(tune):
                 p.w4a16()
@@ -88,15 +107,19 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False) ->
             t16 = graph_time_us(p.w4a16, [()])
             t4 = graph_time_us(p.w4a4, [()])
             bf16, fp8 = _peers(m, n, k, w_bf16, w_fp8, dev)
+            quack = quack_w4a16(p.a, p.w_data, p.w_scale, n, k)
+            tq = graph_time_us(quack, [()]) if quack is not None else float("nan")
+            del quack
             flops = 2.0 * m * n * k
             r = dict(gpu=name, n=n, k=k, m=m, bf16_us=bf16, fp8_us=fp8, w4a16_us=t16, w4a4_us=t4,
                      w4a16_tflops=flops / t16 / 1e6, w4a16_x_bf16=bf16 / t16, w4a16_x_fp8=fp8 / t16,
-                     w4a16_floor=floor_us / t16, w4a4_x_bf16=bf16 / t4, w4a4_over_w4a16=t4 / t16,
+                     w4a16_floor=floor_us / t16, quack_us=tq, w4a16_x_quack=tq / t16,
+                     w4a4_x_bf16=bf16 / t4, w4a4_over_w4a16=t4 / t16,
                      copy_gbs=copy_bw)
             rows.append(r)
             print(f"{n:>6} {k:>6} {m:>6} | {bf16:>9.1f} {fp8:>9.1f} | {t16:>9.1f} {r['w4a16_tflops']:>7.0f} "
                   f"{r['w4a16_x_bf16']:>6.2f} {r['w4a16_x_fp8']:>6.2f} {r['w4a16_floor']:>5.2f} | "
-                  f"{t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f}", flush=True)
+                  f"{tq:>9.1f} {r['w4a16_x_quack']:>7.2f} | {t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f}", flush=True)
             del p
         del w, w_bf16, w_fp8
         torch.cuda.empty_cache()

@@ -23,7 +23,7 @@ OPS = {
     "mm_fp4": "mm:mm_fp4",
 }
 # Tactic spaces (module:attribute, cheap to import: no toolchain) of the tunable ops.
-TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE"}
+TACTIC_SPACES = {"mm_fp4": "mm_space:MM_SPACE"}
 
 # The kernels index one matrix (per batch entry) with 32-bit arithmetic: quantize has one thread
 # per padded scale entry, dequantize one per 8 elements.
@@ -67,28 +67,17 @@ def _size_reason(op: str, args: tuple) -> Optional[str]:
     return None
 
 
-# The small-M GEMM indexes its operands with 32-bit offsets.
-MAX_MM_OPERAND = 2**31 - 1
-
-
 def _mm_reason(args: tuple) -> Optional[str]:
-    """Why the small-M GEMM (csrc/mm_small_m.cu) cannot run these mm_fp4 arguments, or None."""
-    from .mm_tactics import MAX_M
+    """Why neither cuda GEMM (csrc/mm_small_m.cu for M <= 64, csrc/mm_wgmma.cu on sm_90) can run
+    these mm_fp4 arguments, or None."""
+    from .mm_space import small_m_reason
+    from .mm_wgmma_tactics import problem_reason
 
-    a, b, a_scale, b_scale, fmt = args[0], args[1], args[2], args[3], args[6]
-    m, n, k = a.shape[0], b.shape[1], 2 * b.shape[0]
-    if m > MAX_M:
-        return f"the cuda mm_fp4 kernel is for M <= {MAX_M} (decode); larger M uses triton"
-    if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
-        return ("fp16 activations with MXFP4 weights: the cuda mm_fp4 kernel multiplies in fp16 "
-                "for fp16 activations, which cannot hold every MXFP4 value (triton handles them)")
-    if n * (k // 2) > MAX_MM_OPERAND or m * k > MAX_MM_OPERAND:
-        return f"operands beyond 2^31 elements (M={m}, N={n}, K={k}) need 64-bit offsets"
-    if a_scale is None and a.data_ptr() % 16:
-        return "the activations a must be 16-byte aligned"
-    if b.data_ptr() % 8 or b_scale.data_ptr() % 4:
-        return "b must be 8-byte and b_scale 4-byte aligned"
-    return None
+    small = small_m_reason(args)
+    if small is None:
+        return None
+    hopper = problem_reason(args)
+    return None if hopper is None else f"{small}; {hopper}"
 
 
 def requirement(op: str, *args) -> Optional[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-KERNEL_SOURCES = ("quantize.cu", "dequantize.cu", "global_scale.cu", "mm_small_m.cu")
+KERNEL_SOURCES = ("quantize.cu", "dequantize.cu", "global_scale.cu", "mm_small_m.cu", "mm_wgmma.cu")
 SOURCES = ("binding.cpp", *KERNEL_SOURCES)
 
 _lock = threading.Lock()

@@ -1,5 +1,6 @@
 """mm_fp4 on the cuda backend (same signature as torch_fp4/reference/gemm.py, plus the tactic):
-the small-M FP4 GEMM of torch_fp4/csrc/mm_small_m.cu for M <= 64.
+the small-M FP4 GEMM of torch_fp4/csrc/mm_small_m.cu (M <= 64) or the Hopper wgmma GEMM of
+torch_fp4/csrc/mm_wgmma.cu (sm_90, any M), whichever family the tactic belongs to.
 
 W4A16 feeds the bf16/fp16 activations to the kernel as they are. W4A4 first dequantizes the FP4
 activations to bf16 with the backend's dequantize kernel (exact: every NVFP4/MXFP4 value is a bf16
@@ -13,13 +14,15 @@ from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, use_pdl
 from .build import extension
-from .mm_tactics import MM_SPACE, CudaMmTactic
+from .mm_space import MM_SPACE
+from .mm_tactics import CudaMmTactic
+from .mm_wgmma_tactics import WgmmaMmTactic
 from .quantize import _LAYOUT_CODES
 
 
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
-           layout: F.SfLayout, tactic: CudaMmTactic | None = None) -> torch.Tensor:
+           layout: F.SfLayout, tactic: CudaMmTactic | WgmmaMmTactic | None = None) -> torch.Tensor:
     args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
     t = tactic if tactic is not None else MM_SPACE.default(*args)
     reason = MM_SPACE.why_not(t, *args)
@@ -37,6 +40,10 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
                        _LAYOUT_CODES[layout], pdl)
     else:
         act = a
-    ext.mm_fp4_small_m(act, b.T.view(torch.uint8), b_scale.T.view(torch.uint8), alpha, out,
-                       fmt.block_size, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k, pdl)
+    if isinstance(t, WgmmaMmTactic):
+        ext.mm_fp4_wgmma(act, b.T.view(torch.uint8), b_scale.T.view(torch.uint8), alpha, out,
+                         fmt.block_size, t.block_m, t.ctas_per_sm, t.stages, t.split_k, pdl)
+    else:
+        ext.mm_fp4_small_m(act, b.T.view(torch.uint8), b_scale.T.view(torch.uint8), alpha, out,
+                           fmt.block_size, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k, pdl)
     return out

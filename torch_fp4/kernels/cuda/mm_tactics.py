@@ -20,6 +20,7 @@ from ...tactics import Tactic, TacticSpace, register_family, valid_unique
 from .._common import mm_key, mm_problem, sm_count
 
 MAX_M = 64
+MAX_MM_OPERAND = 2**31 - 1   # the kernel indexes its operands with 32-bit offsets
 MAX_SPLIT = 8             # a portable cluster size
 STAGES = (2, 3, 4, 5, 6)  # cp.async.wait_group takes stages - 2 as an immediate (0..4)
 TILE_SHAPES = ((8, 1, 256), (8, 1, 128), (4, 1, 256), (4, 1, 128), (4, 2, 256), (4, 2, 128))
@@ -102,6 +103,19 @@ def _smem_limit(args) -> int:
 
 def _steps(k: int, block_k: int) -> int:
     return -(-k // block_k)
+
+
+def operand_reason(args) -> Optional[str]:
+    """Why the kernel cannot address these operands (sizes, alignment), or None."""
+    m, n, k = problem(args)
+    a, b, a_scale, b_scale = args[0], args[1], args[2], args[3]
+    if n * (k // 2) > MAX_MM_OPERAND or m * k > MAX_MM_OPERAND:
+        return f"operands beyond 2^31 elements (M={m}, N={n}, K={k}) need 64-bit offsets"
+    if a_scale is None and a.data_ptr() % 16:
+        return "the activations a must be 16-byte aligned"
+    if b.data_ptr() % 8 or b_scale.data_ptr() % 4:
+        return "b must be 8-byte and b_scale 4-byte aligned"
+    return None
 
 
 def why_not(t: Tactic, *args) -> Optional[str]:

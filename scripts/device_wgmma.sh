@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The Hopper wgmma GEMM on the GPU: its tests, then `bench mm` over chosen M (with quack when
+# carried). Usage: scripts/device_wgmma.sh [tests] [bench] [tactics]   (writes under $OUT)
+# MS="64,128,256" picks the bench's M values; PYTEST_K filters the tests.
+source "$(dirname "$0")/device_common.sh"
+for step in "$@"; do
+  case $step in
+    build) python -c "import torch; from torch_fp4.kernels.cuda.build import extension; extension(torch.device('cuda'))" 2>&1 | tail -20 | tee "$OUT/build.txt" ;;
+    tests) timeout ${TEST_TIMEOUT:-400} python -m pytest -q -x -rs ${PYTEST_ARGS:-tests/test_gpu_mm_wgmma.py} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
+    bench) timeout ${BENCH_TIMEOUT:-400} python -m torch_fp4 bench mm --ms "${MS:-1,16,64,128,256,1024,4096}" --csv "$OUT/mm.csv" 2>&1 | tee "$OUT/mm.txt" ;;
+    tactics)
+      for mm in ${TACTIC_MS:-64 128 256}; do
+        echo "== M=$mm W4A16 N=8192 K=28672" >> "$OUT/tactics.txt"
+        timeout 200 python -m torch_fp4 bench mm --tactics --m $mm --mode w4a16 >> "$OUT/tactics.txt" 2>&1
+      done; grep -E "==|wgmma" "$OUT/tactics.txt" | sort -k2 -n | head -60 ;;
+  esac
+done

@@ -1,0 +1,135 @@
+"""The cuda backend's Hopper wgmma GEMM (csrc/mm_wgmma.cu) against the spec, on sm_90 only.
+
+Every compiled tile (block_m 64/128/256, one or two CTAs per SM) with and without split-K, few
+and many stages: exact on
+grid-exact operands, within the spec's bound on random quantized data; M = 1, 33, 129, 4097; N
+and K not multiples of the tiles (K a multiple of 32); NVFP4 and MXFP4; bf16, fp16 and FP4
+activations; outputs NaN-poisoned at allocation; identical bits run to run; CUDA-graph replay.
+"""
+import pytest
+import torch
+
+import torch_fp4 as t4
+from torch_fp4 import formats as F
+from torch_fp4 import tactics
+from torch_fp4 import testing as T
+from torch_fp4.kernels import _common
+from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(autouse=True)
+def _hopper(tmp_path, monkeypatch):
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma GEMM runs on sm_90 only")
+    monkeypatch.setenv("TORCH_FP4_CACHE_DIR", str(tmp_path))
+    tactics.forget()
+    _common.POISON_OUTPUTS = True
+    yield
+    _common.POISON_OUTPUTS = False
+    tactics.forget()
+
+
+def _operands(m, n, k, fmt, a_mode, grid, seed):
+    g = torch.Generator().manual_seed(seed)
+    if grid:
+        wd, ws, what = T.grid_exact_operand(n, k, fmt, "128x4", g, "cuda")
+    else:
+        wd, ws, _ = T.quantized_weight(n, k, fmt, "cuda")
+        what = t4.fp4_dequantize(wd, ws, None, block_size=fmt.block_size, out_dtype=torch.float32)
+    if a_mode == "fp4":
+        ad, as_, ahat = T.grid_exact_operand(m, k, fmt, "128x4", g, "cuda")
+    elif grid:
+        ahat = torch.randint(-16, 17, (m, k), generator=g).float().div(8).cuda()
+        ad, as_ = ahat.to({"bf16": torch.bfloat16, "fp16": torch.float16}[a_mode]), None
+    else:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[a_mode]
+        ad, as_ = torch.randn(m, k, generator=g).to(dtype).cuda(), None
+        ahat = ad.float()
+    return (ad, wd.T, as_, ws.T), ahat, what
+
+
+def _call(args, fmt, out_dtype=torch.float32, alpha=None):
+    a, b, a_scale, b_scale = args
+    return t4.mm_fp4(a, b, a_scale, b_scale, alpha=alpha, out_dtype=out_dtype, block_size=fmt.block_size,
+                     backend="cuda")
+
+
+def _tactics(args, fmt):
+    a, b, a_scale, b_scale = args
+    launcher = (a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
+    out = []
+    for bm in WT.BLOCK_MS:
+        for ctas in (1, 2):
+            for stages in (2, WT.max_stages(bm, ctas_per_sm=ctas)):
+                for split in (1, 3):
+                    t = WT.WgmmaMmTactic(bm, stages, split, ctas)
+                    if WT.why_not(t, *launcher) is None:
+                        out.append(t)
+    return out
+
+
+CASES = [("nvfp4", "bf16"), ("nvfp4", "fp16"), ("nvfp4", "fp4"), ("mxfp4", "bf16"), ("mxfp4", "fp4")]
+
+
+@pytest.mark.parametrize("fmt_name,a_mode", CASES)
+@pytest.mark.parametrize("m", [1, 33, 129, 4097])
+def test_grid_exact_every_tile(fmt_name, a_mode, m):
+    fmt = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}[fmt_name]
+    n, k = 200, 704          # N, K not multiples of the 128-row / 64-column tiles
+    args, ahat, what = _operands(m, n, k, fmt, a_mode, True, seed=m)
+    want = (ahat.double() @ what.double().T).float()
+    ts = _tactics(args, fmt)
+    assert len(ts) >= 6
+    for t in ts:
+        with t4.use_tactic(t):
+            got = _call(args, fmt)
+        assert torch.equal(got, want), (t.label(), (got - want).abs().max().item())
+
+
+@pytest.mark.parametrize("fmt_name,a_mode", CASES)
+def test_random_within_bound_and_deterministic(fmt_name, a_mode):
+    fmt = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}[fmt_name]
+    for m, n, k in ((129, 392, 1056), (300, 1000, 2048)):
+        args, ahat, what = _operands(m, n, k, fmt, a_mode, False, seed=k)
+        alpha = torch.tensor([0.37], device="cuda")
+        for t in _tactics(args, fmt)[::2]:
+            with t4.use_tactic(t):
+                out = _call(args, fmt, torch.float32, alpha)
+                again = _call(args, fmt, torch.float32, alpha)
+            T.assert_mm_within_bound(out, ahat, what, alpha)
+            assert torch.equal(out, again), t.label()
+        out = _call(args, fmt, torch.bfloat16, alpha)
+        T.assert_mm_within_bound(out, ahat, what, alpha)
+
+
+def test_default_is_wgmma_above_16_and_graph_replay():
+    fmt = F.NVFP4
+    args, ahat, what = _operands(200, 1000, 2048, fmt, "bf16", False, seed=3)
+    a, b, a_scale, b_scale = args
+    ts = t4.mm_fp4_tactics(a, b, a_scale, b_scale, backend="auto")
+    assert isinstance(ts[0], WT.WgmmaMmTactic), ts[0]
+    alpha = torch.tensor([1.5], device="cuda")
+    eager = t4.mm_fp4(a, b, None, b_scale, alpha=alpha)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = t4.mm_fp4(a, b, None, b_scale, alpha=alpha)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, eager)
+    alpha.fill_(3.0)
+    graph.replay()
+    assert torch.equal(out, t4.mm_fp4(a, b, None, b_scale, alpha=alpha))
+
+
+def test_inf_nan_activations_propagate_like_the_reference():
+    fmt = F.NVFP4
+    args, ahat, what = _operands(130, 256, 512, fmt, "bf16", True, seed=9)
+    a = args[0].clone()
+    a[3, 7] = float("inf")
+    a[70, 100] = float("nan")
+    args = (a, *args[1:])
+    got = _call(args, fmt)
+    want = t4.mm_fp4(a.cpu(), args[1].cpu(), None, args[3].cpu(), out_dtype=torch.float32, backend="reference")
+    assert torch.equal(got.isnan().cpu(), want.isnan()) and torch.equal(got.isinf().cpu(), want.isinf())

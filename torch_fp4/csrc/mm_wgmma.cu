@@ -1,0 +1,486 @@
+// Hopper FP4-weight GEMM (sm_90a) of the cuda backend, for M above the small-M kernel's range.
+//
+// Swap-AB warpgroup MMA: the weight rows are the wgmma's M side (64 per consumer warpgroup, 128
+// per CTA), the activation rows its N side (block_m = 64, 128 or 256 per CTA), K in stages of 64.
+// - A producer warpgroup (one thread) fills a ring of `stages` shared-memory stages: the
+//   activation tile [block_m, 64] bf16/fp16 by TMA with the 128-byte swizzle that wgmma reads,
+//   the weight tile [128, 32 bytes] by TMA (32-byte swizzle: conflict-free quad reads), and the
+//   stage's 512-byte block of 128x4 scale words by a bulk copy; each stage completes on a "full"
+//   mbarrier (transaction bytes) and is handed back on an "empty" mbarrier.
+// - Two consumer warpgroups decode the FP4 weights straight into wgmma's register A fragments,
+//   in K order (the activations stay as TMA wrote them): lane (g, c) of a warp owns rows g and
+//   g + 8 of its 16-row slice and, in each k16 step, the code pairs (2c, 2c+1) and (2c+8, 2c+9),
+//   i.e. byte c of each 4-byte word of the row. One 16-byte shared load (broadcast to the quad)
+//   gives four words; per word one byte permute picks byte c into the low halves of the two bf16
+//   lanes, and the exact bit placement of mm_small_m.cuh (E2M1 * 2^-126 as bf16, 2^-14 as fp16)
+//   and one multiply by the scale table entry give code * scale * 2^-7 (NVFP4; MXFP4 multiplies by
+//   2^126 and by the scale). Each weight element is decoded once per CTA. A warpgroup waits for
+//   its own wgmmas before decoding the next stage (ptxas serializes every wgmma of a kernel that
+//   writes a register A operand while one is in flight); the two consumer warpgroups overlap.
+// - K steps past K (the last stage of a K that is not a multiple of 64) get a zero scale, so
+//   padding scale bytes never reach the sums.
+// - Epilogue: fp32 tile to shared memory ([block_m][128 + 4], conflict-free), then every consumer
+//   thread stores 4 outputs at a time (undo the 2^-7 fold, alpha, one rounding). Split-K: the
+//   CTAs of one output tile form a cluster along K; each reduces a share of the rows by reading
+//   ranks 0, 1, ... in order through distributed shared memory (deterministic, no atomics).
+// Numerics are those of mm_small_m (exact products, fp32 accumulation in the tensor core).
+#include <algorithm>
+#include <cstdint>
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "launch.h"
+#include "mm_small_m.cuh"
+#include "mm_wgmma.h"
+#include "pdl.cuh"
+#include "wgmma_ops.cuh"
+
+namespace torch_fp4 {
+namespace wgmma_mm {
+namespace {
+
+using small_m::F4;
+using small_m::Params;
+using small_m::U128;
+
+constexpr int kThreads = 384;      // producer warpgroup + two consumer warpgroups
+constexpr int kRows = 128;         // weight rows per CTA
+constexpr int kBK = 64;            // K elements per stage
+constexpr int kWStage = kRows * kBK / 2;
+constexpr int kScaleStage = 1024;  // 512 bytes of scale words, padded to keep stages 1 KiB aligned
+constexpr int kPitch = kRows + 4;  // fp32 words per row of the epilogue tile
+constexpr int kMaxSplit = 8;
+constexpr int kMaxDevices = 64;
+
+__host__ __device__ constexpr int act_stage_bytes(int bm) { return bm * kBK * 2; }
+__host__ __device__ constexpr int stage_bytes(int bm) { return act_stage_bytes(bm) + kWStage + kScaleStage; }
+// [1 KiB alignment slack][1 KiB scale table][1 KiB barriers][stages | epilogue tile]
+__host__ __device__ constexpr int smem_bytes(int bm, int stages) {
+  const int pipe = stages * stage_bytes(bm), tile = bm * kPitch * 4;
+  return 3 * 1024 + (pipe > tile ? pipe : tile);
+}
+
+template <int kBM_, int kCtas_, bool kFp16_, bool kMx_>
+struct Config {
+  static constexpr int kBM = kBM_;
+  // CTAs per SM the registers are split for: 1 (producer 40, consumers 232 registers) or 2
+  // (producer 24, consumers 112: four consumer warpgroups per SM hide each other's decode; ptxas
+  // compiles the whole kernel within the entry budget of 80 registers, so block_m = 64 only).
+  static constexpr int kCtas = kCtas_;
+  static constexpr int kProducerRegs = kCtas == 1 ? 40 : 24;
+  static constexpr int kConsumerRegs = kCtas == 1 ? 232 : 112;
+  static constexpr bool kFp16 = kFp16_;
+  static constexpr bool kMx = kMx_;
+  static constexpr bool kFold = !kMx;
+  static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
+};
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
+}
+
+__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "r"(parity)
+      : "memory");
+}
+
+__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
+}
+
+__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
+          smem_u32(dst)),
+      "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y)
+      : "memory");
+}
+
+__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   smem_u32(dst)),
+               "l"(src), "r"(bytes), "r"(smem_u32(bar))
+               : "memory");
+}
+
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+
+template <int kN>
+__device__ __forceinline__ void fence_regs(float (&d)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+__device__ __forceinline__ void fence_regs(uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int s = 0; s < 4; ++s)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+}
+
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+// wgmma shared-memory descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle
+// (8-row groups 1024 bytes apart), starting at `addr`.
+__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{64} << 32) |
+         (uint64_t{1} << 62);
+}
+
+// Byte c of word w (codes 2c, 2c+1) -> a bf16x2 (fp16x2) word holding the two codes times 2^-126
+// (2^-14): the permute puts byte c of w in byte 0 and byte c of w >> 4 in byte 2, so the low
+// nibbles of the two halves are the two codes; then the placement of mm_small_m.cuh.
+template <bool kFp16>
+__device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
+  const uint32_t t = __byte_perm(w, w >> 4, sel);
+  if constexpr (kFp16) {
+    return ((t & 0x00070007u) << 9) | ((t << 12) & 0x80008000u);
+  } else {
+    return ((t & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void consumer_stage(const char* st, const uint32_t* lut, int kt, int k, int r0,
+                                               uint32_t sel, uint32_t (&a)[4][4]) {
+  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
+  const char* wt = st + act_stage_bytes(Cfg::kBM);
+  const uint32_t* sc = reinterpret_cast<const uint32_t*>(wt + kWStage);
+  // Rows r0 and r0 + 8 share the 32-byte swizzle phase ((r >> 2) & 1).
+  const int swz = (r0 >> 2) & 1;
+  const U128 x0 = *reinterpret_cast<const U128*>(wt + r0 * 32 + ((0 ^ swz) << 4));
+  const U128 x1 = *reinterpret_cast<const U128*>(wt + r0 * 32 + ((1 ^ swz) << 4));
+  const U128 y0 = *reinterpret_cast<const U128*>(wt + (r0 + 8) * 32 + ((0 ^ swz) << 4));
+  const U128 y1 = *reinterpret_cast<const U128*>(wt + (r0 + 8) * 32 + ((1 ^ swz) << 4));
+  const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  const uint32_t w1[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
+  // Scale words of the 128x4 block: row r at word (r % 32) * 4 + r / 32, byte = K block in the
+  // block of four (NVFP4: the stage's 4 blocks; MXFP4: 2 of them, at 2 * (kt % 2)).
+  const int r1 = r0 + 8;
+  const uint32_t s0 = sc[(r0 & 31) * 4 + (r0 >> 5)];
+  const uint32_t s1 = sc[(r1 & 31) * 4 + (r1 >> 5)];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    const int byte = Cfg::kMx ? 2 * (kt & 1) + (s >> 1) : s;
+    const bool valid = kt * kBK + s * 16 < k;
+    const uint32_t m0 = valid ? lut[(s0 >> (8 * byte)) & 0xFFu] : 0u;
+    const uint32_t m1 = valid ? lut[(s1 >> (8 * byte)) & 0xFFu] : 0u;
+    const uint32_t d0 = decode_pair<Cfg::kFp16>(w0[2 * s], sel);
+    const uint32_t d1 = decode_pair<Cfg::kFp16>(w1[2 * s], sel);
+    const uint32_t d2 = decode_pair<Cfg::kFp16>(w0[2 * s + 1], sel);
+    const uint32_t d3 = decode_pair<Cfg::kFp16>(w1[2 * s + 1], sel);
+    if constexpr (Cfg::kFold) {
+      a[s][0] = small_m::mul2<Cfg::kFp16>(d0, m0);
+      a[s][1] = small_m::mul2<Cfg::kFp16>(d1, m1);
+      a[s][2] = small_m::mul2<Cfg::kFp16>(d2, m0);
+      a[s][3] = small_m::mul2<Cfg::kFp16>(d3, m1);
+    } else {
+      a[s][0] = small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d0, kUnit), m0);
+      a[s][1] = small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d1, kUnit), m1);
+      a[s][2] = small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d2, kUnit), m0);
+      a[s][3] = small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d3, kUnit), m1);
+    }
+  }
+}
+
+template <class Cfg>
+__device__ __forceinline__ void issue_stage(float (&acc)[Cfg::kAcc], uint32_t (&a)[4][4], uint32_t act_addr) {
+  uint64_t desc[4];
+#pragma unroll
+  for (int s = 0; s < 4; ++s) {
+    desc[s] = desc_sw128(act_addr + 32 * s);
+    asm volatile("" : "+l"(desc[s]));
+  }
+  fence_regs(a);
+  wgmma_fence();
+#pragma unroll
+  for (int s = 0; s < 4; ++s) WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, a[s], desc[s]);
+  wgmma_commit();
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+template <class Cfg>
+__global__ void __launch_bounds__(kThreads, Cfg::kCtas)
+    wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
+                    const Params p, int stages) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ char smem_raw[];
+  char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
+  uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + 1024);
+  uint64_t* empty = full + stages;
+  char* pipe = smem + 2048;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int n0 = static_cast<int>(blockIdx.x) * kRows;
+  const int m0 = static_cast<int>(blockIdx.y) * Cfg::kBM;
+  const int rank = static_cast<int>(blockIdx.z), splits = static_cast<int>(gridDim.z);
+  const int tiles = (p.k + kBK - 1) / kBK;
+  const int kt0 = rank * p.steps_per_split;
+  const int kt1 = min(tiles, kt0 + p.steps_per_split);
+  constexpr int kStage = stage_bytes(Cfg::kBM);
+
+  for (int i = tid; i < 256; i += kThreads) lut[i] = small_m::scale_table_entry<Cfg>(static_cast<uint32_t>(i));
+  if (tid == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full + s, 1);
+      mbar_init(empty + s, 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  pdl_wait();
+
+  if (tid < 128) {  // producer warpgroup
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    if (tid == 0) {
+      asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
+      asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
+      const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
+      for (int kt = kt0; kt < kt1; ++kt) {
+        const int i = kt - kt0, s = i % stages;
+        mbar_wait(empty + s, ((i / stages) & 1) ^ 1);
+        char* st = pipe + s * kStage;
+        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + kWStage + 512);
+        tma_2d(st, &act_map, full + s, kt * kBK, m0);
+        tma_2d(st + act_stage_bytes(Cfg::kBM), &w_map, full + s, kt * (kBK / 2), n0);
+        const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
+        bulk_copy(st + act_stage_bytes(Cfg::kBM) + kWStage, scale_row + block * 512, 512, full + s);
+      }
+    }
+    if (splits > 1) {
+      cluster_sync_all();
+      cluster_sync_all();
+    }
+    return;
+  }
+
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  const int ct = tid - 128;
+  const int lane = ct & 31, g = lane >> 2, c = lane & 3;
+  const int r0 = (ct >> 5) * 16 + g;  // warp w of the two consumer warpgroups: rows 16w..16w+15
+  const uint32_t sel = static_cast<uint32_t>(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12));
+  float acc[Cfg::kAcc];
+#pragma unroll
+  for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
+  fence_regs(acc);
+  uint32_t a[4][4];
+  const uint32_t pipe_addr = smem_u32(pipe);
+  // ptxas serializes wgmma when a register A operand is written while any wgmma of the warpgroup
+  // is in flight, so each stage waits for its own wgmmas; the decode of one consumer warpgroup
+  // overlaps the wgmmas of the other.
+  for (int kt = kt0; kt < kt1; ++kt) {
+    const int i = kt - kt0, s = i % stages;
+    mbar_wait(full + s, (i / stages) & 1);
+    consumer_stage<Cfg>(pipe + s * kStage, lut, kt, p.k, r0, sel, a);
+    issue_stage<Cfg>(acc, a, pipe_addr + s * kStage);
+    wgmma_wait<0>();
+    mbar_arrive(empty + s);
+  }
+  wgmma_wait<0>();
+  fence_regs(acc);
+
+  // Epilogue: every consumer is past the pipeline before the tile overwrites it.
+  consumer_sync();
+  float* part = reinterpret_cast<float*>(pipe);
+#pragma unroll
+  for (int j = 0; j < Cfg::kAcc / 4; ++j)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) part[(8 * j + 2 * c + (e & 1)) * kPitch + r0 + 8 * (e >> 1)] = acc[4 * j + e];
+  if (splits > 1) {
+    cluster_sync_all();
+  } else {
+    consumer_sync();
+  }
+  const bool has_alpha = p.alpha != nullptr;
+  const float alpha = has_alpha ? small_m::load_alpha(p.alpha) : 1.0f;
+  constexpr int kPerRow = kRows / 4;
+  const int rows = min(Cfg::kBM, p.m - m0);
+  const int chunks = rows * kPerRow;
+  for (int q = rank * 256 + ct; q < chunks; q += splits * 256) {
+    const int m = q / kPerRow, r4 = q % kPerRow;
+    if (n0 + 4 * r4 >= p.n) continue;
+    const float* local = part + m * kPitch + 4 * r4;
+    F4 s = *reinterpret_cast<const F4*>(local);
+    if (splits > 1) {
+      uint32_t remote;
+      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(0));
+      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                   : "=f"(s.x), "=f"(s.y), "=f"(s.z), "=f"(s.w)
+                   : "r"(remote));
+      for (int r = 1; r < splits; ++r) {
+        F4 v;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(r));
+        asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "r"(remote));
+        s = F4{small_m::add_rn(s.x, v.x), small_m::add_rn(s.y, v.y), small_m::add_rn(s.z, v.z),
+               small_m::add_rn(s.w, v.w)};
+      }
+    }
+    if (Cfg::kFold) {  // undo the 2^-7 of the folded NVFP4 operands (exact)
+      s = F4{small_m::mul_rn(s.x, 128.0f), small_m::mul_rn(s.y, 128.0f), small_m::mul_rn(s.z, 128.0f),
+             small_m::mul_rn(s.w, 128.0f)};
+    }
+    if (has_alpha) {
+      s = F4{small_m::mul_rn(s.x, alpha), small_m::mul_rn(s.y, alpha), small_m::mul_rn(s.z, alpha),
+             small_m::mul_rn(s.w, alpha)};
+    }
+    small_m::store_out(p, m0 + m, n0 + 4 * r4, s);
+  }
+  if (splits > 1) cluster_sync_all();  // keep this CTA's partials alive until every rank read them
+#else
+  pdl_wait();  // every kernel waits for the previous grid (not compiled for this architecture)
+#endif
+}
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+EncodeTiled encode_fn() {
+  static EncodeTiled fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult status{};
+#if CUDART_VERSION >= 12050
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &status) !=
+        cudaSuccess)
+      f = nullptr;
+#else
+    if (cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &f, cudaEnableDefault, &status) != cudaSuccess) f = nullptr;
+#endif
+    return status == cudaDriverEntryPointSuccess ? reinterpret_cast<EncodeTiled>(f) : nullptr;
+  }();
+  return fn;
+}
+
+// A 2-D row-major tensor [rows, cols] of `type` with `row_bytes` between rows, read in boxes of
+// [box_rows, box_cols]; out-of-bounds elements read as zero.
+bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, int64_t rows, int64_t cols,
+               int64_t row_bytes, int box_rows, int box_cols, CUtensorMapSwizzle swizzle) {
+  EncodeTiled fn = encode_fn();
+  if (fn == nullptr) return false;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(cols), static_cast<cuuint64_t>(rows)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(row_bytes)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
+  const cuuint32_t elem_strides[2] = {1, 1};
+  return fn(map, type, 2, const_cast<void*>(base), dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <class Cfg>
+bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+  CUtensorMap act_map, w_map;
+  if (!encode_2d(&act_map, a.act_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.act,
+                 a.m, a.k, a.k * 2, Cfg::kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
+    return false;
+  if (!encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, kRows, kBK / 2,
+                 CU_TENSOR_MAP_SWIZZLE_32B))
+    return false;
+  const int tiles = static_cast<int>((a.k + kBK - 1) / kBK);
+  const int split = std::max(1, std::min(a.split_k, tiles));
+  Params p{};
+  p.act = a.act;
+  p.w = a.w;
+  p.w_scale = a.w_scale;
+  p.alpha = a.alpha;
+  p.out = a.out;
+  p.m = static_cast<int>(a.m);
+  p.n = static_cast<int>(a.n);
+  p.k = static_cast<int>(a.k);
+  p.kp = static_cast<int>(a.kp);
+  p.steps_per_split = (tiles + split - 1) / split;
+  p.out_dtype = a.out_dtype;
+
+  const int smem = smem_bytes(Cfg::kBM, a.stages);
+  auto kernel = wgmma_mm_kernel<Cfg>;
+  static int configured[kMaxDevices] = {};
+  int device = 0;
+  (void)cudaGetDevice(&device);
+  if (device >= kMaxDevices || configured[device] < smem) {
+    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (device < kMaxDevices) configured[device] = smem;
+  }
+  cudaLaunchAttribute attrs[2];
+  int n_attrs = 0;
+  if (pdl) {
+    attrs[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n_attrs].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attrs;
+  }
+  if (split > 1) {
+    attrs[n_attrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[n_attrs].val.clusterDim.x = 1;
+    attrs[n_attrs].val.clusterDim.y = 1;
+    attrs[n_attrs].val.clusterDim.z = static_cast<unsigned>(split);
+    ++n_attrs;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>((a.n + kRows - 1) / kRows),
+                       static_cast<unsigned>((a.m + Cfg::kBM - 1) / Cfg::kBM), static_cast<unsigned>(split));
+  config.blockDim = dim3(kThreads, 1, 1);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = static_cast<unsigned>(n_attrs);
+  (void)cudaLaunchKernelEx(&config, kernel, act_map, w_map, p, a.stages);
+  return true;
+}
+
+template <bool kFp16, bool kMx>
+bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+  switch (a.block_m) {
+    case 64: return a.ctas_per_sm == 2 ? launch_cfg<Config<64, 2, kFp16, kMx>>(a, stream, pdl)
+                                       : launch_cfg<Config<64, 1, kFp16, kMx>>(a, stream, pdl);
+    case 128: return a.ctas_per_sm == 1 ? launch_cfg<Config<128, 1, kFp16, kMx>>(a, stream, pdl) : false;
+    case 256: return a.ctas_per_sm == 1 ? launch_cfg<Config<256, 1, kFp16, kMx>>(a, stream, pdl) : false;
+    default: return false;
+  }
+}
+
+}  // namespace
+}  // namespace wgmma_mm
+
+int wgmma_mm_smem_bytes(int block_m, int stages) { return wgmma_mm::smem_bytes(block_m, stages); }
+
+bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
+  using namespace wgmma_mm;
+  if (args.stages < 2 || args.stages > 8 || args.split_k < 1 || args.split_k > kMaxSplit) return false;
+  if (args.k % 32 != 0) return false;
+  if (args.m <= 0 || args.n <= 0) return true;
+  if (args.act_fp16 && args.mx) return false;  // fp16 cannot hold every MXFP4 value
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
+      major != 9 || minor != 0)
+    return false;  // wgmma and setmaxnreg are sm_90a instructions
+  if (args.act_fp16) return launch_format<true, false>(args, stream, pdl);
+  if (args.mx) return launch_format<false, true>(args, stream, pdl);
+  return launch_format<false, false>(args, stream, pdl);
+}
+
+}  // namespace torch_fp4

@@ -1,0 +1,178 @@
+"""Tactics of the cuda backend's Hopper FP4-weight GEMM (torch_fp4/csrc/mm_wgmma.cu). Cheap to
+import: no toolchain, no extension build.
+
+A tactic picks block_m (activation rows per CTA, the wgmma's N: 64, 128 or 256; a CTA always
+covers 128 weight rows with two consumer warpgroups), the number of shared-memory stages of 64 K
+elements, and split_k: CTAs along K per output tile, launched as a thread-block cluster whose
+partial tiles are added in rank order through distributed shared memory (deterministic).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from ... import formats as F
+from ...backends import Backend
+from ...tactics import Tactic, register_family, valid_unique
+from .._common import mm_key, mm_problem, sm_count
+
+BLOCK_MS = (64, 128, 256)
+ROWS = 128                    # weight rows per CTA
+BLOCK_K = 64                  # K elements per stage
+MAX_STAGES = 8
+MAX_SPLIT = 8                 # a portable cluster size
+SM90_SMEM_PER_BLOCK = 227 * 1024
+
+
+@register_family
+@dataclass(frozen=True)
+class WgmmaMmTactic(Tactic):
+    block_m: int = 128       # activation rows per CTA (wgmma N)
+    stages: int = 6          # shared-memory stages of 64 K elements
+    split_k: int = 1         # CTAs along K (a cluster; 1..8)
+    ctas_per_sm: int = 1     # registers split for 1 or 2 resident CTAs (2: block_m = 64 only)
+
+    backend = Backend.CUDA
+    family = "cuda_mm_wgmma"
+
+
+def stage_bytes(block_m: int) -> int:
+    """Activations [block_m, 64] 16-bit, weights [128, 32 bytes], scale words (1 KiB slot)."""
+    return block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2 + 1024
+
+
+def smem_bytes(block_m: int, stages: int) -> int:
+    """Dynamic shared memory of a launch (mirror of smem_bytes in mm_wgmma.cu): 1 KiB of alignment
+    slack, the scale table, the barriers, then the stages or the fp32 epilogue tile."""
+    return 3 * 1024 + max(stages * stage_bytes(block_m), block_m * (ROWS + 4) * 4)
+
+
+SM90_SMEM_PER_SM = 228 * 1024
+
+
+def smem_limit(ctas_per_sm: int, per_block: int = SM90_SMEM_PER_BLOCK) -> int:
+    """Shared memory one CTA may take so that `ctas_per_sm` fit (1 KiB reserved per CTA)."""
+    return min(per_block, SM90_SMEM_PER_SM // ctas_per_sm - 1024)
+
+
+def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK, ctas_per_sm: int = 1) -> int:
+    return min(MAX_STAGES, (smem_limit(ctas_per_sm, limit) - 3 * 1024) // stage_bytes(block_m))
+
+
+def problem_reason(args) -> Optional[str]:
+    """Why the Hopper GEMM cannot run these mm_fp4 launcher arguments at all, or None."""
+    a, b, a_scale, b_scale, fmt = args[0], args[1], args[2], args[3], args[6]
+    m, n, k = mm_problem(args)
+    if isinstance(a, torch.Tensor) and a.is_cuda and torch.cuda.get_device_capability(a.device) != (9, 0):
+        return "the Hopper mm_fp4 kernel (wgmma, sm_90a) needs compute capability 9.0"
+    if k % 32:
+        return f"the Hopper mm_fp4 kernel needs K % 32 == 0 (16-byte weight rows for TMA), got K={k}"
+    if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
+        return ("fp16 activations with MXFP4 weights: the kernel multiplies in fp16 for fp16 "
+                "activations, which cannot hold every MXFP4 value (triton handles this case)")
+    if max(m, n, k) >= 2**31:
+        return f"sizes beyond 2^31 (M={m}, N={n}, K={k})"
+    if a_scale is None and a.data_ptr() % 16:
+        return "the activations a must be 16-byte aligned (TMA)"
+    if b.data_ptr() % 16 or b_scale.data_ptr() % 16:
+        return "b and b_scale must be 16-byte aligned (TMA and bulk copies)"
+    return None
+
+
+def _steps(k: int) -> int:
+    return -(-k // BLOCK_K)
+
+
+def _smem_limit(args) -> int:
+    a = args[0]
+    if isinstance(a, torch.Tensor) and a.is_cuda:
+        return torch.cuda.get_device_properties(a.device).shared_memory_per_block_optin
+    return SM90_SMEM_PER_BLOCK
+
+
+def why_not(t: Tactic, *args) -> Optional[str]:
+    if not isinstance(t, WgmmaMmTactic):
+        return f"{t.family} is not a cuda Hopper-GEMM tactic"
+    reason = problem_reason(args)
+    if reason is not None:
+        return reason
+    if t.block_m not in BLOCK_MS:
+        return f"block_m={t.block_m} must be one of {BLOCK_MS}"
+    if t.ctas_per_sm not in (1, 2) or (t.ctas_per_sm == 2 and t.block_m != 64):
+        return (f"ctas_per_sm={t.ctas_per_sm} is not compiled for block_m={t.block_m} (1 for every "
+                f"block_m, 2 for block_m=64: the accumulators need the registers)")
+    if not 2 <= t.stages <= MAX_STAGES:
+        return f"stages={t.stages} must be between 2 and {MAX_STAGES}"
+    if not 1 <= t.split_k <= MAX_SPLIT:
+        return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
+    steps = _steps(mm_problem(args)[2])
+    if t.split_k > 1 and (t.split_k - 1) * -(-steps // t.split_k) >= steps:
+        return f"split_k={t.split_k} leaves an empty K slice for K={mm_problem(args)[2]}"
+    smem, limit = smem_bytes(t.block_m, t.stages), smem_limit(t.ctas_per_sm, _smem_limit(args))
+    if smem > limit:
+        return (f"needs {smem / 1024:.1f} KiB of shared memory (more than the {limit // 1024} KiB "
+                f"per block of this GPU)")
+    return None
+
+
+def _sms(args) -> int:
+    a = args[0]
+    return sm_count(a.device) if isinstance(a, torch.Tensor) and a.is_cuda else 132
+
+
+def _split_for(ctas: int, k: int, sms: int) -> int:
+    """The largest split keeping one wave (ctas * split <= SMs) and two stages per split."""
+    steps = _steps(k)
+    split = max(1, min(MAX_SPLIT, sms // max(ctas, 1), steps // 2))
+    while split > 1 and (split - 1) * -(-steps // split) >= steps:
+        split -= 1
+    return split
+
+
+def default(*args) -> Tactic:
+    """The largest block_m whose grid still fills the GPU (fewer decodes of each weight element),
+    else the one closest to M, with split-K up to one wave; as many stages as fit."""
+    m, n, k = mm_problem(args)
+    sms = _sms(args)
+    tiles_n = -(-n // ROWS)
+    bm = next((b for b in reversed(BLOCK_MS) if b <= max(64, m) and -(-m // b) * tiles_n >= 0.9 * sms),
+              None)
+    if bm is None:
+        bm = next(b for b in BLOCK_MS if b >= min(m, 256))
+        split = _split_for(-(-m // bm) * tiles_n, k, sms)
+    else:
+        split = 1
+    return WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args)), split)
+
+
+def candidates(*args) -> list[Tactic]:
+    if problem_reason(args) is not None:
+        return []
+    m, n, k = mm_problem(args)
+    sms = _sms(args)
+    out: list[Tactic] = [default(*args)]
+    for bm in BLOCK_MS:
+        if bm > max(64, 2 * m):
+            continue
+        ctas = -(-m // bm) * -(-n // ROWS)
+        base = _split_for(ctas, k, sms)
+        for stages in sorted({4, max_stages(bm, _smem_limit(args))}):
+            for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
+                out.append(WgmmaMmTactic(bm, stages, split))
+        if bm == 64:
+            base2 = _split_for(ctas, k, 2 * sms)
+            for split in sorted({1, base2, min(MAX_SPLIT, 2 * base2)}):
+                out.append(WgmmaMmTactic(64, max_stages(64, _smem_limit(args), 2), split, 2))
+    return valid_unique(out, why_not, *args)
+
+
+def key(*args) -> str:
+    m = mm_problem(args)[0]
+    return mm_key(args, max(64, 1 << (m - 1).bit_length()))
+
+
+def replace(t: WgmmaMmTactic, **kw) -> WgmmaMmTactic:
+    return dataclasses.replace(t, **kw)
