@@ -13,5 +13,8 @@ for step in "$@"; do
         echo "== M=$mm W4A16 N=8192 K=28672" >> "$OUT/tactics.txt"
         timeout 200 python -m torch_fp4 bench mm --tactics --m $mm --mode w4a16 >> "$OUT/tactics.txt" 2>&1
       done; grep -E "==|wgmma" "$OUT/tactics.txt" | sort -k2 -n | head -60 ;;
+    ncu) ncu --clock-control none --metrics sm__inst_issued.avg.per_cycle_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__average_warp_latency_issue_stalled_barrier,smsp__warp_issue_stalled_wait_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue_stalled_membar_per_warp_active.pct,gpu__time_duration.sum \
+           -k regex:wgmma_mm_kernel -s 1 -c 1 python scripts/ncu_mm.py ${NCU_M:-1024} 8192 28672 > "$OUT/ncu.txt" 2>&1
+         grep -E "sm__|dram__|smsp__|gpu__time" "$OUT/ncu.txt" | head -20 ;;
   esac
 done

@@ -1,7 +1,6 @@
 """The cuda backend's Hopper wgmma GEMM (csrc/mm_wgmma.cu) against the spec, on sm_90 only.
 
-Every compiled tile (block_m 64/128/256, one or two CTAs per SM) with and without split-K, few
-and many stages: exact on
+Every compiled tile (block_m 64/128/256) with and without split-K, few and many stages: exact on
 grid-exact operands, within the spec's bound on random quantized data; M = 1, 33, 129, 4097; N
 and K not multiples of the tiles (K a multiple of 32); NVFP4 and MXFP4; bf16, fp16 and FP4
 activations; outputs NaN-poisoned at allocation; identical bits run to run; CUDA-graph replay.
@@ -61,12 +60,11 @@ def _tactics(args, fmt):
     launcher = (a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
     out = []
     for bm in WT.BLOCK_MS:
-        for ctas in (1, 2):
-            for stages in (2, WT.max_stages(bm, ctas_per_sm=ctas)):
-                for split in (1, 3):
-                    t = WT.WgmmaMmTactic(bm, stages, split, ctas)
-                    if WT.why_not(t, *launcher) is None:
-                        out.append(t)
+        for stages in (2, WT.max_stages(bm)):
+            for split in (1, 3):
+                t = WT.WgmmaMmTactic(bm, stages, split)
+                if WT.why_not(t, *launcher) is None:
+                    out.append(t)
     return out
 
 

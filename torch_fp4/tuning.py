@@ -34,16 +34,17 @@ def _band(numel: int) -> int:
     return SMALL if numel < _BAND_EDGES[0] else MEDIUM if numel < _BAND_EDGES[1] else LARGE
 
 
-# mm_fp4: "auto" tries the cuda backend first: on sm_90 its tactic space holds the small-M GEMM
-# (csrc/mm_small_m.cu, M <= 16 by default) and the Hopper wgmma GEMM (csrc/mm_wgmma.cu, every M;
-# BENCHMARKS.md); elsewhere only the small-M GEMM, which is used up to M = CUDA_MM_MAX_M
-# (measured on H100: 2.6-3.0x bf16 at M <= 16 against Triton's 2.0-2.1x, but 0.85x at M = 64
-# where Triton reaches 1.6x). Then the Triton GEMM. The CuTe DSL Blackwell kernels are compiled
+# mm_fp4: "auto" tries the cuda backend first up to M = CUDA_MM_MAX_M (the small-M GEMM,
+# csrc/mm_small_m.cu; measured on H100: 2.6-3.0x bf16 at M <= 16 against Triton's 2.0-2.1x, but
+# 0.85x at M = 64 where Triton reaches 1.6x) and, on sm_90, for HOPPER_MM_MS (the wgmma GEMM,
+# csrc/mm_wgmma.cu, measured faster than Triton there: BENCHMARKS.md). Then the Triton GEMM. The CuTe DSL Blackwell kernels are compiled
 # and SASS-checked in CI but have never run on a GPU, so they are opt-in (backend="cute-dsl")
 # rather than chosen silently. route and fused_moe: the Triton kernels on CUDA tensors (the
 # cute-dsl fused_moe is opt-in, never run), the reference elsewhere.
 CUDA_MM_MAX_M = 16
-HOPPER_MM = (9, 0)   # where the cuda backend has the wgmma GEMM for every M
+HOPPER_MM = (9, 0)           # where the cuda backend has the wgmma GEMM
+HOPPER_MM_MS = (128, 1024)   # M range where it beat Triton on H100 (below: Triton's split-K
+                             # decode; above: Triton's dequantize + cuBLAS)
 OP_ORDER: dict[str, tuple[Backend, ...]] = {
     "mm_fp4": (Backend.CUDA, Backend.TRITON, Backend.REFERENCE),
     "route": (Backend.TRITON, Backend.REFERENCE),
@@ -51,13 +52,15 @@ OP_ORDER: dict[str, tuple[Backend, ...]] = {
 }
 
 
-def _hopper(t: torch.Tensor) -> bool:
-    return t.device.type == "cuda" and torch.cuda.get_device_capability(t.device) == HOPPER_MM
+def _hopper_wgmma(t: torch.Tensor) -> bool:
+    lo, hi = HOPPER_MM_MS
+    return (lo <= t.shape[0] <= hi and t.device.type == "cuda"
+            and torch.cuda.get_device_capability(t.device) == HOPPER_MM)
 
 
 def auto_order(op: str, args: tuple) -> tuple[Backend, ...]:
     """Backends to try for `op` on `args`, fastest first (the reference always last)."""
-    if op == "mm_fp4" and args and args[0].shape[0] > CUDA_MM_MAX_M and not _hopper(args[0]):
+    if op == "mm_fp4" and args and args[0].shape[0] > CUDA_MM_MAX_M and not _hopper_wgmma(args[0]):
         return tuple(b for b in OP_ORDER[op] if b != Backend.CUDA)
     if op in OP_ORDER:
         return OP_ORDER[op]

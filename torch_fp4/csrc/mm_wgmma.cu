@@ -61,15 +61,9 @@ __host__ __device__ constexpr int smem_bytes(int bm, int stages) {
   return 3 * 1024 + (pipe > tile ? pipe : tile);
 }
 
-template <int kBM_, int kCtas_, bool kFp16_, bool kMx_>
+template <int kBM_, bool kFp16_, bool kMx_>
 struct Config {
   static constexpr int kBM = kBM_;
-  // CTAs per SM the registers are split for: 1 (producer 40, consumers 232 registers) or 2
-  // (producer 24, consumers 112: four consumer warpgroups per SM hide each other's decode; ptxas
-  // compiles the whole kernel within the entry budget of 80 registers, so block_m = 64 only).
-  static constexpr int kCtas = kCtas_;
-  static constexpr int kProducerRegs = kCtas == 1 ? 40 : 24;
-  static constexpr int kConsumerRegs = kCtas == 1 ? 232 : 112;
   static constexpr bool kFp16 = kFp16_;
   static constexpr bool kMx = kMx_;
   static constexpr bool kFold = !kMx;
@@ -143,6 +137,15 @@ __device__ __forceinline__ void cluster_sync_all() {
 }
 
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+
+// The turn of consumer warpgroup `wg` to issue its wgmmas (named barriers 2 and 3, 256 threads:
+// the waiting warpgroup syncs, the other one arrives once it has issued).
+__device__ __forceinline__ void wait_turn(int wg) {
+  asm volatile("bar.sync %0, 256;" ::"r"(2 + wg) : "memory");
+}
+__device__ __forceinline__ void pass_turn(int wg) {
+  asm volatile("bar.arrive %0, 256;" ::"r"(3 - wg) : "memory");
+}
 
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle
 // (8-row groups 1024 bytes apart), starting at `addr`.
@@ -224,7 +227,7 @@ __device__ __forceinline__ void issue_stage(float (&acc)[Cfg::kAcc], uint32_t (&
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <class Cfg>
-__global__ void __launch_bounds__(kThreads, Cfg::kCtas)
+__global__ void __launch_bounds__(kThreads, 1)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
                     const Params p, int stages) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -255,7 +258,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtas)
   pdl_wait();
 
   if (tid < 128) {  // producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(Cfg::kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
@@ -278,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtas)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int ct = tid - 128;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
   const int r0 = (ct >> 5) * 16 + g;  // warp w of the two consumer warpgroups: rows 16w..16w+15
@@ -290,13 +293,18 @@ __global__ void __launch_bounds__(kThreads, Cfg::kCtas)
   uint32_t a[4][4];
   const uint32_t pipe_addr = smem_u32(pipe);
   // ptxas serializes wgmma when a register A operand is written while any wgmma of the warpgroup
-  // is in flight, so each stage waits for its own wgmmas; the decode of one consumer warpgroup
-  // overlaps the wgmmas of the other.
+  // is in flight, so each stage waits for its own wgmmas. The two consumer warpgroups take turns
+  // to issue (ping-pong): warpgroup 0's wgmmas of a stage, then warpgroup 1's, so that one decodes
+  // while the tensor cores run the other's (measured: both decoding at once left them idle).
+  const int cwg = ct >> 7;
+  if (cwg == 1 && kt0 < kt1) pass_turn(1);  // warpgroup 0 goes first
   for (int kt = kt0; kt < kt1; ++kt) {
     const int i = kt - kt0, s = i % stages;
     mbar_wait(full + s, (i / stages) & 1);
     consumer_stage<Cfg>(pipe + s * kStage, lut, kt, p.k, r0, sel, a);
+    wait_turn(cwg);
     issue_stage<Cfg>(acc, a, pipe_addr + s * kStage);
+    if (cwg == 0 || kt + 1 < kt1) pass_turn(cwg);  // every sync is matched by one arrive
     wgmma_wait<0>();
     mbar_arrive(empty + s);
   }
@@ -453,10 +461,9 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 template <bool kFp16, bool kMx>
 bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.block_m) {
-    case 64: return a.ctas_per_sm == 2 ? launch_cfg<Config<64, 2, kFp16, kMx>>(a, stream, pdl)
-                                       : launch_cfg<Config<64, 1, kFp16, kMx>>(a, stream, pdl);
-    case 128: return a.ctas_per_sm == 1 ? launch_cfg<Config<128, 1, kFp16, kMx>>(a, stream, pdl) : false;
-    case 256: return a.ctas_per_sm == 1 ? launch_cfg<Config<256, 1, kFp16, kMx>>(a, stream, pdl) : false;
+    case 64: return launch_cfg<Config<64, kFp16, kMx>>(a, stream, pdl);
+    case 128: return launch_cfg<Config<128, kFp16, kMx>>(a, stream, pdl);
+    case 256: return launch_cfg<Config<256, kFp16, kMx>>(a, stream, pdl);
     default: return false;
   }
 }

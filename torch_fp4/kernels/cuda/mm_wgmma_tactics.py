@@ -33,7 +33,6 @@ class WgmmaMmTactic(Tactic):
     block_m: int = 128       # activation rows per CTA (wgmma N)
     stages: int = 6          # shared-memory stages of 64 K elements
     split_k: int = 1         # CTAs along K (a cluster; 1..8)
-    ctas_per_sm: int = 1     # registers split for 1 or 2 resident CTAs (2: block_m = 64 only)
 
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
@@ -50,16 +49,8 @@ def smem_bytes(block_m: int, stages: int) -> int:
     return 3 * 1024 + max(stages * stage_bytes(block_m), block_m * (ROWS + 4) * 4)
 
 
-SM90_SMEM_PER_SM = 228 * 1024
-
-
-def smem_limit(ctas_per_sm: int, per_block: int = SM90_SMEM_PER_BLOCK) -> int:
-    """Shared memory one CTA may take so that `ctas_per_sm` fit (1 KiB reserved per CTA)."""
-    return min(per_block, SM90_SMEM_PER_SM // ctas_per_sm - 1024)
-
-
-def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK, ctas_per_sm: int = 1) -> int:
-    return min(MAX_STAGES, (smem_limit(ctas_per_sm, limit) - 3 * 1024) // stage_bytes(block_m))
+def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK) -> int:
+    return min(MAX_STAGES, (limit - 3 * 1024) // stage_bytes(block_m))
 
 
 def problem_reason(args) -> Optional[str]:
@@ -101,9 +92,6 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return reason
     if t.block_m not in BLOCK_MS:
         return f"block_m={t.block_m} must be one of {BLOCK_MS}"
-    if t.ctas_per_sm not in (1, 2) or (t.ctas_per_sm == 2 and t.block_m != 64):
-        return (f"ctas_per_sm={t.ctas_per_sm} is not compiled for block_m={t.block_m} (1 for every "
-                f"block_m, 2 for block_m=64: the accumulators need the registers)")
     if not 2 <= t.stages <= MAX_STAGES:
         return f"stages={t.stages} must be between 2 and {MAX_STAGES}"
     if not 1 <= t.split_k <= MAX_SPLIT:
@@ -111,7 +99,7 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     steps = _steps(mm_problem(args)[2])
     if t.split_k > 1 and (t.split_k - 1) * -(-steps // t.split_k) >= steps:
         return f"split_k={t.split_k} leaves an empty K slice for K={mm_problem(args)[2]}"
-    smem, limit = smem_bytes(t.block_m, t.stages), smem_limit(t.ctas_per_sm, _smem_limit(args))
+    smem, limit = smem_bytes(t.block_m, t.stages), _smem_limit(args)
     if smem > limit:
         return (f"needs {smem / 1024:.1f} KiB of shared memory (more than the {limit // 1024} KiB "
                 f"per block of this GPU)")
@@ -133,18 +121,12 @@ def _split_for(ctas: int, k: int, sms: int) -> int:
 
 
 def default(*args) -> Tactic:
-    """The largest block_m whose grid still fills the GPU (fewer decodes of each weight element),
-    else the one closest to M, with split-K up to one wave; as many stages as fit."""
+    """The smallest block_m covering M (up to 256: more activation rows per weight decode won every
+    H100 sweep, e.g. M = 128, N = 8192, K = 28672: block_m 128 with split 2 153 us, block_m 64
+    266 us), split-K up to one wave, as many stages as fit."""
     m, n, k = mm_problem(args)
-    sms = _sms(args)
-    tiles_n = -(-n // ROWS)
-    bm = next((b for b in reversed(BLOCK_MS) if b <= max(64, m) and -(-m // b) * tiles_n >= 0.9 * sms),
-              None)
-    if bm is None:
-        bm = next(b for b in BLOCK_MS if b >= min(m, 256))
-        split = _split_for(-(-m // bm) * tiles_n, k, sms)
-    else:
-        split = 1
+    bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
+    split = _split_for(-(-m // bm) * -(-n // ROWS), k, _sms(args))
     return WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args)), split)
 
 
@@ -162,10 +144,6 @@ def candidates(*args) -> list[Tactic]:
         for stages in sorted({4, max_stages(bm, _smem_limit(args))}):
             for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
                 out.append(WgmmaMmTactic(bm, stages, split))
-        if bm == 64:
-            base2 = _split_for(ctas, k, 2 * sms)
-            for split in sorted({1, base2, min(MAX_SPLIT, 2 * base2)}):
-                out.append(WgmmaMmTactic(64, max_stages(64, _smem_limit(args), 2), split, 2))
     return valid_unique(out, why_not, *args)
 
 
