@@ -7,6 +7,10 @@ for step in "$@"; do
   case $step in
     build) python -c "import torch; from torch_fp4.kernels.cuda.build import extension; extension(torch.device('cuda'))" 2>&1 | tail -20 | tee "$OUT/build.txt" ;;
     tests) timeout ${TEST_TIMEOUT:-400} python -m pytest -q -x -rs ${PYTEST_ARGS:-tests/test_gpu_mm_wgmma.py} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
+    wide) timeout ${BENCH_TIMEOUT:-400} python -c "
+import torch_fp4.tuning as T; T.HOPPER_MM_MS = (17, 1 << 30)   # the wgmma GEMM for every M > 16
+from torch_fp4.bench import mm; mm.run(csv_path='$OUT/mm_wide.csv', ms=tuple(int(v) for v in '${MS:-64,128,256,1024,4096}'.split(',')))
+" 2>&1 | tee "$OUT/mm_wide.txt" ;;
     bench) timeout ${BENCH_TIMEOUT:-400} python -m torch_fp4 bench mm --ms "${MS:-1,16,64,128,256,1024,4096}" --csv "$OUT/mm.csv" 2>&1 | tee "$OUT/mm.txt" ;;
     tactics)
       for mm in ${TACTIC_MS:-64 128 256}; do

@@ -60,7 +60,7 @@ def _tactics(args, fmt):
     launcher = (a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
     out = []
     for bm in WT.BLOCK_MS:
-        for stages in (2, WT.max_stages(bm)):
+        for stages in (WT.MIN_STAGES, WT.max_stages(bm)):
             for split in (1, 3):
                 t = WT.WgmmaMmTactic(bm, stages, split)
                 if WT.why_not(t, *launcher) is None:

@@ -1,28 +1,28 @@
 // Hopper FP4-weight GEMM (sm_90a) of the cuda backend, for M above the small-M kernel's range.
 //
-// Swap-AB warpgroup MMA: the weight rows are the wgmma's M side (64 per consumer warpgroup, 128
-// per CTA), the activation rows its N side (block_m = 64, 128 or 256 per CTA), K in stages of 64.
-// - A producer warpgroup (one thread) fills a ring of `stages` shared-memory stages: the
-//   activation tile [block_m, 64] bf16/fp16 by TMA with the 128-byte swizzle that wgmma reads,
-//   the weight tile [128, 32 bytes] by TMA (32-byte swizzle: conflict-free quad reads), and the
-//   stage's 512-byte block of 128x4 scale words by a bulk copy; each stage completes on a "full"
-//   mbarrier (transaction bytes) and is handed back on an "empty" mbarrier.
-// - Two consumer warpgroups decode the FP4 weights straight into wgmma's register A fragments,
-//   in K order (the activations stay as TMA wrote them): lane (g, c) of a warp owns rows g and
-//   g + 8 of its 16-row slice and, in each k16 step, the code pairs (2c, 2c+1) and (2c+8, 2c+9),
-//   i.e. byte c of each 4-byte word of the row. One 16-byte shared load (broadcast to the quad)
-//   gives four words; per word one byte permute picks byte c into the low halves of the two bf16
-//   lanes, and the exact bit placement of mm_small_m.cuh (E2M1 * 2^-126 as bf16, 2^-14 as fp16)
-//   and one multiply by the scale table entry give code * scale * 2^-7 (NVFP4; MXFP4 multiplies by
-//   2^126 and by the scale). Each weight element is decoded once per CTA. A warpgroup waits for
-//   its own wgmmas before decoding the next stage (ptxas serializes every wgmma of a kernel that
-//   writes a register A operand while one is in flight); the two consumer warpgroups overlap.
-// - K steps past K (the last stage of a K that is not a multiple of 64) get a zero scale, so
-//   padding scale bytes never reach the sums.
-// - Epilogue: fp32 tile to shared memory ([block_m][128 + 4], conflict-free), then every consumer
-//   thread stores 4 outputs at a time (undo the 2^-7 fold, alpha, one rounding). Split-K: the
-//   CTAs of one output tile form a cluster along K; each reduces a share of the rows by reading
-//   ranks 0, 1, ... in order through distributed shared memory (deterministic, no atomics).
+// Swap-AB warpgroup MMA with a decode stage: the weight rows are the wgmma's M side (64 per MMA
+// warpgroup, 128 per CTA), the activation rows its N side (block_m = 64, 128 or 256 per CTA), K in
+// stages of 64. Four roles, all sharing one ring of `stages` shared-memory stages:
+// - producer warp (one thread): per stage, the activation tile [block_m, 64] bf16/fp16 by TMA in
+//   wgmma's 128-byte swizzle, the FP4 weight tile [128, 32 bytes] by TMA (32-byte swizzle:
+//   conflict-free row reads), and the 512-byte block of 128x4 scale words by a bulk copy, all
+//   completing on the stage's "full" mbarrier;
+// - decoder warpgroup (128 threads, one weight row each): FP4 -> bf16/fp16 into the stage's
+//   weight tile [128, 64] in the same 128-byte swizzle, exact (per byte one permute places its two
+//   codes, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16) and one
+//   multiply by the scale table entry gives code * scale * 2^-7 for NVFP4; MXFP4 multiplies by
+//   2^126 and by the scale); K words past K get a zero scale, so padding scale bytes never reach
+//   the sums; then a proxy fence and an arrival on the stage's "decoded" mbarrier;
+// - two MMA warpgroups: both operands from shared memory (`wgmma.mma_async` m64nNk16, fp32
+//   accumulators), one stage's wgmmas kept in flight while the next stage's are issued; a stage
+//   goes back to the producer ("empty") once its wgmmas completed.
+// Each weight element is decoded once per CTA, off the MMA warpgroups' path (a register-A design,
+// decoding inside the MMA warpgroups, was latency-bound: ptxas serializes wgmmas whose register
+// operands are written while one is in flight; BENCHMARKS.md).
+// Epilogue: fp32 tile to shared memory ([block_m][128 + 4], conflict-free), then every MMA thread
+// stores 4 outputs at a time (undo the 2^-7 fold, alpha, one rounding). Split-K: the CTAs of one
+// output tile form a cluster along K; each reduces a share of the rows by reading ranks 0, 1, ...
+// in order through distributed shared memory (deterministic, no atomics).
 // Numerics are those of mm_small_m (exact products, fp32 accumulation in the tensor core).
 #include <algorithm>
 #include <cstdint>
@@ -44,17 +44,20 @@ using small_m::F4;
 using small_m::Params;
 using small_m::U128;
 
-constexpr int kThreads = 384;      // producer warpgroup + two consumer warpgroups
+constexpr int kThreads = 384;      // decoder warpgroup (its thread 0 also loads), two MMA warpgroups
 constexpr int kRows = 128;         // weight rows per CTA
 constexpr int kBK = 64;            // K elements per stage
-constexpr int kWStage = kRows * kBK / 2;
+constexpr int kWStage = kRows * kBK / 2;        // FP4 weight tile
+constexpr int kDecStage = kRows * kBK * 2;      // decoded 16-bit weight tile
 constexpr int kScaleStage = 1024;  // 512 bytes of scale words, padded to keep stages 1 KiB aligned
 constexpr int kPitch = kRows + 4;  // fp32 words per row of the epilogue tile
 constexpr int kMaxSplit = 8;
 constexpr int kMaxDevices = 64;
 
 __host__ __device__ constexpr int act_stage_bytes(int bm) { return bm * kBK * 2; }
-__host__ __device__ constexpr int stage_bytes(int bm) { return act_stage_bytes(bm) + kWStage + kScaleStage; }
+// [activations][decoded weights][FP4 weights][scale words]: the two 128-byte-swizzled tiles first
+// (1 KiB aligned).
+__host__ __device__ constexpr int stage_bytes(int bm) { return act_stage_bytes(bm) + kDecStage + kWStage + kScaleStage; }
 // [1 KiB alignment slack][1 KiB scale table][1 KiB barriers][stages | epilogue tile]
 __host__ __device__ constexpr int smem_bytes(int bm, int stages) {
   const int pipe = stages * stage_bytes(bm), tile = bm * kPitch * 4;
@@ -138,15 +141,6 @@ __device__ __forceinline__ void cluster_sync_all() {
 
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
 
-// The turn of consumer warpgroup `wg` to issue its wgmmas (named barriers 2 and 3, 256 threads:
-// the waiting warpgroup syncs, the other one arrives once it has issued).
-__device__ __forceinline__ void wait_turn(int wg) {
-  asm volatile("bar.sync %0, 256;" ::"r"(2 + wg) : "memory");
-}
-__device__ __forceinline__ void pass_turn(int wg) {
-  asm volatile("bar.arrive %0, 256;" ::"r"(3 - wg) : "memory");
-}
-
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle
 // (8-row groups 1024 bytes apart), starting at `addr`.
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
@@ -154,9 +148,10 @@ __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
          (uint64_t{1} << 62);
 }
 
-// Byte c of word w (codes 2c, 2c+1) -> a bf16x2 (fp16x2) word holding the two codes times 2^-126
-// (2^-14): the permute puts byte c of w in byte 0 and byte c of w >> 4 in byte 2, so the low
-// nibbles of the two halves are the two codes; then the placement of mm_small_m.cuh.
+// Byte j of word w (codes 2j, 2j+1) -> a bf16x2 (fp16x2) word holding the two codes times 2^-126
+// (2^-14): the permute (selector j | j << 4 | (j + 4) << 8 | (j + 4) << 12) puts byte j of w in
+// byte 0 and byte j of w >> 4 in byte 2, so the low nibbles of the two halves are the two codes;
+// then the placement of mm_small_m.cuh.
 template <bool kFp16>
 __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
   const uint32_t t = __byte_perm(w, w >> 4, sel);
@@ -167,61 +162,45 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
   }
 }
 
+// One decoder thread: weight row r of stage `st` (K tile kt), 64 FP4 codes -> 64 16-bit values
+// in the decoded tile (row r: 128 bytes, 16-byte chunk j at chunk j ^ (r % 8): wgmma's 128-byte
+// swizzle).
 template <class Cfg>
-__device__ __forceinline__ void consumer_stage(const char* st, const uint32_t* lut, int kt, int k, int r0,
-                                               uint32_t sel, uint32_t (&a)[4][4]) {
+__device__ __forceinline__ void decode_row(char* st, const uint32_t* lut, int kt, int k, int r) {
   constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
-  const char* wt = st + act_stage_bytes(Cfg::kBM);
+  char* dec = st + act_stage_bytes(Cfg::kBM);
+  const char* wt = dec + kDecStage;
   const uint32_t* sc = reinterpret_cast<const uint32_t*>(wt + kWStage);
-  // Rows r0 and r0 + 8 share the 32-byte swizzle phase ((r >> 2) & 1).
-  const int swz = (r0 >> 2) & 1;
-  const U128 x0 = *reinterpret_cast<const U128*>(wt + r0 * 32 + ((0 ^ swz) << 4));
-  const U128 x1 = *reinterpret_cast<const U128*>(wt + r0 * 32 + ((1 ^ swz) << 4));
-  const U128 y0 = *reinterpret_cast<const U128*>(wt + (r0 + 8) * 32 + ((0 ^ swz) << 4));
-  const U128 y1 = *reinterpret_cast<const U128*>(wt + (r0 + 8) * 32 + ((1 ^ swz) << 4));
-  const uint32_t w0[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-  const uint32_t w1[8] = {y0.x, y0.y, y0.z, y0.w, y1.x, y1.y, y1.z, y1.w};
-  // Scale words of the 128x4 block: row r at word (r % 32) * 4 + r / 32, byte = K block in the
-  // block of four (NVFP4: the stage's 4 blocks; MXFP4: 2 of them, at 2 * (kt % 2)).
-  const int r1 = r0 + 8;
-  const uint32_t s0 = sc[(r0 & 31) * 4 + (r0 >> 5)];
-  const uint32_t s1 = sc[(r1 & 31) * 4 + (r1 >> 5)];
+  const int swz = (r >> 2) & 1;  // the FP4 tile's 32-byte swizzle
+  const U128 x0 = *reinterpret_cast<const U128*>(wt + r * 32 + ((0 ^ swz) << 4));
+  const U128 x1 = *reinterpret_cast<const U128*>(wt + r * 32 + ((1 ^ swz) << 4));
+  const uint32_t w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  // Scale word of row r in the 128x4 block: word (r % 32) * 4 + r / 32, byte = K block in the
+  // block of four (NVFP4: word j of the stage is in block j / 2; MXFP4: 2 * (kt % 2) + j / 4).
+  const uint32_t sw = sc[(r & 31) * 4 + (r >> 5)];
 #pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    const int byte = Cfg::kMx ? 2 * (kt & 1) + (s >> 1) : s;
-    const bool valid = kt * kBK + s * 16 < k;
-    const uint32_t m0 = valid ? lut[(s0 >> (8 * byte)) & 0xFFu] : 0u;
-    const uint32_t m1 = valid ? lut[(s1 >> (8 * byte)) & 0xFFu] : 0u;
-    const uint32_t d0 = decode_pair<Cfg::kFp16>(w0[2 * s], sel);
-    const uint32_t d1 = decode_pair<Cfg::kFp16>(w1[2 * s], sel);
-    const uint32_t d2 = decode_pair<Cfg::kFp16>(w0[2 * s + 1], sel);
-    const uint32_t d3 = decode_pair<Cfg::kFp16>(w1[2 * s + 1], sel);
-    if constexpr (Cfg::kFold) {
-      a[s][0] = small_m::mul2<Cfg::kFp16>(d0, m0);
-      a[s][1] = small_m::mul2<Cfg::kFp16>(d1, m1);
-      a[s][2] = small_m::mul2<Cfg::kFp16>(d2, m0);
-      a[s][3] = small_m::mul2<Cfg::kFp16>(d3, m1);
-    } else {
-      a[s][0] = small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d0, kUnit), m0);
-      a[s][1] = small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d1, kUnit), m1);
-      a[s][2] = small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d2, kUnit), m0);
-      a[s][3] = small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d3, kUnit), m1);
+  for (int j = 0; j < 8; ++j) {
+    const int byte = Cfg::kMx ? 2 * (kt & 1) + (j >> 2) : (j >> 1);
+    const bool valid = kt * kBK + 8 * j < k;
+    const uint32_t m = valid ? lut[(sw >> (8 * byte)) & 0xFFu] : 0u;
+    uint32_t q[4];
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t d = decode_pair<Cfg::kFp16>(w[j], static_cast<uint32_t>(b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12)));
+      q[b] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(d, m)
+                        : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d, kUnit), m);
     }
+    *reinterpret_cast<U128*>(dec + r * 128 + ((j ^ (r & 7)) << 4)) = U128{q[0], q[1], q[2], q[3]};
   }
 }
 
+// One MMA warpgroup's four k16 steps of a stage: its 64 decoded weight rows x the activation tile.
 template <class Cfg>
-__device__ __forceinline__ void issue_stage(float (&acc)[Cfg::kAcc], uint32_t (&a)[4][4], uint32_t act_addr) {
-  uint64_t desc[4];
-#pragma unroll
-  for (int s = 0; s < 4; ++s) {
-    desc[s] = desc_sw128(act_addr + 32 * s);
-    asm volatile("" : "+l"(desc[s]));
-  }
-  fence_regs(a);
+__device__ __forceinline__ void issue_stage(float (&acc)[Cfg::kAcc], uint32_t stage_addr, int mwg) {
+  const uint32_t a_addr = stage_addr + act_stage_bytes(Cfg::kBM) + mwg * 64 * 128;
   wgmma_fence();
 #pragma unroll
-  for (int s = 0; s < 4; ++s) WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, a[s], desc[s]);
+  for (int s = 0; s < 4; ++s) WgmmaSS<Cfg::kBM, Cfg::kFp16>::mma(acc, desc_sw128(a_addr + 32 * s), desc_sw128(stage_addr + 32 * s));
   wgmma_commit();
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -236,6 +215,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + 1024);
   uint64_t* empty = full + stages;
+  uint64_t* decoded = empty + stages;
   char* pipe = smem + 2048;
   const int tid = static_cast<int>(threadIdx.x);
   const int n0 = static_cast<int>(blockIdx.x) * kRows;
@@ -251,28 +231,47 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < stages; ++s) {
       mbar_init(full + s, 1);
       mbar_init(empty + s, 256);
+      mbar_init(decoded + s, 128);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   pdl_wait();
 
-  if (tid < 128) {  // producer warpgroup
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+  if (tid < 128) {  // decoder warpgroup: thread tid decodes weight row tid of every stage
+    // Thread 0 also loads: stage j + kAhead right before decoding stage j, into the slot that
+    // stage j + kAhead - stages left, which the MMA warpgroups hand back once they have issued
+    // stage j - 1 (so the decoders run one stage ahead of the tensor cores, and never wait for the
+    // stage they are about to feed).
+    const int n = kt1 - kt0, ahead = stages - 2;
+    const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
+    auto load = [&](int i) {
+      const int kt = kt0 + i, s = i % stages;
+      char* st = pipe + s * kStage;
+      char* wt = st + act_stage_bytes(Cfg::kBM) + kDecStage;
+      mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + kWStage + 512);
+      tma_2d(st, &act_map, full + s, kt * kBK, m0);
+      tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
+      const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
+      bulk_copy(wt + kWStage, scale_row + block * 512, 512, full + s);
+    };
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
-      const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
-      for (int kt = kt0; kt < kt1; ++kt) {
-        const int i = kt - kt0, s = i % stages;
-        mbar_wait(empty + s, ((i / stages) & 1) ^ 1);
-        char* st = pipe + s * kStage;
-        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + kWStage + 512);
-        tma_2d(st, &act_map, full + s, kt * kBK, m0);
-        tma_2d(st + act_stage_bytes(Cfg::kBM), &w_map, full + s, kt * (kBK / 2), n0);
-        const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
-        bulk_copy(st + act_stage_bytes(Cfg::kBM) + kWStage, scale_row + block * 512, 512, full + s);
+      for (int i = 0; i < min(ahead, n); ++i) load(i);
+    }
+    for (int i = 0; i < n; ++i) {
+      const int s = i % stages;
+      if (tid == 0 && i + ahead < n) {
+        const int j = i + ahead;
+        mbar_wait(empty + j % stages, ((j / stages) & 1) ^ 1);
+        load(j);
       }
+      mbar_wait(full + s, (i / stages) & 1);
+      decode_row<Cfg>(pipe + s * kStage, lut, kt0 + i, p.k, tid);
+      // The decoded tile is read by wgmma (the async proxy) next.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      mbar_arrive(decoded + s);
     }
     if (splits > 1) {
       cluster_sync_all();
@@ -281,32 +280,22 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  const int ct = tid - 128;
+  const int ct = tid - 128;  // MMA threads 0..255; warpgroup mwg holds weight rows 64 mwg..
+  const int mwg = ct >> 7;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = (ct >> 5) * 16 + g;  // warp w of the two consumer warpgroups: rows 16w..16w+15
-  const uint32_t sel = static_cast<uint32_t>(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12));
+  const int r0 = (ct >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
   float acc[Cfg::kAcc];
 #pragma unroll
   for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
   fence_regs(acc);
-  uint32_t a[4][4];
   const uint32_t pipe_addr = smem_u32(pipe);
-  // ptxas serializes wgmma when a register A operand is written while any wgmma of the warpgroup
-  // is in flight, so each stage waits for its own wgmmas. The two consumer warpgroups take turns
-  // to issue (ping-pong): warpgroup 0's wgmmas of a stage, then warpgroup 1's, so that one decodes
-  // while the tensor cores run the other's (measured: both decoding at once left them idle).
-  const int cwg = ct >> 7;
-  if (cwg == 1 && kt0 < kt1) pass_turn(1);  // warpgroup 0 goes first
   for (int kt = kt0; kt < kt1; ++kt) {
     const int i = kt - kt0, s = i % stages;
     mbar_wait(full + s, (i / stages) & 1);
-    consumer_stage<Cfg>(pipe + s * kStage, lut, kt, p.k, r0, sel, a);
-    wait_turn(cwg);
-    issue_stage<Cfg>(acc, a, pipe_addr + s * kStage);
-    if (cwg == 0 || kt + 1 < kt1) pass_turn(cwg);  // every sync is matched by one arrive
-    wgmma_wait<0>();
-    mbar_arrive(empty + s);
+    mbar_wait(decoded + s, (i / stages) & 1);
+    issue_stage<Cfg>(acc, pipe_addr + s * kStage, mwg);
+    wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
+    if (i > 0) mbar_arrive(empty + (i - 1) % stages);
   }
   wgmma_wait<0>();
   fence_regs(acc);
@@ -475,7 +464,7 @@ int wgmma_mm_smem_bytes(int block_m, int stages) { return wgmma_mm::smem_bytes(b
 
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   using namespace wgmma_mm;
-  if (args.stages < 2 || args.stages > 8 || args.split_k < 1 || args.split_k > kMaxSplit) return false;
+  if (args.stages < 3 || args.stages > 8 || args.split_k < 1 || args.split_k > kMaxSplit) return false;
   if (args.k % 32 != 0) return false;
   if (args.m <= 0 || args.n <= 0) return true;
   if (args.act_fp16 && args.mx) return false;  // fp16 cannot hold every MXFP4 value

@@ -13,7 +13,7 @@ namespace torch_fp4 {
 // act: [m, k] bf16/fp16 (act_fp16), rows contiguous, 16-byte aligned, k % 32 == 0;
 // w: [n, k/2] packed FP4, 16-byte aligned; w_scale: 128x4 [np, kp] bytes, 16-byte aligned;
 // out: [m, n] of out_dtype (launch.h's DType code); alpha: one fp32 value or null.
-// Tactic: block_m (activation rows per CTA: 64, 128 or 256), stages (2..8), split_k (1..8, a
+// Tactic: block_m (activation rows per CTA: 64, 128 or 256), stages (3..8), split_k (1..8, a
 // thread-block cluster along K).
 struct WgmmaMmArgs {
   const uint16_t* act;

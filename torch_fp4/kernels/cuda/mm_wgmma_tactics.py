@@ -38,9 +38,13 @@ class WgmmaMmTactic(Tactic):
     family = "cuda_mm_wgmma"
 
 
+MIN_STAGES = 3               # the loader runs stages - 2 ahead of the decoders
+
+
 def stage_bytes(block_m: int) -> int:
-    """Activations [block_m, 64] 16-bit, weights [128, 32 bytes], scale words (1 KiB slot)."""
-    return block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2 + 1024
+    """Activations [block_m, 64] 16-bit, decoded weights [128, 64] 16-bit, FP4 weights [128, 32
+    bytes], scale words (1 KiB slot)."""
+    return block_m * BLOCK_K * 2 + ROWS * BLOCK_K * 2 + ROWS * BLOCK_K // 2 + 1024
 
 
 def smem_bytes(block_m: int, stages: int) -> int:
@@ -92,8 +96,8 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return reason
     if t.block_m not in BLOCK_MS:
         return f"block_m={t.block_m} must be one of {BLOCK_MS}"
-    if not 2 <= t.stages <= MAX_STAGES:
-        return f"stages={t.stages} must be between 2 and {MAX_STAGES}"
+    if not MIN_STAGES <= t.stages <= MAX_STAGES:
+        return f"stages={t.stages} must be between {MIN_STAGES} and {MAX_STAGES}"
     if not 1 <= t.split_k <= MAX_SPLIT:
         return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
     steps = _steps(mm_problem(args)[2])
