@@ -1,24 +1,24 @@
 // Hopper FP4-weight GEMM (sm_90a) of the cuda backend, for M above the small-M kernel's range.
 //
-// Swap-AB warpgroup MMA with a decode stage: the weight rows are the wgmma's M side (64 per MMA
-// warpgroup, 128 per CTA), the activation rows its N side (block_m = 64, 128 or 256 per CTA), K in
-// stages of 64. Four roles, all sharing one ring of `stages` shared-memory stages:
-// - producer warp (one thread): per stage, the activation tile [block_m, 64] bf16/fp16 by TMA in
-//   wgmma's 128-byte swizzle, the FP4 weight tile [128, 32 bytes] by TMA (32-byte swizzle:
-//   conflict-free row reads), and the 512-byte block of 128x4 scale words by a bulk copy, all
-//   completing on the stage's "full" mbarrier;
-// - decoder warpgroup (128 threads, one weight row each): FP4 -> bf16/fp16 into the stage's
-//   weight tile [128, 64] in the same 128-byte swizzle, exact (per byte one permute places its two
-//   codes, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16) and one
-//   multiply by the scale table entry gives code * scale * 2^-7 for NVFP4; MXFP4 multiplies by
-//   2^126 and by the scale); K words past K get a zero scale, so padding scale bytes never reach
-//   the sums; then a proxy fence and an arrival on the stage's "decoded" mbarrier;
-// - two MMA warpgroups: both operands from shared memory (`wgmma.mma_async` m64nNk16, fp32
-//   accumulators), one stage's wgmmas kept in flight while the next stage's are issued; a stage
-//   goes back to the producer ("empty") once its wgmmas completed.
-// Each weight element is decoded once per CTA, off the MMA warpgroups' path (a register-A design,
-// decoding inside the MMA warpgroups, was latency-bound: ptxas serializes wgmmas whose register
-// operands are written while one is in flight; BENCHMARKS.md).
+// Swap-AB warpgroup MMA with the FP4 decode through shared memory: the weight rows are the wgmma's
+// M side (64 per MMA warpgroup, 128 per CTA), the activation rows its N side (block_m = 64, 128 or
+// 256 per CTA), K in stages of 64, one ring of `stages` shared-memory stages:
+// - a producer warpgroup (one thread) loads, per stage, the activation tile [block_m, 64]
+//   bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [128, 32 bytes] by TMA
+//   (32-byte swizzle: conflict-free reads) and the 512-byte block of 128x4 scale words by a bulk
+//   copy, all completing on the stage's "full" mbarrier, once the stage is "empty";
+// - each of two MMA warpgroups decodes its 64 weight rows of the stage (a thread per half row)
+//   into the stage's 16-bit weight tile, in the same 128-byte swizzle: exact (per byte one
+//   permute places its two codes, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14
+//   for fp16) and one multiply by the scale table entry gives code * scale * 2^-7 for NVFP4;
+//   MXFP4 multiplies by 2^126 and by the scale); K words past K get a zero scale, so padding
+//   scale bytes never reach the sums; a proxy fence and a warpgroup barrier later it issues the
+//   stage's four `wgmma.mma_async` m64nNk16 with both operands in shared memory (fp32
+//   accumulators), and hands the previous stage back once its wgmmas completed. The decode of
+//   stage i thus overlaps the wgmmas of stage i - 1; each weight element is decoded once per CTA.
+// (Decoding into register A fragments instead was latency-bound: ptxas serializes wgmmas whose
+// register operands are written while one is in flight; a separate decoder warpgroup was too few
+// threads. BENCHMARKS.md has both.)
 // Epilogue: fp32 tile to shared memory ([block_m][128 + 4], conflict-free), then every MMA thread
 // stores 4 outputs at a time (undo the 2^-7 fold, alpha, one rounding). Split-K: the CTAs of one
 // output tile form a cluster along K; each reduces a share of the rows by reading ranks 0, 1, ...
@@ -44,7 +44,7 @@ using small_m::F4;
 using small_m::Params;
 using small_m::U128;
 
-constexpr int kThreads = 384;      // decoder warpgroup (its thread 0 also loads), two MMA warpgroups
+constexpr int kThreads = 384;      // producer warpgroup, two MMA warpgroups
 constexpr int kRows = 128;         // weight rows per CTA
 constexpr int kBK = 64;            // K elements per stage
 constexpr int kWStage = kRows * kBK / 2;        // FP4 weight tile
@@ -162,31 +162,31 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
   }
 }
 
-// One decoder thread: weight row r of stage `st` (K tile kt), 64 FP4 codes -> 64 16-bit values
-// in the decoded tile (row r: 128 bytes, 16-byte chunk j at chunk j ^ (r % 8): wgmma's 128-byte
-// swizzle).
+// Half a weight row of stage `st` (K tile kt): row r, codes 32 h .. 32 h + 31 (h = 0, 1), i.e.
+// the FP4 tile's 16-byte chunk h -> four 16-byte chunks 4 h .. 4 h + 3 of the decoded row (row r:
+// 128 bytes, chunk j at chunk j ^ (r % 8): wgmma's 128-byte swizzle). Conflict-free: eight
+// consecutive threads cover four rows, both halves.
 template <class Cfg>
-__device__ __forceinline__ void decode_row(char* st, const uint32_t* lut, int kt, int k, int r) {
+__device__ __forceinline__ void decode_half_row(char* st, const uint32_t* lut, int kt, int k, int r, int h) {
   constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
   char* dec = st + act_stage_bytes(Cfg::kBM);
   const char* wt = dec + kDecStage;
   const uint32_t* sc = reinterpret_cast<const uint32_t*>(wt + kWStage);
-  const int swz = (r >> 2) & 1;  // the FP4 tile's 32-byte swizzle
-  const U128 x0 = *reinterpret_cast<const U128*>(wt + r * 32 + ((0 ^ swz) << 4));
-  const U128 x1 = *reinterpret_cast<const U128*>(wt + r * 32 + ((1 ^ swz) << 4));
-  const uint32_t w[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+  const U128 x = *reinterpret_cast<const U128*>(wt + r * 32 + ((h ^ ((r >> 2) & 1)) << 4));  // 32-byte swizzle
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
   // Scale word of row r in the 128x4 block: word (r % 32) * 4 + r / 32, byte = K block in the
   // block of four (NVFP4: word j of the stage is in block j / 2; MXFP4: 2 * (kt % 2) + j / 4).
   const uint32_t sw = sc[(r & 31) * 4 + (r >> 5)];
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int byte = Cfg::kMx ? 2 * (kt & 1) + (j >> 2) : (j >> 1);
+  for (int jj = 0; jj < 4; ++jj) {
+    const int j = 4 * h + jj;
+    const int byte = Cfg::kMx ? 2 * (kt & 1) + h : (j >> 1);
     const bool valid = kt * kBK + 8 * j < k;
     const uint32_t m = valid ? lut[(sw >> (8 * byte)) & 0xFFu] : 0u;
     uint32_t q[4];
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-      const uint32_t d = decode_pair<Cfg::kFp16>(w[j], static_cast<uint32_t>(b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12)));
+      const uint32_t d = decode_pair<Cfg::kFp16>(w[jj], static_cast<uint32_t>(b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12)));
       q[b] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(d, m)
                         : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d, kUnit), m);
     }
@@ -215,7 +215,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + 1024);
   uint64_t* empty = full + stages;
-  uint64_t* decoded = empty + stages;
   char* pipe = smem + 2048;
   const int tid = static_cast<int>(threadIdx.x);
   const int n0 = static_cast<int>(blockIdx.x) * kRows;
@@ -231,47 +230,29 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < stages; ++s) {
       mbar_init(full + s, 1);
       mbar_init(empty + s, 256);
-      mbar_init(decoded + s, 128);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
   __syncthreads();
   pdl_wait();
 
-  if (tid < 128) {  // decoder warpgroup: thread tid decodes weight row tid of every stage
-    // Thread 0 also loads: stage j + kAhead right before decoding stage j, into the slot that
-    // stage j + kAhead - stages left, which the MMA warpgroups hand back once they have issued
-    // stage j - 1 (so the decoders run one stage ahead of the tensor cores, and never wait for the
-    // stage they are about to feed).
-    const int n = kt1 - kt0, ahead = stages - 2;
-    const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
-    auto load = [&](int i) {
-      const int kt = kt0 + i, s = i % stages;
-      char* st = pipe + s * kStage;
-      char* wt = st + act_stage_bytes(Cfg::kBM) + kDecStage;
-      mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + kWStage + 512);
-      tma_2d(st, &act_map, full + s, kt * kBK, m0);
-      tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
-      const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
-      bulk_copy(wt + kWStage, scale_row + block * 512, 512, full + s);
-    };
+  if (tid < 128) {  // producer warpgroup (one thread)
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
-      for (int i = 0; i < min(ahead, n); ++i) load(i);
-    }
-    for (int i = 0; i < n; ++i) {
-      const int s = i % stages;
-      if (tid == 0 && i + ahead < n) {
-        const int j = i + ahead;
-        mbar_wait(empty + j % stages, ((j / stages) & 1) ^ 1);
-        load(j);
+      const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
+      for (int kt = kt0; kt < kt1; ++kt) {
+        const int i = kt - kt0, s = i % stages;
+        mbar_wait(empty + s, ((i / stages) & 1) ^ 1);
+        char* st = pipe + s * kStage;
+        char* wt = st + act_stage_bytes(Cfg::kBM) + kDecStage;
+        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + kWStage + 512);
+        tma_2d(st, &act_map, full + s, kt * kBK, m0);
+        tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
+        const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
+        bulk_copy(wt + kWStage, scale_row + block * 512, 512, full + s);
       }
-      mbar_wait(full + s, (i / stages) & 1);
-      decode_row<Cfg>(pipe + s * kStage, lut, kt0 + i, p.k, tid);
-      // The decoded tile is read by wgmma (the async proxy) next.
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-      mbar_arrive(decoded + s);
     }
     if (splits > 1) {
       cluster_sync_all();
@@ -280,19 +261,25 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int ct = tid - 128;  // MMA threads 0..255; warpgroup mwg holds weight rows 64 mwg..
   const int mwg = ct >> 7;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
   const int r0 = (ct >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
+  const int dec_row = 64 * mwg + ((ct & 127) >> 1), dec_half = ct & 1;
   float acc[Cfg::kAcc];
 #pragma unroll
   for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
   fence_regs(acc);
   const uint32_t pipe_addr = smem_u32(pipe);
+  // Each MMA warpgroup decodes its own 64 weight rows of stage i while its wgmmas of stage i - 1
+  // run (shared-memory operands only, so ptxas keeps them asynchronous), then issues stage i.
   for (int kt = kt0; kt < kt1; ++kt) {
     const int i = kt - kt0, s = i % stages;
     mbar_wait(full + s, (i / stages) & 1);
-    mbar_wait(decoded + s, (i / stages) & 1);
+    decode_half_row<Cfg>(pipe + s * kStage, lut, kt, p.k, dec_row, dec_half);
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // read by wgmma next
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");  // the warpgroup's 64 rows
     issue_stage<Cfg>(acc, pipe_addr + s * kStage, mwg);
     wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
     if (i > 0) mbar_arrive(empty + (i - 1) % stages);
