@@ -12,13 +12,12 @@ import torch_fp4.tuning as T; T.HOPPER_MM_MS = (17, 1 << 30)   # the wgmma GEMM 
 from torch_fp4.bench import mm; mm.run(csv_path='$OUT/mm_wide.csv', ms=tuple(int(v) for v in '${MS:-64,128,256,1024,4096}'.split(',')))
 " 2>&1 | tee "$OUT/mm_wide.txt" ;;
     bench) timeout ${BENCH_TIMEOUT:-400} python -m torch_fp4 bench mm --ms "${MS:-1,16,64,128,256,1024,4096}" --csv "$OUT/mm.csv" 2>&1 | tee "$OUT/mm.txt" ;;
-    tactics)
-      for mm in ${TACTIC_MS:-64 128 256}; do
-        echo "== M=$mm W4A16 N=8192 K=28672" >> "$OUT/tactics.txt"
-        timeout 200 python -m torch_fp4 bench mm --tactics --m $mm --mode w4a16 >> "$OUT/tactics.txt" 2>&1
-      done; grep -E "==|wgmma" "$OUT/tactics.txt" | sort -k2 -n | head -60 ;;
-    ncu) ncu --clock-control none --metrics sm__inst_issued.avg.per_cycle_active,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__average_warp_latency_issue_stalled_barrier,smsp__warp_issue_stalled_wait_per_warp_active.pct,smsp__warp_issue_stalled_long_scoreboard_per_warp_active.pct,smsp__warp_issue_stalled_barrier_per_warp_active.pct,smsp__warp_issue_stalled_math_pipe_throttle_per_warp_active.pct,smsp__warp_issue_stalled_membar_per_warp_active.pct,gpu__time_duration.sum \
-           -k regex:wgmma_mm_kernel -s 1 -c 1 python scripts/ncu_mm.py ${NCU_M:-1024} 8192 28672 > "$OUT/ncu.txt" 2>&1
-         grep -E "sm__|dram__|smsp__|gpu__time" "$OUT/ncu.txt" | head -20 ;;
+    tactics) timeout ${SWEEP_TIMEOUT:-300} python scripts/sweep_wgmma.py "${SWEEP_MS:-64,128,256,1024}" 2>&1 | tee "$OUT/sweep.txt" | grep -A4 "==" ;;
+    ncu) for mm in ${NCU_MS:-64 1024}; do
+           ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
+             --section ComputeWorkloadAnalysis --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed \
+             -k regex:wgmma_mm_kernel -s 1 -c 1 python scripts/ncu_mm.py $mm 8192 28672 wgmma > "$OUT/ncu_$mm.txt" 2>&1
+           echo "== M=$mm"; grep -E "Duration|Throughput|hmma|lts__t_bytes|wavefronts|Stall|Issue Slots|Issued Ipc|Eligible|Active Warps|L2 Hit|Warp Cycles Per Issued" "$OUT/ncu_$mm.txt" | head -30
+         done ;;
   esac
 done

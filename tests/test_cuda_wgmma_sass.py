@@ -1,7 +1,8 @@
 """The Hopper wgmma GEMM (torch_fp4/csrc/mm_wgmma.cu) compiles for sm_90a without a GPU, with
-HGMMA reading its A operand from registers (the decoded FP4 weights), the B operand from shared
-memory, no register spills, and no ptxas serialization of the wgmmas (warning C7513). It compiles
-to a stub for sm_100a (wgmma is Hopper-only). Skipped without nvcc or a disassembler."""
+HGMMA reading both operands from shared memory (the decoded weight tile and the TMA activation
+tile), for every wgmma N and both 16-bit types, no register spills, and no ptxas serialization of
+the wgmmas (warning C7513). It compiles to a stub for sm_100a (wgmma is Hopper-only). Skipped
+without nvcc or a disassembler."""
 import re
 import subprocess
 
@@ -25,7 +26,7 @@ def _compile(tmp_path, cap):
     return out.read_bytes(), proc.stderr
 
 
-def test_sm90a_register_a_hgmma_no_spills_no_serialization(tmp_path):
+def test_sm90a_shared_memory_hgmma_no_spills_no_serialization(tmp_path):
     if not have_disassembler():
         pytest.skip("no nvdisasm / cuobjdump")
     cubin, log = _compile(tmp_path, (9, 0))
@@ -34,9 +35,9 @@ def test_sm90a_register_a_hgmma_no_spills_no_serialization(tmp_path):
         v == "0" for v in re.findall(r"(\d+) bytes spill stores", log)), log
     sass = disassemble(cubin)
     # fp16 inputs print without a type suffix (HGMMA.64xNx16.F32), bf16 as .F32.BF16.
-    hgmma = re.findall(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)? R\d+, (\S+), gdesc\[", sass)
+    hgmma = re.findall(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)? R\d+, (\S+), ", sass)
     assert {(n, t) for n, t, _ in hgmma} == {(n, t) for n in ("64", "128", "256") for t in (".BF16", "")}
-    assert all(a.startswith("R") for _, _, a in hgmma), "A operand must come from registers"
+    assert all(a.startswith("gdesc[") for _, _, a in hgmma), "A operand must come from shared memory"
     assert "UTMALDG" in sass and "UBLKCP" in sass   # TMA tiles and the bulk scale copy
 
 

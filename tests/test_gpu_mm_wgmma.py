@@ -1,6 +1,7 @@
 """The cuda backend's Hopper wgmma GEMM (csrc/mm_wgmma.cu) against the spec, on sm_90 only.
 
-Every compiled tile (block_m 64/128/256) with and without split-K, few and many stages: exact on
+Every compiled tile (block_m 64/128/256, 2 or 4 MMA warpgroups) with and without split-K, few
+and many stages: exact on
 grid-exact operands, within the spec's bound on random quantized data; M = 1, 33, 129, 4097; N
 and K not multiples of the tiles (K a multiple of 32); NVFP4 and MXFP4; bf16, fp16 and FP4
 activations; outputs NaN-poisoned at allocation; identical bits run to run; CUDA-graph replay.
@@ -60,11 +61,12 @@ def _tactics(args, fmt):
     launcher = (a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
     out = []
     for bm in WT.BLOCK_MS:
-        for stages in (WT.MIN_STAGES, WT.max_stages(bm)):
-            for split in (1, 3):
-                t = WT.WgmmaMmTactic(bm, stages, split)
-                if WT.why_not(t, *launcher) is None:
-                    out.append(t)
+        for wg in WT.WARPGROUPS:
+            for stages in (WT.MIN_STAGES, WT.max_stages(bm, warpgroups=wg)):
+                for split in (1, 3):
+                    t = WT.WgmmaMmTactic(bm, stages, split, wg)
+                    if WT.why_not(t, *launcher) is None:
+                        out.append(t)
     return out
 
 
@@ -75,11 +77,11 @@ CASES = [("nvfp4", "bf16"), ("nvfp4", "fp16"), ("nvfp4", "fp4"), ("mxfp4", "bf16
 @pytest.mark.parametrize("m", [1, 33, 129, 4097])
 def test_grid_exact_every_tile(fmt_name, a_mode, m):
     fmt = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}[fmt_name]
-    n, k = 200, 704          # N, K not multiples of the 128-row / 64-column tiles
+    n, k = 328, 704          # N, K not multiples of the 128/256-row and 64-column tiles
     args, ahat, what = _operands(m, n, k, fmt, a_mode, True, seed=m)
     want = (ahat.double() @ what.double().T).float()
     ts = _tactics(args, fmt)
-    assert len(ts) >= 6
+    assert len(ts) >= 10
     for t in ts:
         with t4.use_tactic(t):
             got = _call(args, fmt)

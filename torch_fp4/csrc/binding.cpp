@@ -189,10 +189,10 @@ void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w, const at::Tensor
 }
 
 // out [m, n] = alpha * act [m, k] @ w [n, k/2]^T on the Hopper wgmma GEMM (mm_wgmma.cu). Same
-// operands as mm_fp4_small_m; tactic: block_m (64/128/256), stages, split_k.
+// operands as mm_fp4_small_m; tactic: block_m (64/128/256), warpgroups (2/4), stages, split_k.
 void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
                   const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
-                  int64_t block_m, int64_t stages, int64_t split_k, bool pdl) {
+                  int64_t block_m, int64_t warpgroups, int64_t stages, int64_t split_k, bool pdl) {
   const c10::cuda::CUDAGuard guard(act.device());
   check_cuda(act, "act");
   check_cuda(w, "w");
@@ -235,10 +235,12 @@ void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& 
   a.out_dtype = dtype_code(out, "out");
   TORCH_CHECK(a.out_dtype != kFloat8E4M3, "torch_fp4 cuda backend: out must be bf16, fp16 or fp32");
   a.block_m = static_cast<int>(block_m);
+  a.warpgroups = static_cast<int>(warpgroups);
   a.stages = static_cast<int>(stages);
   a.split_k = static_cast<int>(split_k);
   const bool ok = launch_wgmma_mm(a, c10::cuda::getCurrentCUDAStream(), pdl);
-  TORCH_CHECK(ok, "torch_fp4 cuda backend: the Hopper GEMM cannot run block_m=", block_m, " stages=", stages,
+  TORCH_CHECK(ok, "torch_fp4 cuda backend: the Hopper GEMM cannot run block_m=", block_m, " warpgroups=", warpgroups,
+              " stages=", stages,
               " split_k=", split_k, " K=", k,
               " here (it needs compute capability 9.0, K % 32 == 0, 16-byte aligned operands and a tensor map)");
   C10_CUDA_KERNEL_LAUNCH_CHECK();

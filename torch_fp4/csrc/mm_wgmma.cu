@@ -44,29 +44,37 @@ using small_m::F4;
 using small_m::Params;
 using small_m::U128;
 
-constexpr int kThreads = 384;      // producer warpgroup, two MMA warpgroups
-constexpr int kRows = 128;         // weight rows per CTA
 constexpr int kBK = 64;            // K elements per stage
-constexpr int kWStage = kRows * kBK / 2;        // FP4 weight tile
-constexpr int kDecStage = kRows * kBK * 2;      // decoded 16-bit weight tile
-constexpr int kScaleStage = 1024;  // 512 bytes of scale words, padded to keep stages 1 KiB aligned
-constexpr int kPitch = kRows + 4;  // fp32 words per row of the epilogue tile
 constexpr int kMaxSplit = 8;
 constexpr int kMaxDevices = 64;
 
+// Shared-memory geometry of a tile: block_m activation rows, 64 * wg weight rows (wg MMA
+// warpgroups). Stage: [activations][decoded weights][FP4 weights][scale words], the two
+// 128-byte-swizzled tiles first (1 KiB aligned); the scale words (512 bytes per 128 rows) get a
+// 1 KiB slot. Smem: [1 KiB alignment slack][1 KiB scale table][1 KiB barriers][stages | epilogue
+// tile [block_m][rows + 4] fp32].
 __host__ __device__ constexpr int act_stage_bytes(int bm) { return bm * kBK * 2; }
-// [activations][decoded weights][FP4 weights][scale words]: the two 128-byte-swizzled tiles first
-// (1 KiB aligned).
-__host__ __device__ constexpr int stage_bytes(int bm) { return act_stage_bytes(bm) + kDecStage + kWStage + kScaleStage; }
-// [1 KiB alignment slack][1 KiB scale table][1 KiB barriers][stages | epilogue tile]
-__host__ __device__ constexpr int smem_bytes(int bm, int stages) {
-  const int pipe = stages * stage_bytes(bm), tile = bm * kPitch * 4;
+__host__ __device__ constexpr int dec_stage_bytes(int wg) { return 64 * wg * kBK * 2; }
+__host__ __device__ constexpr int w_stage_bytes(int wg) { return 64 * wg * kBK / 2; }
+__host__ __device__ constexpr int stage_bytes(int bm, int wg) {
+  return act_stage_bytes(bm) + dec_stage_bytes(wg) + w_stage_bytes(wg) + 1024;
+}
+__host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages) {
+  const int pipe = stages * stage_bytes(bm, wg), tile = bm * (64 * wg + 4) * 4;
   return 3 * 1024 + (pipe > tile ? pipe : tile);
 }
 
-template <int kBM_, bool kFp16_, bool kMx_>
+template <int kBM_, int kWG_, bool kFp16_, bool kMx_>
 struct Config {
   static constexpr int kBM = kBM_;
+  static constexpr int kWG = kWG_;                 // MMA warpgroups (2 or 4), 64 weight rows each
+  static constexpr int kRows = 64 * kWG;           // weight rows per CTA
+  static constexpr int kMma = 128 * kWG;           // MMA threads
+  static constexpr int kThreads = 128 + kMma;      // producer warpgroup + MMA warpgroups
+  static constexpr int kPitch = kRows + 4;         // fp32 words per row of the epilogue tile
+  static constexpr int kDec = dec_stage_bytes(kWG);
+  static constexpr int kW = w_stage_bytes(kWG);
+  static constexpr int kStage = stage_bytes(kBM, kWG);
   static constexpr bool kFp16 = kFp16_;
   static constexpr bool kMx = kMx_;
   static constexpr bool kFold = !kMx;
@@ -139,7 +147,8 @@ __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, 256;" ::: "memory"); }
+template <class Cfg>
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(Cfg::kMma) : "memory"); }
 
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle
 // (8-row groups 1024 bytes apart), starting at `addr`.
@@ -170,13 +179,14 @@ template <class Cfg>
 __device__ __forceinline__ void decode_half_row(char* st, const uint32_t* lut, int kt, int k, int r, int h) {
   constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
   char* dec = st + act_stage_bytes(Cfg::kBM);
-  const char* wt = dec + kDecStage;
-  const uint32_t* sc = reinterpret_cast<const uint32_t*>(wt + kWStage);
+  const char* wt = dec + Cfg::kDec;
+  // 128 rows' scale words per 512 bytes.
+  const uint32_t* sc = reinterpret_cast<const uint32_t*>(wt + Cfg::kW) + (r >> 7) * 128;
   const U128 x = *reinterpret_cast<const U128*>(wt + r * 32 + ((h ^ ((r >> 2) & 1)) << 4));  // 32-byte swizzle
   const uint32_t w[4] = {x.x, x.y, x.z, x.w};
   // Scale word of row r in the 128x4 block: word (r % 32) * 4 + r / 32, byte = K block in the
   // block of four (NVFP4: word j of the stage is in block j / 2; MXFP4: 2 * (kt % 2) + j / 4).
-  const uint32_t sw = sc[(r & 31) * 4 + (r >> 5)];
+  const uint32_t sw = sc[(r & 31) * 4 + ((r >> 5) & 3)];
 #pragma unroll
   for (int jj = 0; jj < 4; ++jj) {
     const int j = 4 * h + jj;
@@ -206,7 +216,7 @@ __device__ __forceinline__ void issue_stage(float (&acc)[Cfg::kAcc], uint32_t st
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <class Cfg>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
                     const Params p, int stages) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -217,19 +227,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* empty = full + stages;
   char* pipe = smem + 2048;
   const int tid = static_cast<int>(threadIdx.x);
-  const int n0 = static_cast<int>(blockIdx.x) * kRows;
+  const int n0 = static_cast<int>(blockIdx.x) * Cfg::kRows;
   const int m0 = static_cast<int>(blockIdx.y) * Cfg::kBM;
   const int rank = static_cast<int>(blockIdx.z), splits = static_cast<int>(gridDim.z);
   const int tiles = (p.k + kBK - 1) / kBK;
   const int kt0 = rank * p.steps_per_split;
   const int kt1 = min(tiles, kt0 + p.steps_per_split);
-  constexpr int kStage = stage_bytes(Cfg::kBM);
+  constexpr int kStage = Cfg::kStage;
 
-  for (int i = tid; i < 256; i += kThreads) lut[i] = small_m::scale_table_entry<Cfg>(static_cast<uint32_t>(i));
+  for (int i = tid; i < 256; i += Cfg::kThreads) lut[i] = small_m::scale_table_entry<Cfg>(static_cast<uint32_t>(i));
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, 256);
+      mbar_init(empty + s, Cfg::kMma);
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -237,21 +247,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   pdl_wait();
 
   if (tid < 128) {  // producer warpgroup (one thread)
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    if constexpr (Cfg::kWG == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
       const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
+      // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
+      // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
+      const int groups = min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128);
       for (int kt = kt0; kt < kt1; ++kt) {
         const int i = kt - kt0, s = i % stages;
         mbar_wait(empty + s, ((i / stages) & 1) ^ 1);
         char* st = pipe + s * kStage;
-        char* wt = st + act_stage_bytes(Cfg::kBM) + kDecStage;
-        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + kWStage + 512);
+        char* wt = st + act_stage_bytes(Cfg::kBM) + Cfg::kDec;
+        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
         tma_2d(st, &act_map, full + s, kt * kBK, m0);
         tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
         const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
-        bulk_copy(wt + kWStage, scale_row + block * 512, 512, full + s);
+        for (int gr = 0; gr < groups; ++gr)
+          bulk_copy(wt + Cfg::kW + 512 * gr, scale_row + (static_cast<int64_t>(gr) * (p.kp / 4) + block) * 512, 512,
+                    full + s);
       }
     }
     if (splits > 1) {
@@ -261,8 +276,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-  const int ct = tid - 128;  // MMA threads 0..255; warpgroup mwg holds weight rows 64 mwg..
+  if constexpr (Cfg::kWG == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  const int ct = tid - 128;  // MMA threads; warpgroup mwg holds weight rows 64 mwg..
   const int mwg = ct >> 7;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
   const int r0 = (ct >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
@@ -288,26 +303,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   fence_regs(acc);
 
   // Epilogue: every consumer is past the pipeline before the tile overwrites it.
-  consumer_sync();
+  consumer_sync<Cfg>();
   float* part = reinterpret_cast<float*>(pipe);
 #pragma unroll
   for (int j = 0; j < Cfg::kAcc / 4; ++j)
 #pragma unroll
-    for (int e = 0; e < 4; ++e) part[(8 * j + 2 * c + (e & 1)) * kPitch + r0 + 8 * (e >> 1)] = acc[4 * j + e];
+    for (int e = 0; e < 4; ++e) part[(8 * j + 2 * c + (e & 1)) * Cfg::kPitch + r0 + 8 * (e >> 1)] = acc[4 * j + e];
   if (splits > 1) {
     cluster_sync_all();
   } else {
-    consumer_sync();
+    consumer_sync<Cfg>();
   }
   const bool has_alpha = p.alpha != nullptr;
   const float alpha = has_alpha ? small_m::load_alpha(p.alpha) : 1.0f;
-  constexpr int kPerRow = kRows / 4;
+  constexpr int kPerRow = Cfg::kRows / 4;
   const int rows = min(Cfg::kBM, p.m - m0);
   const int chunks = rows * kPerRow;
-  for (int q = rank * 256 + ct; q < chunks; q += splits * 256) {
+  for (int q = rank * Cfg::kMma + ct; q < chunks; q += splits * Cfg::kMma) {
     const int m = q / kPerRow, r4 = q % kPerRow;
     if (n0 + 4 * r4 >= p.n) continue;
-    const float* local = part + m * kPitch + 4 * r4;
+    const float* local = part + m * Cfg::kPitch + 4 * r4;
     F4 s = *reinterpret_cast<const F4*>(local);
     if (splits > 1) {
       uint32_t remote;
@@ -381,7 +396,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (!encode_2d(&act_map, a.act_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.act,
                  a.m, a.k, a.k * 2, Cfg::kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
-  if (!encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, kRows, kBK / 2,
+  if (!encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, Cfg::kRows, kBK / 2,
                  CU_TENSOR_MAP_SWIZZLE_32B))
     return false;
   const int tiles = static_cast<int>((a.k + kBK - 1) / kBK);
@@ -399,7 +414,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   p.steps_per_split = (tiles + split - 1) / split;
   p.out_dtype = a.out_dtype;
 
-  const int smem = smem_bytes(Cfg::kBM, a.stages);
+  const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages);
   auto kernel = wgmma_mm_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
   int device = 0;
@@ -423,9 +438,9 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
     ++n_attrs;
   }
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((a.n + kRows - 1) / kRows),
+  config.gridDim = dim3(static_cast<unsigned>((a.n + Cfg::kRows - 1) / Cfg::kRows),
                        static_cast<unsigned>((a.m + Cfg::kBM - 1) / Cfg::kBM), static_cast<unsigned>(split));
-  config.blockDim = dim3(kThreads, 1, 1);
+  config.blockDim = dim3(Cfg::kThreads, 1, 1);
   config.dynamicSmemBytes = static_cast<size_t>(smem);
   config.stream = stream;
   config.attrs = attrs;
@@ -437,9 +452,11 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 template <bool kFp16, bool kMx>
 bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.block_m) {
-    case 64: return launch_cfg<Config<64, kFp16, kMx>>(a, stream, pdl);
-    case 128: return launch_cfg<Config<128, kFp16, kMx>>(a, stream, pdl);
-    case 256: return launch_cfg<Config<256, kFp16, kMx>>(a, stream, pdl);
+    case 64: return a.warpgroups == 4 ? launch_cfg<Config<64, 4, kFp16, kMx>>(a, stream, pdl)
+                                      : launch_cfg<Config<64, 2, kFp16, kMx>>(a, stream, pdl);
+    case 128: return a.warpgroups == 4 ? launch_cfg<Config<128, 4, kFp16, kMx>>(a, stream, pdl)
+                                       : launch_cfg<Config<128, 2, kFp16, kMx>>(a, stream, pdl);
+    case 256: return a.warpgroups == 2 ? launch_cfg<Config<256, 2, kFp16, kMx>>(a, stream, pdl) : false;
     default: return false;
   }
 }
@@ -447,11 +464,13 @@ bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 }  // namespace
 }  // namespace wgmma_mm
 
-int wgmma_mm_smem_bytes(int block_m, int stages) { return wgmma_mm::smem_bytes(block_m, stages); }
+int wgmma_mm_smem_bytes(int block_m, int warpgroups, int stages) {
+  return wgmma_mm::smem_bytes(block_m, warpgroups, stages);
+}
 
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   using namespace wgmma_mm;
-  if (args.stages < 3 || args.stages > 8 || args.split_k < 1 || args.split_k > kMaxSplit) return false;
+  if ((args.warpgroups != 2 && args.warpgroups != 4) || args.stages < 3 || args.stages > 8 || args.split_k < 1 || args.split_k > kMaxSplit) return false;
   if (args.k % 32 != 0) return false;
   if (args.m <= 0 || args.n <= 0) return true;
   if (args.act_fp16 && args.mx) return false;  // fp16 cannot hold every MXFP4 value
