@@ -171,36 +171,72 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
   }
 }
 
-// Half a weight row of stage `st` (K tile kt): row r, codes 32 h .. 32 h + 31 (h = 0, 1), i.e.
-// the FP4 tile's 16-byte chunk h -> four 16-byte chunks 4 h .. 4 h + 3 of the decoded row (row r:
-// 128 bytes, chunk j at chunk j ^ (r % 8): wgmma's 128-byte swizzle). Conflict-free: eight
-// consecutive threads cover four rows, both halves.
+__device__ __forceinline__ U128 lds128(uint32_t addr) {
+  U128 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
+}
+
+// Where one decoding thread reads and writes inside a stage (shared-memory byte offsets from the
+// stage base), fixed for the whole kernel: weight row r, codes 32 h .. 32 h + 31 (h = 0, 1), i.e.
+// the FP4 tile's 16-byte chunk h (32-byte swizzle) -> the decoded row's 16-byte chunks 4 h .. 4 h
+// + 3 (row r: 128 bytes, chunk j at chunk j ^ (r % 8): wgmma's 128-byte swizzle), and the row's
+// scale word (128x4 block of its 128-row group: word (r % 32) * 4 + (r / 32) % 4). Eight
+// consecutive threads cover four rows, both halves: conflict-free.
 template <class Cfg>
-__device__ __forceinline__ void decode_half_row(char* st, const uint32_t* lut, int kt, int k, int r, int h) {
+struct DecodeSlot {
+  uint32_t fp4, scale, dec[4];
+  int h;
+  __device__ __forceinline__ DecodeSlot(int r, int h_) : h(h_) {
+    constexpr uint32_t kDecBase = act_stage_bytes(Cfg::kBM), kW = kDecBase + Cfg::kDec;
+    fp4 = kW + r * 32 + ((h ^ ((r >> 2) & 1)) << 4);
+    scale = kW + Cfg::kW + (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4;
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) dec[jj] = small_m::opaque(kDecBase + r * 128 + (((4 * h + jj) ^ (r & 7)) << 4));
+    // Kept in registers: otherwise the compiler recomputes them in the main loop.
+    fp4 = small_m::opaque(fp4);
+    scale = small_m::opaque(scale);
+  }
+};
+
+// Decodes one thread's half row of the stage at shared address `st` (K tile kt): exact 16-bit
+// values code * scale * 2^-7 (NVFP4) or code * scale (MXFP4); K words past K get a zero scale.
+template <class Cfg>
+__device__ __forceinline__ void decode_half_row(uint32_t st, uint32_t lut, int kt, int k, const DecodeSlot<Cfg>& d) {
   constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
-  char* dec = st + act_stage_bytes(Cfg::kBM);
-  const char* wt = dec + Cfg::kDec;
-  // 128 rows' scale words per 512 bytes.
-  const uint32_t* sc = reinterpret_cast<const uint32_t*>(wt + Cfg::kW) + (r >> 7) * 128;
-  const U128 x = *reinterpret_cast<const U128*>(wt + r * 32 + ((h ^ ((r >> 2) & 1)) << 4));  // 32-byte swizzle
+  const U128 x = lds128(st + d.fp4);
   const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-  // Scale word of row r in the 128x4 block: word (r % 32) * 4 + r / 32, byte = K block in the
-  // block of four (NVFP4: word j of the stage is in block j / 2; MXFP4: 2 * (kt % 2) + j / 4).
-  const uint32_t sw = sc[(r & 31) * 4 + ((r >> 5) & 3)];
+  const uint32_t sw = lds32(st + d.scale);
+  // Scale multipliers of the half row's K blocks (NVFP4: blocks 2 h and 2 h + 1, 16 codes each;
+  // MXFP4: block 2 (kt % 2) + h, 32 codes), zero past K (K is a multiple of 32).
+  const bool valid = kt * kBK + 32 * d.h < k;
+  uint32_t m[2];
+  if constexpr (Cfg::kMx) {
+    const uint32_t byte = (sw >> (8 * (2 * (kt & 1) + d.h))) & 0xFFu;
+    m[0] = m[1] = valid ? lds32(lut + 4 * byte) : 0u;
+  } else {
+    const uint32_t pair = sw >> (16 * d.h);
+    m[0] = valid ? lds32(lut + 4 * (pair & 0xFFu)) : 0u;
+    m[1] = valid ? lds32(lut + 4 * ((pair >> 8) & 0xFFu)) : 0u;
+  }
 #pragma unroll
   for (int jj = 0; jj < 4; ++jj) {
-    const int j = 4 * h + jj;
-    const int byte = Cfg::kMx ? 2 * (kt & 1) + h : (j >> 1);
-    const bool valid = kt * kBK + 8 * j < k;
-    const uint32_t m = valid ? lut[(sw >> (8 * byte)) & 0xFFu] : 0u;
     uint32_t q[4];
 #pragma unroll
     for (int b = 0; b < 4; ++b) {
-      const uint32_t d = decode_pair<Cfg::kFp16>(w[jj], static_cast<uint32_t>(b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12)));
-      q[b] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(d, m)
-                        : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(d, kUnit), m);
+      const uint32_t v = decode_pair<Cfg::kFp16>(w[jj], static_cast<uint32_t>(b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12)));
+      q[b] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(v, m[jj >> 1])
+                        : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(v, kUnit), m[jj >> 1]);
     }
-    *reinterpret_cast<U128*>(dec + r * 128 + ((j ^ (r & 7)) << 4)) = U128{q[0], q[1], q[2], q[3]};
+    sts128(st + d.dec[jj], q[0], q[1], q[2], q[3]);
   }
 }
 
@@ -218,7 +254,7 @@ __device__ __forceinline__ void issue_stage(float (&acc)[Cfg::kAcc], uint32_t st
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
-                    const Params p, int stages) {
+                    const Params p, int stages, int w_tiled) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -255,14 +291,21 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
       // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
       const int groups = min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128);
-      for (int kt = kt0; kt < kt1; ++kt) {
-        const int i = kt - kt0, s = i % stages;
-        mbar_wait(empty + s, ((i / stages) & 1) ^ 1);
+      const int w_bytes = w_tiled ? 2048 * min(Cfg::kWG, (p.n - n0 + 63) / 64) : Cfg::kW;
+      // Stage slot s and the parity of its use, kept incrementally (no division in the loop).
+      for (int kt = kt0, s = 0, phase = 0; kt < kt1; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
+        mbar_wait(empty + s, phase ^ 1);
         char* st = pipe + s * kStage;
         char* wt = st + act_stage_bytes(Cfg::kBM) + Cfg::kDec;
-        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
+        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + w_bytes + 512 * groups);
         tma_2d(st, &act_map, full + s, kt * kBK, m0);
-        tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
+        if (w_tiled) {  // 64-row tiles of 2 KiB, contiguous per (row tile, K tile)
+          for (int t = 0; t < Cfg::kWG; ++t)
+            if (n0 + 64 * t < p.n)
+              bulk_copy(wt + 2048 * t, p.w + (static_cast<int64_t>(n0 / 64 + t) * tiles + kt) * 2048, 2048, full + s);
+        } else {
+          tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
+        }
         const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
         for (int gr = 0; gr < groups; ++gr)
           bulk_copy(wt + Cfg::kW + 512 * gr, scale_row + (static_cast<int64_t>(gr) * (p.kp / 4) + block) * 512, 512,
@@ -281,7 +324,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int mwg = ct >> 7;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
   const int r0 = (ct >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
-  const int dec_row = 64 * mwg + ((ct & 127) >> 1), dec_half = ct & 1;
+  const DecodeSlot<Cfg> slot(64 * mwg + ((ct & 127) >> 1), ct & 1);
+  const uint32_t lut_addr = smem_u32(lut);
   float acc[Cfg::kAcc];
 #pragma unroll
   for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
@@ -289,15 +333,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t pipe_addr = smem_u32(pipe);
   // Each MMA warpgroup decodes its own 64 weight rows of stage i while its wgmmas of stage i - 1
   // run (shared-memory operands only, so ptxas keeps them asynchronous), then issues stage i.
-  for (int kt = kt0; kt < kt1; ++kt) {
-    const int i = kt - kt0, s = i % stages;
-    mbar_wait(full + s, (i / stages) & 1);
-    decode_half_row<Cfg>(pipe + s * kStage, lut, kt, p.k, dec_row, dec_half);
+  for (int kt = kt0, s = 0, phase = 0, prev = -1; kt < kt1; prev = s, ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
+    mbar_wait(full + s, phase);
+    decode_half_row<Cfg>(pipe_addr + s * kStage, lut_addr, kt, p.k, slot);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // read by wgmma next
     asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");  // the warpgroup's 64 rows
     issue_stage<Cfg>(acc, pipe_addr + s * kStage, mwg);
     wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
-    if (i > 0) mbar_arrive(empty + (i - 1) % stages);
+    if (prev >= 0) mbar_arrive(empty + prev);
   }
   wgmma_wait<0>();
   fence_regs(acc);
@@ -396,9 +439,10 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (!encode_2d(&act_map, a.act_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.act,
                  a.m, a.k, a.k * 2, Cfg::kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
-  if (!encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, Cfg::kRows, kBK / 2,
-                 CU_TENSOR_MAP_SWIZZLE_32B))
+  if (!a.w_tiled && !encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, Cfg::kRows,
+                                kBK / 2, CU_TENSOR_MAP_SWIZZLE_32B))
     return false;
+  if (a.w_tiled) w_map = act_map;  // unused: tiled weights come by bulk copies
   const int tiles = static_cast<int>((a.k + kBK - 1) / kBK);
   const int split = std::max(1, std::min(a.split_k, tiles));
   Params p{};
@@ -445,7 +489,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   config.stream = stream;
   config.attrs = attrs;
   config.numAttrs = static_cast<unsigned>(n_attrs);
-  (void)cudaLaunchKernelEx(&config, kernel, act_map, w_map, p, a.stages);
+  (void)cudaLaunchKernelEx(&config, kernel, act_map, w_map, p, a.stages, a.w_tiled);
   return true;
 }
 
