@@ -12,7 +12,7 @@ import torch_fp4.tuning as T; T.HOPPER_MM_MS = (17, 1 << 30)   # the wgmma GEMM 
 from torch_fp4.bench import mm; mm.run(csv_path='$OUT/mm_wide.csv', ms=tuple(int(v) for v in '${MS:-64,128,256,1024,4096}'.split(',')))
 " 2>&1 | tee "$OUT/mm_wide.txt" ;;
     bench) timeout ${BENCH_TIMEOUT:-400} python -m torch_fp4 bench mm --ms "${MS:-1,16,64,128,256,1024,4096}" --csv "$OUT/mm.csv" 2>&1 | tee "$OUT/mm.txt" ;;
-    tactics) timeout ${SWEEP_TIMEOUT:-300} python scripts/sweep_wgmma.py "${SWEEP_MS:-64,128,256,1024}" 2>&1 | tee "$OUT/sweep.txt" | grep -E "==|direct|tiled =="  ;;
+    tactics) timeout ${SWEEP_TIMEOUT:-300} python scripts/sweep_wgmma.py "${SWEEP_MS:-64,128,256,1024}" 2>&1 | tee "$OUT/sweep.txt" | grep -A4 "==" ;;
     ncu) for mm in ${NCU_MS:-64 1024}; do
            ncu --clock-control none --section SpeedOfLight --section WarpStateStats --section MemoryWorkloadAnalysis \
              --section ComputeWorkloadAnalysis --metrics sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_bytes.sum.per_second,l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed \

@@ -29,22 +29,3 @@ for m in ms:
     print(f"== M={m} N={n} K={k} bf16 {bf16:.1f} us; default {WT.default(*launcher).label()}")
     for t, us in res:
         print(f"{t.label():<80} {us:9.1f} us  x bf16 {bf16 / us:5.2f}", flush=True)
-    # The best tactics again, launched directly, with the weights in the canonical and the tiled
-    # layout (tile_weights; one 2 KiB bulk copy per 64 rows and stage instead of a TMA box of
-    # 32-byte rows).
-    from torch_fp4.kernels.cuda.build import extension
-    ext = extension(dev)
-    wt = WT.tile_weights(p.w_data.view(torch.uint8))
-    out = torch.empty(m, n, device=dev, dtype=torch.bfloat16)
-    for t, _ in res[:4]:
-        for tiled, wts in ((False, p.w_data.view(torch.uint8)), (True, wt)):
-            def run(t=t, tiled=tiled, wts=wts):
-                ext.mm_fp4_wgmma(p.a, wts, p.w_scale.view(torch.uint8), p.alpha, out, 16, t.block_m,
-                                 t.warpgroups, t.stages, t.split_k, tiled, False)
-            us = graph_time_us(run, [()])
-            print(f"direct {'tiled    ' if tiled else 'canonical'} {t.label():<70} {us:9.1f} us  x bf16 {bf16 / us:5.2f}",
-                  flush=True)
-    ref = ops.mm_fp4(*args, backend="cuda")
-    ext.mm_fp4_wgmma(p.a, wt, p.w_scale.view(torch.uint8), p.alpha, out, 16, res[0][0].block_m,
-                     res[0][0].warpgroups, res[0][0].stages, res[0][0].split_k, True, False)
-    print("tiled == canonical:", torch.equal(out, ref), flush=True)

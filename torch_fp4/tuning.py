@@ -43,8 +43,7 @@ def _band(numel: int) -> int:
 # cute-dsl fused_moe is opt-in, never run), the reference elsewhere.
 CUDA_MM_MAX_M = 16
 HOPPER_MM = (9, 0)           # where the cuda backend has the wgmma GEMM
-HOPPER_MM_MS = (128, 1024)   # M range where it beat Triton on H100 (below: Triton's split-K
-                             # decode; above: Triton's dequantize + cuBLAS)
+HOPPER_MM_MS = (17, 1 << 62)  # M range where it beat Triton on H100 (every M above 16)
 OP_ORDER: dict[str, tuple[Backend, ...]] = {
     "mm_fp4": (Backend.CUDA, Backend.TRITON, Backend.REFERENCE),
     "route": (Backend.TRITON, Backend.REFERENCE),

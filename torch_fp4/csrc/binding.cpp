@@ -192,7 +192,7 @@ void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w, const at::Tensor
 // operands as mm_fp4_small_m; tactic: block_m (64/128/256), warpgroups (2/4), stages, split_k.
 void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
                   const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
-                  int64_t block_m, int64_t warpgroups, int64_t stages, int64_t split_k, bool w_tiled, bool pdl) {
+                  int64_t block_m, int64_t warpgroups, int64_t stages, int64_t split_k, bool pdl) {
   const c10::cuda::CUDAGuard guard(act.device());
   check_cuda(act, "act");
   check_cuda(w, "w");
@@ -202,16 +202,12 @@ void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& 
                   (act.scalar_type() == at::kBFloat16 || act.scalar_type() == at::kHalf),
               "torch_fp4 cuda backend: act must be a contiguous 2-D bf16 or fp16 tensor, got ", act.sizes(), " ",
               act.scalar_type());
-  TORCH_CHECK(w.scalar_type() == at::kByte && w.is_contiguous() &&
-                  (w_tiled ? w.dim() == 3 && w.size(2) == 2048 && w.size(1) == (act.size(1) + 63) / 64
-                           : w.dim() == 2 && w.size(1) * 2 == act.size(1)),
-              "torch_fp4 cuda backend: w must be contiguous uint8 [N, K/2] (or tiled [N/64, K/64, 2048]) with K = "
-              "act.size(1) = ", act.size(1), ", got ", w.sizes(), " ", w.scalar_type());
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(1) * 2 == act.size(1) && w.is_contiguous(),
+              "torch_fp4 cuda backend: w must be contiguous uint8 [N, K/2] with K = act.size(1) = ", act.size(1),
+              ", got ", w.sizes(), " ", w.scalar_type());
   TORCH_CHECK(block_size == 16 || block_size == 32, "torch_fp4 cuda backend: block_size must be 16 or 32, got ",
               block_size);
-  const int64_t m = act.size(0), n = w_tiled ? out.size(1) : w.size(0), k = act.size(1);
-  TORCH_CHECK(!w_tiled || w.size(0) == (n + 63) / 64, "torch_fp4 cuda backend: tiled w must have ", (n + 63) / 64,
-              " row tiles for N = ", n, ", got ", w.size(0));
+  const int64_t m = act.size(0), n = w.size(0), k = act.size(1);
   const int64_t kp = (k / block_size + 3) / 4 * 4, np = (n + 127) / 128 * 128;
   TORCH_CHECK(w_scale.scalar_type() == at::kByte && w_scale.dim() == 2 && w_scale.size(0) == np &&
                   w_scale.size(1) == kp && w_scale.is_contiguous(),
@@ -242,7 +238,6 @@ void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& 
   a.warpgroups = static_cast<int>(warpgroups);
   a.stages = static_cast<int>(stages);
   a.split_k = static_cast<int>(split_k);
-  a.w_tiled = w_tiled ? 1 : 0;
   const bool ok = launch_wgmma_mm(a, c10::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(ok, "torch_fp4 cuda backend: the Hopper GEMM cannot run block_m=", block_m, " warpgroups=", warpgroups,
               " stages=", stages,

@@ -254,7 +254,7 @@ __device__ __forceinline__ void issue_stage(float (&acc)[Cfg::kAcc], uint32_t st
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
-                    const Params p, int stages, int w_tiled) {
+                    const Params p, int stages) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -291,21 +291,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
       // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
       const int groups = min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128);
-      const int w_bytes = w_tiled ? 2048 * min(Cfg::kWG, (p.n - n0 + 63) / 64) : Cfg::kW;
       // Stage slot s and the parity of its use, kept incrementally (no division in the loop).
       for (int kt = kt0, s = 0, phase = 0; kt < kt1; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
         mbar_wait(empty + s, phase ^ 1);
         char* st = pipe + s * kStage;
         char* wt = st + act_stage_bytes(Cfg::kBM) + Cfg::kDec;
-        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + w_bytes + 512 * groups);
+        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
         tma_2d(st, &act_map, full + s, kt * kBK, m0);
-        if (w_tiled) {  // 64-row tiles of 2 KiB, contiguous per (row tile, K tile)
-          for (int t = 0; t < Cfg::kWG; ++t)
-            if (n0 + 64 * t < p.n)
-              bulk_copy(wt + 2048 * t, p.w + (static_cast<int64_t>(n0 / 64 + t) * tiles + kt) * 2048, 2048, full + s);
-        } else {
-          tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
-        }
+        tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
         const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
         for (int gr = 0; gr < groups; ++gr)
           bulk_copy(wt + Cfg::kW + 512 * gr, scale_row + (static_cast<int64_t>(gr) * (p.kp / 4) + block) * 512, 512,
@@ -439,10 +432,9 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (!encode_2d(&act_map, a.act_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.act,
                  a.m, a.k, a.k * 2, Cfg::kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
-  if (!a.w_tiled && !encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, Cfg::kRows,
-                                kBK / 2, CU_TENSOR_MAP_SWIZZLE_32B))
+  if (!encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, Cfg::kRows, kBK / 2,
+                 CU_TENSOR_MAP_SWIZZLE_32B))
     return false;
-  if (a.w_tiled) w_map = act_map;  // unused: tiled weights come by bulk copies
   const int tiles = static_cast<int>((a.k + kBK - 1) / kBK);
   const int split = std::max(1, std::min(a.split_k, tiles));
   Params p{};
@@ -489,7 +481,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   config.stream = stream;
   config.attrs = attrs;
   config.numAttrs = static_cast<unsigned>(n_attrs);
-  (void)cudaLaunchKernelEx(&config, kernel, act_map, w_map, p, a.stages, a.w_tiled);
+  (void)cudaLaunchKernelEx(&config, kernel, act_map, w_map, p, a.stages);
   return true;
 }
 

@@ -25,9 +25,6 @@ struct WgmmaMmArgs {
   int64_t m, n, k, kp;
   int act_fp16, mx, out_dtype;
   int block_m, warpgroups, stages, split_k;
-  // w in the tiled layout (kernels/cuda/mm_wgmma_tactics.tile_weights): [ceil(n/64)][ceil(k/64)]
-  // tiles of 64 rows x 32 bytes, each 2 KiB contiguous with the 32-byte swizzle applied.
-  int w_tiled;
 };
 
 // Enqueues the kernel on `stream`; false when the configuration is not compiled for this device

@@ -166,16 +166,3 @@ def key(*args) -> str:
     m = mm_problem(args)[0]
     return mm_key(args, max(64, 1 << (m - 1).bit_length()))
 
-
-def tile_weights(w: torch.Tensor) -> torch.Tensor:
-    """FP4 weights [N, K/2] (uint8 view) -> the kernel's tiled layout [ceil(N/64), ceil(K/64), 2048]:
-    64-row x 64-code tiles, each 2 KiB contiguous (row r at r * 32 bytes, its two 16-byte halves
-    swapped when (r >> 2) & 1, the 32-byte swizzle the kernel reads), zero padded."""
-    n, kh = w.shape
-    n_p, k_p = -(-n // 64) * 64, -(-kh // 32) * 32
-    wp = w.new_zeros(n_p, k_p)
-    wp[:n, :kh] = w
-    t = wp.view(n_p // 64, 64, k_p // 32, 2, 16)
-    flip = ((torch.arange(64, device=w.device) >> 2) & 1).bool().view(1, 64, 1, 1, 1)
-    t = torch.where(flip, t.flip(3), t)
-    return t.permute(0, 2, 1, 3, 4).reshape(n_p // 64, k_p // 32, 2048).contiguous()
