@@ -37,12 +37,12 @@ def _band(numel: int) -> int:
 # mm_fp4: "auto" tries the cuda backend first up to M = CUDA_MM_MAX_M (the small-M GEMM,
 # csrc/mm_small_m.cu; measured on H100: 2.6-3.0x bf16 at M <= 16 against Triton's 2.0-2.1x, but
 # 0.85x at M = 64 where Triton reaches 1.6x) and, on sm_90, for HOPPER_MM_MS (the wgmma GEMM,
-# csrc/mm_wgmma.cu, measured faster than Triton there: BENCHMARKS.md). Then the Triton GEMM. The CuTe DSL Blackwell kernels are compiled
-# and SASS-checked in CI but have never run on a GPU, so they are opt-in (backend="cute-dsl")
-# rather than chosen silently. route and fused_moe: the Triton kernels on CUDA tensors (the
+# csrc/mm_wgmma.cu, measured faster than Triton at every M from 32: BENCHMARKS.md). Then the
+# Triton GEMM. The CuTe DSL Blackwell kernels are compiled and SASS-checked in CI but have never
+# run on a GPU, so they are opt-in (backend="cute-dsl") rather than chosen silently. route and fused_moe: the Triton kernels on CUDA tensors (the
 # cute-dsl fused_moe is opt-in, never run), the reference elsewhere.
 CUDA_MM_MAX_M = 16
-HOPPER_MM = (9, 0)           # where the cuda backend has the wgmma GEMM
+HOPPER_MM = (9, 0)            # where the cuda backend has the wgmma GEMM
 HOPPER_MM_MS = (17, 1 << 62)  # M range where it beat Triton on H100 (every M above 16)
 OP_ORDER: dict[str, tuple[Backend, ...]] = {
     "mm_fp4": (Backend.CUDA, Backend.TRITON, Backend.REFERENCE),

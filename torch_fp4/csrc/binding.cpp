@@ -130,70 +130,12 @@ void global_scale(const at::Tensor& x, const at::Tensor& out, const at::Tensor& 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// out [m, n] = alpha * act [m, k] @ w [n, k/2]^T (small-M FP4 GEMM, mm_small_m.cu). w_scale: the
-// 128x4 scales [np, kp] of w (uint8 view), alpha: one fp32 element or None.
-void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
-                    const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
-                    int64_t warps, int64_t tiles_per_warp, int64_t block_k, int64_t stages, int64_t split_k,
-                    bool pdl) {
-  const c10::cuda::CUDAGuard guard(act.device());
-  check_cuda(act, "act");
-  check_cuda(w, "w");
-  check_cuda(w_scale, "w_scale");
-  check_cuda(out, "out");
-  TORCH_CHECK(act.dim() == 2 && (act.scalar_type() == at::kBFloat16 || act.scalar_type() == at::kHalf),
-              "torch_fp4 cuda backend: act must be a 2-D bf16 or fp16 tensor, got ", act.sizes(), " ",
-              act.scalar_type());
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(1) * 2 == act.size(1),
-              "torch_fp4 cuda backend: w must be uint8 [N, K/2] with K = act.size(1) = ", act.size(1),
-              ", got ", w.sizes(), " ", w.scalar_type());
-  TORCH_CHECK(block_size == 16 || block_size == 32, "torch_fp4 cuda backend: block_size must be 16 or 32, got ",
-              block_size);
-  const int64_t m = act.size(0), n = w.size(0), k = act.size(1);
-  const int64_t kp = (k / block_size + 3) / 4 * 4, np = (n + 127) / 128 * 128;
-  TORCH_CHECK(w_scale.scalar_type() == at::kByte && w_scale.dim() == 2 && w_scale.size(0) == np &&
-                  w_scale.size(1) == kp,
-              "torch_fp4 cuda backend: w_scale must be uint8 [", np, ", ", kp, "] (128x4 layout), got ",
-              w_scale.sizes(), " ", w_scale.scalar_type());
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n,
-              "torch_fp4 cuda backend: out must be [", m, ", ", n, "], got ", out.sizes());
-  SmallMMmArgs a{};
-  a.act = reinterpret_cast<const uint16_t*>(act.data_ptr());
-  a.w = static_cast<const uint8_t*>(w.data_ptr());
-  a.w_scale = static_cast<const uint8_t*>(w_scale.data_ptr());
-  if (alpha.has_value()) {
-    TORCH_CHECK(alpha->is_cuda() && alpha->scalar_type() == at::kFloat && alpha->numel() == 1,
-                "torch_fp4 cuda backend: alpha must be one CUDA float32 element, got ", alpha->sizes(), " ",
-                alpha->scalar_type());
-    a.alpha = alpha->data_ptr<float>();
-  }
-  a.out = out.data_ptr();
-  a.m = m;
-  a.n = n;
-  a.k = k;
-  a.kp = kp;
-  a.act_fp16 = act.scalar_type() == at::kHalf ? 1 : 0;
-  a.mx = block_size == 32 ? 1 : 0;
-  a.out_dtype = dtype_code(out, "out");
-  TORCH_CHECK(a.out_dtype != kFloat8E4M3, "torch_fp4 cuda backend: out must be bf16, fp16 or fp32");
-  a.warps = static_cast<int>(warps);
-  a.tiles_per_warp = static_cast<int>(tiles_per_warp);
-  a.block_k = static_cast<int>(block_k);
-  a.stages = static_cast<int>(stages);
-  a.split_k = static_cast<int>(split_k);
-  const bool ok = launch_small_m_mm(a, c10::cuda::getCurrentCUDAStream(), pdl);
-  TORCH_CHECK(ok, "torch_fp4 cuda backend: no compiled small-M GEMM for M=", m, " warps=", warps,
-              " tiles_per_warp=", tiles_per_warp, " block_k=", block_k, " stages=", stages,
-              (a.act_fp16 && a.mx) ? " (fp16 activations with MXFP4 weights are not supported)" : "");
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
-// out [m, n] = alpha * act [m, k] @ w [n, k/2]^T on the Hopper wgmma GEMM (mm_wgmma.cu). Same
-// operands as mm_fp4_small_m; tactic: block_m (64/128/256), warpgroups (2/4), stages, split_k.
-void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
-                  const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
-                  int64_t block_m, int64_t warpgroups, int64_t stages, int64_t split_k, bool pdl) {
-  const c10::cuda::CUDAGuard guard(act.device());
+// Checks the operands of out [m, n] = alpha * act [m, k] @ w [n, k/2]^T (w_scale: the 128x4 scales
+// [np, kp] of w as uint8, alpha: one fp32 element or None) and fills the fields that the GEMM
+// launch structs share (SmallMMmArgs, WgmmaMmArgs).
+template <class Args>
+void fill_mm_operands(Args& a, const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
+                      const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size) {
   check_cuda(act, "act");
   check_cuda(w, "w");
   check_cuda(w_scale, "w_scale");
@@ -215,7 +157,6 @@ void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& 
               w_scale.sizes(), " ", w_scale.scalar_type());
   TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n && out.is_contiguous(),
               "torch_fp4 cuda backend: out must be contiguous [", m, ", ", n, "], got ", out.sizes());
-  WgmmaMmArgs a{};
   a.act = reinterpret_cast<const uint16_t*>(act.data_ptr());
   a.w = static_cast<const uint8_t*>(w.data_ptr());
   a.w_scale = static_cast<const uint8_t*>(w_scale.data_ptr());
@@ -234,14 +175,43 @@ void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& 
   a.mx = block_size == 32 ? 1 : 0;
   a.out_dtype = dtype_code(out, "out");
   TORCH_CHECK(a.out_dtype != kFloat8E4M3, "torch_fp4 cuda backend: out must be bf16, fp16 or fp32");
+}
+
+// The small-M FP4 GEMM (mm_small_m.cu); tactic: warps, MMA tiles per warp, block_k, stages, split_k.
+void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
+                    const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
+                    int64_t warps, int64_t tiles_per_warp, int64_t block_k, int64_t stages, int64_t split_k,
+                    bool pdl) {
+  const c10::cuda::CUDAGuard guard(act.device());
+  SmallMMmArgs a{};
+  fill_mm_operands(a, act, w, w_scale, alpha, out, block_size);
+  a.warps = static_cast<int>(warps);
+  a.tiles_per_warp = static_cast<int>(tiles_per_warp);
+  a.block_k = static_cast<int>(block_k);
+  a.stages = static_cast<int>(stages);
+  a.split_k = static_cast<int>(split_k);
+  const bool ok = launch_small_m_mm(a, c10::cuda::getCurrentCUDAStream(), pdl);
+  TORCH_CHECK(ok, "torch_fp4 cuda backend: no compiled small-M GEMM for M=", a.m, " warps=", warps,
+              " tiles_per_warp=", tiles_per_warp, " block_k=", block_k, " stages=", stages,
+              (a.act_fp16 && a.mx) ? " (fp16 activations with MXFP4 weights are not supported)" : "");
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// The Hopper wgmma GEMM (mm_wgmma.cu); tactic: block_m (64/128/256), warpgroups (2/4), stages,
+// split_k.
+void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
+                  const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
+                  int64_t block_m, int64_t warpgroups, int64_t stages, int64_t split_k, bool pdl) {
+  const c10::cuda::CUDAGuard guard(act.device());
+  WgmmaMmArgs a{};
+  fill_mm_operands(a, act, w, w_scale, alpha, out, block_size);
   a.block_m = static_cast<int>(block_m);
   a.warpgroups = static_cast<int>(warpgroups);
   a.stages = static_cast<int>(stages);
   a.split_k = static_cast<int>(split_k);
   const bool ok = launch_wgmma_mm(a, c10::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(ok, "torch_fp4 cuda backend: the Hopper GEMM cannot run block_m=", block_m, " warpgroups=", warpgroups,
-              " stages=", stages,
-              " split_k=", split_k, " K=", k,
+              " stages=", stages, " split_k=", split_k, " K=", a.k,
               " here (it needs compute capability 9.0, K % 32 == 0, 16-byte aligned operands and a tensor map)");
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }

@@ -136,37 +136,12 @@ void launch_cfg(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
 
   const int smem = smem_bytes<Cfg>(a.stages);
   auto kernel = small_m_mm_kernel<Cfg>;
-  // Above 48 KiB the kernel must opt in; done once per (kernel, device, size) so that launches
-  // inside a CUDA-graph capture (after a warm-up call) make no attribute calls.
   static int configured[kMaxDevices] = {};
-  int device = 0;
-  (void)cudaGetDevice(&device);
-  if (smem > 48 * 1024 && (device >= kMaxDevices || configured[device] < smem)) {
-    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (device < kMaxDevices) configured[device] = smem;
-  }
-  cudaLaunchAttribute attrs[2];
-  int n_attrs = 0;
-  if (pdl) {
-    attrs[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n_attrs].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attrs;
-  }
-  if (split > 1) {
-    attrs[n_attrs].id = cudaLaunchAttributeClusterDimension;
-    attrs[n_attrs].val.clusterDim.x = 1;
-    attrs[n_attrs].val.clusterDim.y = static_cast<unsigned>(split);
-    attrs[n_attrs].val.clusterDim.z = 1;
-    ++n_attrs;
-  }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((a.n + Cfg::kBN - 1) / Cfg::kBN), static_cast<unsigned>(split), 1);
-  config.blockDim = dim3(static_cast<unsigned>(Cfg::kThreads), 1, 1);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = static_cast<unsigned>(n_attrs);
-  (void)cudaLaunchKernelEx(&config, kernel, p, a.stages);
+  reserve_smem(kernel, smem, configured);
+  const dim3 grid(static_cast<unsigned>((a.n + Cfg::kBN - 1) / Cfg::kBN), static_cast<unsigned>(split), 1);
+  // The splits of one weight tile form a cluster along y (reduced through distributed smem).
+  launch_cluster(kernel, grid, dim3(static_cast<unsigned>(Cfg::kThreads), 1, 1), smem,
+                 dim3(1, static_cast<unsigned>(split), 1), stream, pdl, p, a.stages);
 }
 
 // The compiled tile shapes (warps, MMA tiles per warp, block_k): tile_compiled() in

@@ -453,35 +453,12 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages);
   auto kernel = wgmma_mm_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
-  int device = 0;
-  (void)cudaGetDevice(&device);
-  if (device >= kMaxDevices || configured[device] < smem) {
-    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (device < kMaxDevices) configured[device] = smem;
-  }
-  cudaLaunchAttribute attrs[2];
-  int n_attrs = 0;
-  if (pdl) {
-    attrs[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[n_attrs].val.programmaticStreamSerializationAllowed = 1;
-    ++n_attrs;
-  }
-  if (split > 1) {
-    attrs[n_attrs].id = cudaLaunchAttributeClusterDimension;
-    attrs[n_attrs].val.clusterDim.x = 1;
-    attrs[n_attrs].val.clusterDim.y = 1;
-    attrs[n_attrs].val.clusterDim.z = static_cast<unsigned>(split);
-    ++n_attrs;
-  }
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>((a.n + Cfg::kRows - 1) / Cfg::kRows),
-                       static_cast<unsigned>((a.m + Cfg::kBM - 1) / Cfg::kBM), static_cast<unsigned>(split));
-  config.blockDim = dim3(Cfg::kThreads, 1, 1);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = static_cast<unsigned>(n_attrs);
-  (void)cudaLaunchKernelEx(&config, kernel, act_map, w_map, p, a.stages);
+  reserve_smem(kernel, smem, configured);
+  const dim3 grid(static_cast<unsigned>((a.n + Cfg::kRows - 1) / Cfg::kRows),
+                  static_cast<unsigned>((a.m + Cfg::kBM - 1) / Cfg::kBM), static_cast<unsigned>(split));
+  // The splits of one output tile form a cluster along z (reduced through distributed smem).
+  launch_cluster(kernel, grid, dim3(Cfg::kThreads, 1, 1), smem, dim3(1, 1, static_cast<unsigned>(split)), stream,
+                 pdl, act_map, w_map, p, a.stages);
   return true;
 }
 

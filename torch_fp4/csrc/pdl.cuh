@@ -48,4 +48,47 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
+// kernel<<<grid, block, smem, stream>>>(args...) launched as thread-block clusters of `cluster`
+// CTAs (dim3(1, 1, 1): no cluster), with the PDL attribute when `pdl`. Errors are left for the
+// caller's cudaGetLastError.
+template <typename... Params, typename... Args>
+inline void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, dim3 cluster,
+                           cudaStream_t stream, bool pdl, Args&&... args) {
+  cudaLaunchAttribute attrs[2];
+  unsigned n_attrs = 0;
+  if (pdl) {
+    attrs[n_attrs].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attrs[n_attrs].val.programmaticStreamSerializationAllowed = 1;
+    ++n_attrs;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attrs[n_attrs].id = cudaLaunchAttributeClusterDimension;
+    attrs[n_attrs].val.clusterDim.x = cluster.x;
+    attrs[n_attrs].val.clusterDim.y = cluster.y;
+    attrs[n_attrs].val.clusterDim.z = cluster.z;
+    ++n_attrs;
+  }
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = n_attrs;
+  (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
+}
+
+// Lets `kernel` take `smem` bytes of dynamic shared memory (needed above 48 KiB), once per device
+// and size: `configured` is the caller's per-kernel record, so that launches inside a CUDA-graph
+// capture (after a warm-up call) make no attribute calls.
+template <typename Kernel, int kDevices>
+inline void reserve_smem(Kernel kernel, int smem, int (&configured)[kDevices]) {
+  int device = 0;
+  (void)cudaGetDevice(&device);
+  if (smem > 48 * 1024 && (device >= kDevices || configured[device] < smem)) {
+    (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (device < kDevices) configured[device] = smem;
+  }
+}
+
 }  // namespace torch_fp4
