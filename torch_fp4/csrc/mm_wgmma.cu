@@ -1,13 +1,13 @@
 // Hopper FP4-weight GEMM (sm_90a) of the cuda backend, for M above the small-M kernel's range.
 //
 // Swap-AB warpgroup MMA with the FP4 decode through shared memory: the weight rows are the wgmma's
-// M side (64 per MMA warpgroup, 128 per CTA), the activation rows its N side (block_m = 64, 128 or
-// 256 per CTA), K in stages of 64, one ring of `stages` shared-memory stages:
+// M side (64 per MMA warpgroup; 2 or 4 warpgroups: 128 or 256 per CTA), the activation rows its N
+// side (block_m = 64, 128 or 256 per CTA), K in stages of 64, one ring of `stages` stages:
 // - a producer warpgroup (one thread) loads, per stage, the activation tile [block_m, 64]
-//   bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [128, 32 bytes] by TMA
-//   (32-byte swizzle: conflict-free reads) and the 512-byte block of 128x4 scale words by a bulk
-//   copy, all completing on the stage's "full" mbarrier, once the stage is "empty";
-// - each of two MMA warpgroups decodes its 64 weight rows of the stage (a thread per half row)
+//   bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [rows, 32 bytes] by TMA
+//   (32-byte swizzle: conflict-free reads) and the 512-byte blocks of 128x4 scale words by bulk
+//   copies, all completing on the stage's "full" mbarrier, once the stage is "empty";
+// - each MMA warpgroup decodes its 64 weight rows of the stage (a thread per half row)
 //   into the stage's 16-bit weight tile, in the same 128-byte swizzle: exact (per byte one
 //   permute places its two codes, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14
 //   for fp16) and one multiply by the scale table entry gives code * scale * 2^-7 for NVFP4;
@@ -19,7 +19,7 @@
 // (Decoding into register A fragments instead was latency-bound: ptxas serializes wgmmas whose
 // register operands are written while one is in flight; a separate decoder warpgroup was too few
 // threads. BENCHMARKS.md has both.)
-// Epilogue: fp32 tile to shared memory ([block_m][128 + 4], conflict-free), then every MMA thread
+// Epilogue: fp32 tile to shared memory ([block_m][rows + 4], conflict-free), then every MMA thread
 // stores 4 outputs at a time (undo the 2^-7 fold, alpha, one rounding). Split-K: the CTAs of one
 // output tile form a cluster along K; each reduces a share of the rows by reading ranks 0, 1, ...
 // in order through distributed shared memory (deterministic, no atomics).
@@ -134,13 +134,6 @@ template <int kN>
 __device__ __forceinline__ void fence_regs(float (&d)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void fence_regs(uint32_t (&a)[4][4]) {
-#pragma unroll
-  for (int s = 0; s < 4; ++s)
-#pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
 }
 
 __device__ __forceinline__ void cluster_sync_all() {
