@@ -1,0 +1,88 @@
+"""The Hopper wgmma GEMM's tactic space (kernels/cuda/mm_wgmma_tactics.py) and the cuda backend's
+joined space (kernels/cuda/mm_space.py), on the CPU: the heuristic, the candidates, why a tactic
+cannot run, the cache key and the shared-memory mirror of csrc/mm_wgmma.cu."""
+import dataclasses
+
+import pytest
+import torch
+
+from torch_fp4 import formats as F
+from torch_fp4.kernels.cuda import mm_space as S
+from torch_fp4.kernels.cuda import mm_tactics as SM
+from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
+
+
+def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4):
+    a = torch.empty(m, k, dtype=a_dtype)
+    b = torch.empty(n, k // 2, dtype=torch.uint8).T
+    bs = torch.empty((-(-n // 128) * 128, -(-k // fmt.block_size // 4) * 4), dtype=torch.uint8).T
+    return (a, b, None, bs, None, torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4)
+
+
+@pytest.mark.parametrize("m,want", [(17, (64, 2)), (64, (64, 2)), (128, (128, 2)), (256, (256, 2)),
+                                    (1024, (256, 1)), (4096, (256, 1))])
+def test_heuristic_from_h100_sweeps(m, want):
+    """Smallest block_m covering M (up to 256), split-K up to about one CTA per SM, most stages."""
+    t = WT.default(*_args(m))
+    assert (t.block_m, t.split_k, t.warpgroups) == (*want, 2)
+    assert t.stages == WT.max_stages(t.block_m)
+    assert WT.why_not(t, *_args(m)) is None
+
+
+def test_candidates_valid_unique_default_first():
+    for m in (17, 33, 64, 129, 300, 4097):
+        for n, k in ((8192, 28672), (28672, 8192), (200, 704)):
+            for fmt in (F.NVFP4, F.MXFP4):
+                args = _args(m, n, k, fmt=fmt)
+                cands = WT.candidates(*args)
+                assert cands and cands[0] == WT.default(*args)
+                assert len(set(cands)) == len(cands)
+                assert all(WT.why_not(t, *args) is None for t in cands)
+                assert {t.warpgroups for t in cands} <= set(WT.WARPGROUPS)
+
+
+@pytest.mark.parametrize("change,msg", [
+    (dict(block_m=96), "block_m=96 must be one of"),
+    (dict(block_m=256, warpgroups=4), "warpgroups=4 is not compiled for block_m=256"),
+    (dict(warpgroups=3), "warpgroups=3 is not compiled"),
+    (dict(stages=2), "stages=2 must be between 3 and 8"),
+    (dict(split_k=9), "split_k=9 must be between 1 and 8"),
+    (dict(split_k=8), "leaves an empty K slice"),
+    (dict(block_m=256, stages=5), "KiB of shared memory"),
+])
+def test_why_not_names_the_problem(change, msg):
+    args = _args(300, k=384)
+    t = dataclasses.replace(WT.default(*args), **change)
+    assert msg in WT.why_not(t, *args)
+
+
+def test_problem_limits():
+    assert "K % 32 == 0" in WT.problem_reason(_args(64, k=400))
+    assert "fp16 activations with MXFP4" in WT.problem_reason(_args(64, a_dtype=torch.float16, fmt=F.MXFP4))
+    assert WT.problem_reason(_args(64, a_dtype=torch.float16)) is None
+    assert WT.candidates(*_args(64, k=400)) == []
+
+
+def test_smem_mirror_of_the_kernel():
+    """smem_bytes in mm_wgmma.cu: 3 KiB + max(stages x stage, epilogue tile)."""
+    assert WT.stage_bytes(256) == 256 * 128 + 128 * 128 + 128 * 32 + 1024
+    assert WT.stage_bytes(64, 4) == 64 * 128 + 256 * 128 + 256 * 32 + 1024
+    assert WT.smem_bytes(64, 3) == 3 * 1024 + 3 * WT.stage_bytes(64)
+    assert WT.smem_bytes(256, 2) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger
+    for bm in WT.BLOCK_MS:
+        for wg in WT.WARPGROUPS:
+            if wg == 4 and bm == 256:
+                continue  # not compiled (the accumulators need the registers)
+            assert WT.smem_bytes(bm, WT.max_stages(bm, warpgroups=wg), wg) <= WT.SM90_SMEM_PER_BLOCK
+
+
+def test_joined_space_picks_the_family_by_m():
+    assert isinstance(S.default(*_args(16)), SM.CudaMmTactic)
+    assert isinstance(S.default(*_args(17)), WT.WgmmaMmTactic)
+    # K not a multiple of 32: the Hopper kernel cannot run, the small-M one takes M <= 64.
+    assert isinstance(S.default(*_args(40, k=400)), SM.CudaMmTactic)
+    cands = S.candidates(*_args(32))
+    assert cands[0] == S.default(*_args(32))
+    assert {type(t) for t in cands} == {SM.CudaMmTactic, WT.WgmmaMmTactic}
+    assert S.key(*_args(64)) == SM.key(*_args(64)) and S.key(*_args(65)) == WT.key(*_args(65))
+    assert WT.key(*_args(65)) == WT.key(*_args(128)) != WT.key(*_args(129))
