@@ -35,16 +35,11 @@ class WgmmaMmTactic(Tactic):
     split_k: int = 1         # CTAs along K (a cluster; 1..8)
     warpgroups: int = 2      # MMA warpgroups, 64 weight rows each (2, or 4 with block_m <= 128)
 
-    @property
-    def rows(self) -> int:
-        """Weight rows per CTA."""
-        return 64 * self.warpgroups
-
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
 
 
-MIN_STAGES = 3               # the loader runs stages - 2 ahead of the decoders
+MIN_STAGES = 3               # one stage's wgmmas in flight, one being decoded, one being loaded
 
 
 def stage_bytes(block_m: int, warpgroups: int = 2) -> int:
