@@ -23,3 +23,18 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture
+def poisoned_fresh_tactics(tmp_path, monkeypatch):
+    """Outputs poisoned at allocation (an element a kernel forgets to write shows as a mismatch)
+    and an empty tactic cache in the test's temporary directory."""
+    from torch_fp4 import tactics
+    from torch_fp4.kernels import _common
+
+    monkeypatch.setenv("TORCH_FP4_CACHE_DIR", str(tmp_path))
+    tactics.forget()
+    _common.POISON_OUTPUTS = True
+    yield
+    _common.POISON_OUTPUTS = False
+    tactics.forget()

@@ -14,21 +14,10 @@ from torch_fp4 import formats as F
 from torch_fp4 import tactics
 from torch_fp4 import testing as T
 from torch_fp4.backends import Backend
-from torch_fp4.kernels import _common
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_fresh_tactics")]
 FMTS = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}
 GPU_BACKENDS = ("triton", "cute-dsl", "cuda")
-
-
-@pytest.fixture(autouse=True)
-def _poison(tmp_path, monkeypatch):
-    monkeypatch.setenv("TORCH_FP4_CACHE_DIR", str(tmp_path))
-    tactics.forget()
-    _common.POISON_OUTPUTS = True
-    yield
-    _common.POISON_OUTPUTS = False
-    tactics.forget()
 
 
 def _gen(seed):

@@ -11,24 +11,16 @@ import torch
 
 import torch_fp4 as t4
 from torch_fp4 import formats as F
-from torch_fp4 import tactics
 from torch_fp4 import testing as T
-from torch_fp4.kernels import _common
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_fresh_tactics")]
 
 
 @pytest.fixture(autouse=True)
-def _hopper(tmp_path, monkeypatch):
+def _hopper():
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the wgmma GEMM runs on sm_90 only")
-    monkeypatch.setenv("TORCH_FP4_CACHE_DIR", str(tmp_path))
-    tactics.forget()
-    _common.POISON_OUTPUTS = True
-    yield
-    _common.POISON_OUTPUTS = False
-    tactics.forget()
 
 
 def _operands(m, n, k, fmt, a_mode, grid, seed):

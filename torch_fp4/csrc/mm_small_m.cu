@@ -120,18 +120,7 @@ template <class Cfg>
 void launch_cfg(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
   const int steps = static_cast<int>((a.k + Cfg::kBK - 1) / Cfg::kBK);
   const int split = std::max(1, std::min(a.split_k, std::max(steps, 1)));
-  Params p{};
-  p.act = a.act;
-  p.w = a.w;
-  p.w_scale = a.w_scale;
-  p.alpha = a.alpha;
-  p.out = a.out;
-  p.m = static_cast<int>(a.m);
-  p.n = static_cast<int>(a.n);
-  p.k = static_cast<int>(a.k);
-  p.kp = static_cast<int>(a.kp);
-  p.steps_per_split = (steps + split - 1) / split;
-  p.out_dtype = a.out_dtype;
+  Params p = operand_params(a, (steps + split - 1) / split);
   p.w_aligned16 = (a.k % 32 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0) ? 1 : 0;
 
   const int smem = smem_bytes<Cfg>(a.stages);

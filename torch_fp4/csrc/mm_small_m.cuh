@@ -136,6 +136,25 @@ struct Params {
   int w_aligned16;         // weight rows 16-byte aligned (K % 32 == 0), else 8-byte copies
 };
 
+// The Params of a launch from its argument struct (SmallMMmArgs, WgmmaMmArgs: the same operand
+// fields), with `steps_per_split` K stages per split; w_aligned16 is left to the caller.
+template <class Args>
+inline Params operand_params(const Args& a, int steps_per_split) {
+  Params p{};
+  p.act = a.act;
+  p.w = a.w;
+  p.w_scale = a.w_scale;
+  p.alpha = a.alpha;
+  p.out = a.out;
+  p.m = static_cast<int>(a.m);
+  p.n = static_cast<int>(a.n);
+  p.k = static_cast<int>(a.k);
+  p.kp = static_cast<int>(a.kp);
+  p.steps_per_split = steps_per_split;
+  p.out_dtype = a.out_dtype;
+  return p;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Shared-memory layout (bytes): a 1 KiB scale table, then `stages` pipeline stages of
 // [weights kBN x kRowBytes][activations kActRows x kActPitch x 16][scale words].

@@ -41,6 +41,7 @@ namespace wgmma_mm {
 namespace {
 
 using small_m::F4;
+using small_m::operand_params;
 using small_m::Params;
 using small_m::U128;
 
@@ -430,18 +431,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
     return false;
   const int tiles = static_cast<int>((a.k + kBK - 1) / kBK);
   const int split = std::max(1, std::min(a.split_k, tiles));
-  Params p{};
-  p.act = a.act;
-  p.w = a.w;
-  p.w_scale = a.w_scale;
-  p.alpha = a.alpha;
-  p.out = a.out;
-  p.m = static_cast<int>(a.m);
-  p.n = static_cast<int>(a.n);
-  p.k = static_cast<int>(a.k);
-  p.kp = static_cast<int>(a.kp);
-  p.steps_per_split = (tiles + split - 1) / split;
-  p.out_dtype = a.out_dtype;
+  Params p = operand_params(a, (tiles + split - 1) / split);
 
   const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages);
   auto kernel = wgmma_mm_kernel<Cfg>;

@@ -110,3 +110,38 @@ def mm_key(args, m_bucket: int) -> str:
     a, a_scale, out_dtype, fmt, layout = args[0], args[2], args[5], args[6], args[7]
     a_kind = f"fp4:{layout.value}" if a_scale is not None else str(a.dtype).removeprefix("torch.")
     return f"M<={m_bucket},N={n},K={k},{fmt.name},{a_kind},{str(out_dtype).removeprefix('torch.')}"
+
+
+# ---- helpers shared by the GEMM tactic spaces (launcher arguments a, b, ... with a first) ----
+def args_sm_count(args, default: int = 132) -> int:
+    """SMs of the device of the first launcher argument (`default` for non-CUDA tensors)."""
+    a = args[0]
+    return sm_count(a.device) if isinstance(a, torch.Tensor) and a.is_cuda else default
+
+
+def args_smem_per_block(args, default: int) -> int:
+    """Opt-in shared memory per block of the first argument's device (`default` off CUDA)."""
+    a = args[0]
+    if isinstance(a, torch.Tensor) and a.is_cuda:
+        return torch.cuda.get_device_properties(a.device).shared_memory_per_block_optin
+    return default
+
+
+def empty_k_slice(split: int, steps: int) -> bool:
+    """Whether splitting `steps` K steps into slices of ceil(steps / split) leaves one empty."""
+    return split > 1 and (split - 1) * -(-steps // split) >= steps
+
+
+def largest_split(split: int, steps: int) -> int:
+    """`split`, lowered until no K slice is empty."""
+    while empty_k_slice(split, steps):
+        split -= 1
+    return split
+
+
+def smem_reason(smem: int, limit: int):
+    """Why a launch of `smem` bytes of shared memory cannot run under `limit`, or None."""
+    if smem > limit:
+        return (f"needs {smem / 1024:.1f} KiB of shared memory (more than the {limit // 1024} KiB "
+                f"per block of this GPU)")
+    return None

@@ -17,7 +17,8 @@ import torch
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, TacticSpace, register_family, valid_unique
-from .._common import mm_key, mm_problem, sm_count
+from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, largest_split, mm_key,
+                       mm_problem, smem_reason)
 
 MAX_M = 64
 MAX_MM_OPERAND = 2**31 - 1   # the kernel indexes its operands with 32-bit offsets
@@ -95,10 +96,7 @@ problem = mm_problem
 
 
 def _smem_limit(args) -> int:
-    a = args[0]
-    if isinstance(a, torch.Tensor) and a.is_cuda:
-        return torch.cuda.get_device_properties(a.device).shared_memory_per_block_optin
-    return SM90_SMEM_PER_BLOCK
+    return args_smem_per_block(args, SM90_SMEM_PER_BLOCK)
 
 
 def _steps(k: int, block_k: int) -> int:
@@ -144,18 +142,9 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     if not 1 <= t.split_k <= MAX_SPLIT:
         return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
     steps = _steps(k, t.block_k)
-    if t.split_k > 1 and (t.split_k - 1) * -(-steps // t.split_k) >= steps:
+    if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={k} with block_k={t.block_k}"
-    smem, limit = smem_bytes(t, nb, fmt.block_size), _smem_limit(args)
-    if smem > limit:
-        return (f"needs {smem / 1024:.1f} KiB of shared memory (more than the {limit // 1024} KiB "
-                f"per block of this GPU)")
-    return None
-
-
-def _sms(args) -> int:
-    a = args[0]
-    return sm_count(a.device) if isinstance(a, torch.Tensor) and a.is_cuda else 132
+    return smem_reason(smem_bytes(t, nb, fmt.block_size), _smem_limit(args))
 
 
 def _split_for(t: CudaMmTactic, m: int, n: int, k: int, block: int, sms: int,
@@ -166,9 +155,7 @@ def _split_for(t: CudaMmTactic, m: int, n: int, k: int, block: int, sms: int,
     slots = sms * (per_sm or max(1, ctas_per_sm(t, n_blocks(m), block)))
     steps = _steps(k, t.block_k)
     split = max(1, min(MAX_SPLIT, slots // tiles, steps // 2))
-    while split > 1 and (split - 1) * -(-steps // split) >= steps:  # no empty K slice
-        split -= 1
-    return split
+    return largest_split(split, steps)
 
 
 def default(*args) -> Tactic:
@@ -190,7 +177,7 @@ def default(*args) -> Tactic:
         t = CudaMmTactic(8, 1, 256, 3, 1)
     else:
         t = CudaMmTactic(8, 1, 128, 4, 1)
-    split = _split_for(t, m, n, k, fmt.block_size, _sms(args), per_sm=1)
+    split = _split_for(t, m, n, k, fmt.block_size, args_sm_count(args), per_sm=1)
     return dataclasses.replace(t, split_k=split)
 
 
@@ -200,7 +187,7 @@ def candidates(*args) -> list[Tactic]:
     if m > MAX_M:
         return []
     nb = n_blocks(m)
-    sms = _sms(args)
+    sms = args_sm_count(args)
     out: list[Tactic] = [default(*args)]
     for warps, tiles, bk in TILE_SHAPES:
         if not tile_compiled(nb, warps, tiles, bk):

@@ -17,7 +17,8 @@ import torch
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, register_family, valid_unique
-from .._common import mm_key, mm_problem, sm_count
+from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, largest_split, mm_key,
+                       mm_problem, smem_reason)
 
 BLOCK_MS = (64, 128, 256)
 WARPGROUPS = (2, 4)
@@ -84,10 +85,7 @@ def _steps(k: int) -> int:
 
 
 def _smem_limit(args) -> int:
-    a = args[0]
-    if isinstance(a, torch.Tensor) and a.is_cuda:
-        return torch.cuda.get_device_properties(a.device).shared_memory_per_block_optin
-    return SM90_SMEM_PER_BLOCK
+    return args_smem_per_block(args, SM90_SMEM_PER_BLOCK)
 
 
 def why_not(t: Tactic, *args) -> Optional[str]:
@@ -106,27 +104,16 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     if not 1 <= t.split_k <= MAX_SPLIT:
         return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
     steps = _steps(mm_problem(args)[2])
-    if t.split_k > 1 and (t.split_k - 1) * -(-steps // t.split_k) >= steps:
+    if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={mm_problem(args)[2]}"
-    smem, limit = smem_bytes(t.block_m, t.stages, t.warpgroups), _smem_limit(args)
-    if smem > limit:
-        return (f"needs {smem / 1024:.1f} KiB of shared memory (more than the {limit // 1024} KiB "
-                f"per block of this GPU)")
-    return None
-
-
-def _sms(args) -> int:
-    a = args[0]
-    return sm_count(a.device) if isinstance(a, torch.Tensor) and a.is_cuda else 132
+    return smem_reason(smem_bytes(t.block_m, t.stages, t.warpgroups), _smem_limit(args))
 
 
 def _split_for(ctas: int, k: int, sms: int) -> int:
     """The largest split keeping one wave (ctas * split <= SMs) and two stages per split."""
     steps = _steps(k)
     split = max(1, min(MAX_SPLIT, sms // max(ctas, 1), steps // 2))
-    while split > 1 and (split - 1) * -(-steps // split) >= steps:
-        split -= 1
-    return split
+    return largest_split(split, steps)
 
 
 def default(*args) -> Tactic:
@@ -135,7 +122,7 @@ def default(*args) -> Tactic:
     266 us), split-K up to one wave, as many stages as fit."""
     m, n, k = mm_problem(args)
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
-    split = _split_for(-(-m // bm) * -(-n // 128), k, _sms(args))
+    split = _split_for(-(-m // bm) * -(-n // 128), k, args_sm_count(args))
     return WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args)), split)
 
 
@@ -143,7 +130,7 @@ def candidates(*args) -> list[Tactic]:
     if problem_reason(args) is not None:
         return []
     m, n, k = mm_problem(args)
-    sms = _sms(args)
+    sms = args_sm_count(args)
     out: list[Tactic] = [default(*args)]
     for bm in BLOCK_MS:
         if bm > max(64, 2 * m):
