@@ -1,5 +1,7 @@
 """One mm_fp4 call (W4A16, NVFP4, heuristic tactic) for profiling: `ncu -k regex:_mm_kernel
-python scripts/ncu_mm.py M N K [wgmma]` (wgmma: the Hopper GEMM for any M > 16)."""
+python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K,WARPGROUPS]`
+(wgmma: the Hopper GEMM for any M > 16; with values: that tactic)."""
+import contextlib
 import sys
 
 import torch
@@ -8,10 +10,18 @@ import torch_fp4.tuning as tuning
 from torch_fp4.bench.mm import Problem, nvfp4_weight
 
 m, n, k = (int(v) for v in sys.argv[1:4])
-if "wgmma" in sys.argv[4:]:
-    tuning.HOPPER_MM_MS = (17, 1 << 30)
+from torch_fp4 import tactics
+from torch_fp4.kernels.cuda.mm_wgmma_tactics import WgmmaMmTactic
+
+forced = contextlib.nullcontext()
+for arg in sys.argv[4:]:
+    if arg.startswith("wgmma"):
+        tuning.HOPPER_MM_MS = (17, 1 << 30)
+    if arg.startswith("wgmma="):
+        forced = tactics.use_tactic(WgmmaMmTactic(*(int(v) for v in arg[6:].split(","))))
 dev = torch.device("cuda")
 p = Problem(m, n, k, nvfp4_weight(n, k, dev), dev)
-for _ in range(2):
-    p.w4a16()
+with forced:
+    for _ in range(2):
+        p.w4a16()
 torch.cuda.synchronize()

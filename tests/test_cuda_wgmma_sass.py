@@ -1,7 +1,7 @@
 """The Hopper wgmma GEMM (torch_fp4/csrc/mm_wgmma.cu) compiles for sm_90a without a GPU, with
-HGMMA reading both operands from shared memory (the decoded weight tile and the TMA activation
-tile), for every wgmma N and both 16-bit types, no register spills, and no ptxas serialization of
-the wgmmas (warning C7513). It compiles to a stub for sm_100a (wgmma is Hopper-only). Skipped
+HGMMA reading the decoded weights from registers (A) and the TMA activation tile from shared
+memory (B), for every wgmma N and both 16-bit types, no register spills, and no ptxas
+serialization of the wgmmas (warning C7513). It compiles to a stub for sm_100a (wgmma is Hopper-only). Skipped
 without nvcc or a disassembler."""
 import re
 import subprocess
@@ -26,7 +26,7 @@ def _compile(tmp_path, cap):
     return out.read_bytes(), proc.stderr
 
 
-def test_sm90a_shared_memory_hgmma_no_spills_no_serialization(tmp_path):
+def test_sm90a_register_a_hgmma_no_spills_no_serialization(tmp_path):
     if not have_disassembler():
         pytest.skip("no nvdisasm / cuobjdump")
     cubin, log = _compile(tmp_path, (9, 0))
@@ -35,9 +35,13 @@ def test_sm90a_shared_memory_hgmma_no_spills_no_serialization(tmp_path):
         v == "0" for v in re.findall(r"(\d+) bytes spill stores", log)), log
     sass = disassemble(cubin)
     # fp16 inputs print without a type suffix (HGMMA.64xNx16.F32), bf16 as .F32.BF16.
-    hgmma = re.findall(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)? R\d+, (\S+), ", sass)
-    assert {(n, t) for n, t, _ in hgmma} == {(n, t) for n in ("64", "128", "256") for t in (".BF16", "")}
-    assert all(a.startswith("gdesc[") for _, _, a in hgmma), "A operand must come from shared memory"
+    hgmma = re.findall(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)? R\d+, (\S+), (\S+), ", sass)
+    assert {(n, t) for n, t, _, _ in hgmma} == {(n, t) for n in ("64", "128", "256") for t in (".BF16", "")}
+    assert all(re.fullmatch(r"R\d+", a) for _, _, a, _ in hgmma), "A operand must come from registers"
+    assert all(b.startswith("gdesc[") for _, _, _, b in hgmma), "B operand must come from shared memory"
+    # Every wait keeps three k16 steps in flight (no wgmma is waited for right after its issue).
+    waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
+    assert waits and set(waits) <= {"0x3", "0x0"} and waits.count("0x3") >= 4 * waits.count("0x0"), waits
     assert "UTMALDG" in sass and "UBLKCP" in sass   # TMA tiles and the bulk scale copy
 
 

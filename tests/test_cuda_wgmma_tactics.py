@@ -44,11 +44,12 @@ def test_candidates_valid_unique_default_first():
 @pytest.mark.parametrize("change,msg", [
     (dict(block_m=96), "block_m=96 must be one of"),
     (dict(block_m=256, warpgroups=4), "warpgroups=4 is not compiled for block_m=256"),
+    (dict(block_m=128, warpgroups=4), "warpgroups=4 is not compiled for block_m=128"),
     (dict(warpgroups=3), "warpgroups=3 is not compiled"),
-    (dict(stages=2), "stages=2 must be between 3 and 8"),
+    (dict(stages=2), "stages=2 must be between 3 and 12"),
     (dict(split_k=9), "split_k=9 must be between 1 and 8"),
     (dict(split_k=8), "leaves an empty K slice"),
-    (dict(block_m=256, stages=5), "KiB of shared memory"),
+    (dict(block_m=256, stages=7), "KiB of shared memory"),
 ])
 def test_why_not_names_the_problem(change, msg):
     args = _args(300, k=384)
@@ -65,13 +66,13 @@ def test_problem_limits():
 
 def test_smem_mirror_of_the_kernel():
     """smem_bytes in mm_wgmma.cu: 3 KiB + max(stages x stage, epilogue tile)."""
-    assert WT.stage_bytes(256) == 256 * 128 + 128 * 128 + 128 * 32 + 1024
-    assert WT.stage_bytes(64, 4) == 64 * 128 + 256 * 128 + 256 * 32 + 1024
+    assert WT.stage_bytes(256) == 256 * 128 + 128 * 32 + 1024
+    assert WT.stage_bytes(64, 4) == 64 * 128 + 256 * 32 + 1024
     assert WT.smem_bytes(64, 3) == 3 * 1024 + 3 * WT.stage_bytes(64)
     assert WT.smem_bytes(256, 2) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger
     for bm in WT.BLOCK_MS:
         for wg in WT.WARPGROUPS:
-            if wg == 4 and bm == 256:
+            if wg == 4 and bm > 64:
                 continue  # not compiled (the accumulators need the registers)
             assert WT.smem_bytes(bm, WT.max_stages(bm, warpgroups=wg), wg) <= WT.SM90_SMEM_PER_BLOCK
 

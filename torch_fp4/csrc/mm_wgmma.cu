@@ -1,24 +1,25 @@
 // Hopper FP4-weight GEMM (sm_90a) of the cuda backend, for M above the small-M kernel's range.
 //
-// Swap-AB warpgroup MMA with the FP4 decode through shared memory: the weight rows are the wgmma's
-// M side (64 per MMA warpgroup; 2 or 4 warpgroups: 128 or 256 per CTA), the activation rows its N
-// side (block_m = 64, 128 or 256 per CTA), K in stages of 64, one ring of `stages` stages:
+// Swap-AB warpgroup MMA with the FP4 weights decoded into wgmma's register A operand: the weight
+// rows are the wgmma's M side (64 per MMA warpgroup; 2 or 4 warpgroups: 128 or 256 per CTA), the
+// activation rows its N side (block_m = 64, 128 or 256 per CTA), K in stages of 64, one ring of
+// `stages` stages:
 // - a producer warpgroup (one thread) loads, per stage, the activation tile [block_m, 64]
 //   bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [rows, 32 bytes] by TMA
 //   (32-byte swizzle: conflict-free reads) and the 512-byte blocks of 128x4 scale words by bulk
 //   copies, all completing on the stage's "full" mbarrier, once the stage is "empty";
-// - each MMA warpgroup decodes its 64 weight rows of the stage (a thread per half row)
-//   into the stage's 16-bit weight tile, in the same 128-byte swizzle: exact (per byte one
-//   permute places its two codes, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14
-//   for fp16) and one multiply by the scale table entry gives code * scale * 2^-7 for NVFP4;
-//   MXFP4 multiplies by 2^126 and by the scale); K words past K get a zero scale, so padding
-//   scale bytes never reach the sums; a proxy fence and a warpgroup barrier later it issues the
-//   stage's four `wgmma.mma_async` m64nNk16 with both operands in shared memory (fp32
-//   accumulators), and hands the previous stage back once its wgmmas completed. The decode of
-//   stage i thus overlaps the wgmmas of stage i - 1; each weight element is decoded once per CTA.
-// (Decoding into register A fragments instead was latency-bound: ptxas serializes wgmmas whose
-// register operands are written while one is in flight; a separate decoder warpgroup was too few
-// threads. BENCHMARKS.md has both.)
+// - each MMA thread reads the two weight rows of its A fragment (rows g and g + 8 of its warp's
+//   16) and their scale words, then per k16 step decodes its eight codes straight into the four
+//   bf16x2 / fp16x2 A registers of that step: exact (a byte permute places the two codes of a
+//   byte, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16) and one
+//   multiply by the scale table entry gives code * scale * 2^-7 for NVFP4; MXFP4 multiplies by
+//   2^126 and by the scale); K blocks past K get a zero scale, so padding scale bytes never reach
+//   the sums. The step's `wgmma.mma_async` m64nNk16 (A from registers, B = the activation tile in
+//   shared memory, fp32 accumulators) is one commit group; the A registers of four steps rotate,
+//   and waiting until at most three groups are in flight before each decode keeps a step's
+//   registers untouched while its wgmma may read them, so ptxas keeps the wgmmas asynchronous
+//   and the decode of step j + 1 overlaps the wgmmas of steps j - 2 .. j. A stage goes back to the
+//   producer once all four of its wgmmas completed (two steps into the next stage).
 // Epilogue: fp32 tile to shared memory ([block_m][rows + 4], conflict-free), then every MMA thread
 // stores 4 outputs at a time (undo the 2^-7 fold, alpha, one rounding). Split-K: the CTAs of one
 // output tile form a cluster along K; each reduces a share of the rows by reading ranks 0, 1, ...
@@ -47,18 +48,17 @@ using small_m::U128;
 
 constexpr int kBK = 64;            // K elements per stage
 constexpr int kMaxSplit = 8;
+constexpr int kMaxStages = 12;
 constexpr int kMaxDevices = 64;
 
 // Shared-memory geometry of a tile: block_m activation rows, 64 * wg weight rows (wg MMA
-// warpgroups). Stage: [activations][decoded weights][FP4 weights][scale words], the two
-// 128-byte-swizzled tiles first (1 KiB aligned); the scale words (512 bytes per 128 rows) get a
-// 1 KiB slot. Smem: [1 KiB alignment slack][1 KiB scale table][1 KiB barriers][stages | epilogue
-// tile [block_m][rows + 4] fp32].
+// warpgroups). Stage: [activations (128-byte swizzle, 1 KiB aligned)][FP4 weights][scale words
+// (512 bytes per 128 rows, in a 1 KiB slot)]. Smem: [1 KiB alignment slack][1 KiB scale table]
+// [1 KiB barriers][stages | epilogue tile [block_m][rows + 4] fp32].
 __host__ __device__ constexpr int act_stage_bytes(int bm) { return bm * kBK * 2; }
-__host__ __device__ constexpr int dec_stage_bytes(int wg) { return 64 * wg * kBK * 2; }
 __host__ __device__ constexpr int w_stage_bytes(int wg) { return 64 * wg * kBK / 2; }
 __host__ __device__ constexpr int stage_bytes(int bm, int wg) {
-  return act_stage_bytes(bm) + dec_stage_bytes(wg) + w_stage_bytes(wg) + 1024;
+  return act_stage_bytes(bm) + w_stage_bytes(wg) + 1024;
 }
 __host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages) {
   const int pipe = stages * stage_bytes(bm, wg), tile = bm * (64 * wg + 4) * 4;
@@ -73,7 +73,6 @@ struct Config {
   static constexpr int kMma = 128 * kWG;           // MMA threads
   static constexpr int kThreads = 128 + kMma;      // producer warpgroup + MMA warpgroups
   static constexpr int kPitch = kRows + 4;         // fp32 words per row of the epilogue tile
-  static constexpr int kDec = dec_stage_bytes(kWG);
   static constexpr int kW = w_stage_bytes(kWG);
   static constexpr int kStage = stage_bytes(kBM, kWG);
   static constexpr bool kFp16 = kFp16_;
@@ -100,10 +99,6 @@ __device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
 }
 
-__device__ __forceinline__ void mbar_arrive(uint64_t* bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
-}
-
 __device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
@@ -114,6 +109,16 @@ __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, uint64
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
           smem_u32(dst)),
       "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y)
+      : "memory");
+}
+
+// A consumer warp's release of a stage: one arrival on its empty mbarrier when `lead`. Predicated,
+// not branched: a branch between wgmmas makes ptxas serialize them.
+__device__ __forceinline__ void release_stage(uint64_t* bar, bool lead) {
+  asm volatile(
+      "{\n.reg .pred lead;\nsetp.ne.u32 lead, %1, 0;\n@lead mbarrier.arrive.shared::cta.b64 _, [%0];\n}" ::"r"(
+          smem_u32(bar)),
+      "r"(static_cast<uint32_t>(lead))
       : "memory");
 }
 
@@ -145,16 +150,17 @@ template <class Cfg>
 __device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(Cfg::kMma) : "memory"); }
 
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle
-// (8-row groups 1024 bytes apart), starting at `addr`.
+// (8-row groups 1024 bytes apart), starting at `addr`; the tile 32 j bytes further (K 16 j..) has
+// the descriptor + 2 j (the address field is addr / 16 in the low 14 bits, shared memory < 256 KiB).
 __device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{64} << 32) |
          (uint64_t{1} << 62);
 }
 
-// Byte j of word w (codes 2j, 2j+1) -> a bf16x2 (fp16x2) word holding the two codes times 2^-126
-// (2^-14): the permute (selector j | j << 4 | (j + 4) << 8 | (j + 4) << 12) puts byte j of w in
-// byte 0 and byte j of w >> 4 in byte 2, so the low nibbles of the two halves are the two codes;
-// then the placement of mm_small_m.cuh.
+// Byte c of word w (codes 2c, 2c + 1) -> a bf16x2 (fp16x2) word holding the two codes times
+// 2^-126 (2^-14): the permute (selector c | c << 4 | (c + 4) << 8 | (c + 4) << 12) puts byte c of w
+// in byte 0 and byte c of w >> 4 in byte 2, so the low nibbles of the two halves are the two
+// codes; then the placement of mm_small_m.cuh.
 template <bool kFp16>
 __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
   const uint32_t t = __byte_perm(w, w >> 4, sel);
@@ -175,73 +181,76 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
   return v;
 }
-__device__ __forceinline__ void sts128(uint32_t addr, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
-  asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-}
 
-// Where one decoding thread reads and writes inside a stage (shared-memory byte offsets from the
-// stage base), fixed for the whole kernel: weight row r, codes 32 h .. 32 h + 31 (h = 0, 1), i.e.
-// the FP4 tile's 16-byte chunk h (32-byte swizzle) -> the decoded row's 16-byte chunks 4 h .. 4 h
-// + 3 (row r: 128 bytes, chunk j at chunk j ^ (r % 8): wgmma's 128-byte swizzle), and the row's
-// scale word (128x4 block of its 128-row group: word (r % 32) * 4 + (r / 32) % 4). Eight
-// consecutive threads cover four rows, both halves: conflict-free.
+// Where an MMA thread reads inside a stage (shared-memory byte offsets from the stage base), fixed
+// for the whole kernel. Its A fragment rows are r = 64 mwg + 16 warp + g and r + 8; the FP4 tile
+// row r is 32 bytes (K 0..63 of the stage) with its two 16-byte chunks swapped when bit 2 of r is
+// set (TMA's 32-byte swizzle; row r + 8 has the same swizzle, 256 bytes further), and the scale
+// word of row r in its 128-row group's 128x4 block is word (r % 32) * 4 + (r / 32) % 4 (row r + 8:
+// 32 words further). Eight rows of a warp's load are conflict-free; the four threads of a quad
+// read the same rows (a broadcast). `sel` picks the thread's byte c = lane % 4 of every word.
 template <class Cfg>
-struct DecodeSlot {
-  uint32_t fp4, scale, dec[4];
-  int h;
-  __device__ __forceinline__ DecodeSlot(int r, int h_) : h(h_) {
-    constexpr uint32_t kDecBase = act_stage_bytes(Cfg::kBM), kW = kDecBase + Cfg::kDec;
-    fp4 = kW + r * 32 + ((h ^ ((r >> 2) & 1)) << 4);
-    scale = kW + Cfg::kW + (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4;
-#pragma unroll
-    for (int jj = 0; jj < 4; ++jj) dec[jj] = small_m::opaque(kDecBase + r * 128 + (((4 * h + jj) ^ (r & 7)) << 4));
-    // Kept in registers: otherwise the compiler recomputes them in the main loop.
-    fp4 = small_m::opaque(fp4);
-    scale = small_m::opaque(scale);
+struct FragmentSlot {
+  uint32_t lo, hi, scale, sel;
+  __device__ __forceinline__ FragmentSlot(int r, int c) {
+    constexpr uint32_t kW = act_stage_bytes(Cfg::kBM);
+    lo = small_m::opaque(kW + r * 32 + (((r >> 2) & 1) << 4));
+    hi = small_m::opaque(lo ^ 16u);
+    scale = small_m::opaque(kW + Cfg::kW + (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4);
+    sel = small_m::opaque(static_cast<uint32_t>(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12)));
   }
 };
 
-// Decodes one thread's half row of the stage at shared address `st` (K tile kt): exact 16-bit
-// values code * scale * 2^-7 (NVFP4) or code * scale (MXFP4); K words past K get a zero scale.
-template <class Cfg>
-__device__ __forceinline__ void decode_half_row(uint32_t st, uint32_t lut, int kt, int k, const DecodeSlot<Cfg>& d) {
-  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
-  const U128 x = lds128(st + d.fp4);
-  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
-  const uint32_t sw = lds32(st + d.scale);
-  // Scale multipliers of the half row's K blocks (NVFP4: blocks 2 h and 2 h + 1, 16 codes each;
-  // MXFP4: block 2 (kt % 2) + h, 32 codes), zero past K (K is a multiple of 32).
-  const bool valid = kt * kBK + 32 * d.h < k;
-  uint32_t m[2];
-  if constexpr (Cfg::kMx) {
-    const uint32_t byte = (sw >> (8 * (2 * (kt & 1) + d.h))) & 0xFFu;
-    m[0] = m[1] = valid ? lds32(lut + 4 * byte) : 0u;
-  } else {
-    const uint32_t pair = sw >> (16 * d.h);
-    m[0] = valid ? lds32(lut + 4 * (pair & 0xFFu)) : 0u;
-    m[1] = valid ? lds32(lut + 4 * ((pair >> 8) & 0xFFu)) : 0u;
+// One thread's stage: the packed words of its rows r (w[0..7]: K 0..63) and r + 8 (v[0..7]), their
+// scale words, and the 16-bit multipliers of each k16 step's codes in those rows (mr[j], mv[j]):
+// the scale table entry, code * scale * 2^-7 for NVFP4 (a K block of 16 per step) or code * scale
+// for MXFP4 (a K block of 32 per two steps); zero past K (K is a multiple of 32, so only the
+// stage's second half can lie past it). Loaded in two halves (steps 0-1: h = 0, with the scale
+// words; steps 2-3: h = 1), each once the previous stage's use of those registers is over, so
+// that the next stage's shared-memory reads overlap this stage's last steps.
+struct StageOperands {
+  uint32_t w[8], v[8], mr[4], mv[4], sr, sv;
+};
+
+template <class Cfg, int h>
+__device__ __forceinline__ void load_half(StageOperands& o, uint32_t st, uint32_t lut, int kt, int k,
+                                          const FragmentSlot<Cfg>& f) {
+  const uint32_t chunk = h == 0 ? f.lo : f.hi;
+  const U128 a = lds128(st + chunk), c = lds128(st + chunk + 256);
+  o.w[4 * h] = a.x; o.w[4 * h + 1] = a.y; o.w[4 * h + 2] = a.z; o.w[4 * h + 3] = a.w;
+  o.v[4 * h] = c.x; o.v[4 * h + 1] = c.y; o.v[4 * h + 2] = c.z; o.v[4 * h + 3] = c.w;
+  if (h == 0) {
+    o.sr = lds32(st + f.scale);
+    o.sv = lds32(st + f.scale + 128);
   }
+  const bool ok = h == 0 || kt * kBK + 32 < k;
 #pragma unroll
-  for (int jj = 0; jj < 4; ++jj) {
-    uint32_t q[4];
-#pragma unroll
-    for (int b = 0; b < 4; ++b) {
-      const uint32_t v = decode_pair<Cfg::kFp16>(w[jj], static_cast<uint32_t>(b | (b << 4) | ((b + 4) << 8) | ((b + 4) << 12)));
-      q[b] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(v, m[jj >> 1])
-                        : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(v, kUnit), m[jj >> 1]);
+  for (int j = 2 * h; j < 2 * h + 2; ++j) {
+    // Scale byte of step j: NVFP4 byte j (16-wide K blocks); MXFP4 byte 2 (kt % 2) + j / 2.
+    const int byte = Cfg::kMx ? 2 * (kt & 1) + h : j;
+    if (Cfg::kMx && (j & 1)) {
+      o.mr[j] = o.mr[j - 1];
+      o.mv[j] = o.mv[j - 1];
+    } else {
+      o.mr[j] = ok ? lds32(lut + 4 * ((o.sr >> (8 * byte)) & 0xFFu)) : 0u;
+      o.mv[j] = ok ? lds32(lut + 4 * ((o.sv >> (8 * byte)) & 0xFFu)) : 0u;
     }
-    sts128(st + d.dec[jj], q[0], q[1], q[2], q[3]);
   }
 }
 
-// One MMA warpgroup's four k16 steps of a stage: its 64 decoded weight rows x the activation tile.
+// Step j's A fragment: a[0] = row r, K 2c, 2c + 1 (byte c of word 2j); a[1] = row r + 8, same K;
+// a[2], a[3] = K 2c + 8, 2c + 9 (byte c of word 2j + 1). Exact 16-bit values.
 template <class Cfg>
-__device__ __forceinline__ void issue_stage(float (&acc)[Cfg::kAcc], uint32_t stage_addr, int mwg) {
-  const uint32_t a_addr = stage_addr + act_stage_bytes(Cfg::kBM) + mwg * 64 * 128;
-  wgmma_fence();
+__device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperands& o, int j, uint32_t sel) {
+  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
+  const uint32_t in[4] = {o.w[2 * j], o.v[2 * j], o.w[2 * j + 1], o.v[2 * j + 1]};
+  const uint32_t m[4] = {o.mr[j], o.mv[j], o.mr[j], o.mv[j]};
 #pragma unroll
-  for (int s = 0; s < 4; ++s) WgmmaSS<Cfg::kBM, Cfg::kFp16>::mma(acc, desc_sw128(a_addr + 32 * s), desc_sw128(stage_addr + 32 * s));
-  wgmma_commit();
+  for (int e = 0; e < 4; ++e) {
+    const uint32_t x = decode_pair<Cfg::kFp16>(in[e], sel);
+    a[e] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(x, m[e])
+                      : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(x, kUnit), m[e]);
+  }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -269,7 +278,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full + s, 1);
-      mbar_init(empty + s, Cfg::kMma);
+      mbar_init(empty + s, Cfg::kWG * 4);  // one arrival per MMA warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -284,12 +293,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
       // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
       // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
-      const int groups = min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128);
+      const int groups = max(0, min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128));
       // Stage slot s and the parity of its use, kept incrementally (no division in the loop).
       for (int kt = kt0, s = 0, phase = 0; kt < kt1; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
         mbar_wait(empty + s, phase ^ 1);
         char* st = pipe + s * kStage;
-        char* wt = st + act_stage_bytes(Cfg::kBM) + Cfg::kDec;
+        char* wt = st + act_stage_bytes(Cfg::kBM);
         mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
         tma_2d(st, &act_map, full + s, kt * kBK, m0);
         tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
@@ -299,6 +308,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                     full + s);
       }
     }
+    __syncwarp();  // lane 0 rejoins its warp: the cluster barriers are warp-aligned
     if (splits > 1) {
       cluster_sync_all();
       cluster_sync_all();
@@ -311,23 +321,47 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int mwg = ct >> 7;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
   const int r0 = (ct >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
-  const DecodeSlot<Cfg> slot(64 * mwg + ((ct & 127) >> 1), ct & 1);
+  const FragmentSlot<Cfg> slot(64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
   const uint32_t lut_addr = smem_u32(lut);
   float acc[Cfg::kAcc];
 #pragma unroll
   for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
   fence_regs(acc);
   const uint32_t pipe_addr = smem_u32(pipe);
-  // Each MMA warpgroup decodes its own 64 weight rows of stage i while its wgmmas of stage i - 1
-  // run (shared-memory operands only, so ptxas keeps them asynchronous), then issues stage i.
+  uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
+  StageOperands ops;
+  if (kt0 < kt1) {
+    mbar_wait(full, 0);
+    load_half<Cfg, 0>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
+    load_half<Cfg, 1>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
+  }
   for (int kt = kt0, s = 0, phase = 0, prev = -1; kt < kt1; prev = s, ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
-    mbar_wait(full + s, phase);
-    decode_half_row<Cfg>(pipe_addr + s * kStage, lut_addr, kt, p.k, slot);
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // read by wgmma next
-    asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");  // the warpgroup's 64 rows
-    issue_stage<Cfg>(acc, pipe_addr + s * kStage, mwg);
-    wgmma_wait<1>();  // the previous stage's wgmmas are done: hand that stage back
-    if (prev >= 0) mbar_arrive(empty + prev);
+    const uint32_t st = pipe_addr + s * kStage;
+    const uint64_t desc = desc_sw128(st);
+    // The next stage, whose operands are read during this one's steps: wait for it here (a
+    // wait between the wgmmas would make ptxas serialize them). After the last stage: wait for
+    // the phase before, long complete, so the wait falls through (the loads are harmless).
+    const int ns = s + 1 == stages ? 0 : s + 1;
+    const uint32_t nst = pipe_addr + ns * kStage;
+    mbar_wait(full + ns, phase ^ (ns == 0) ^ (kt + 1 >= kt1));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      // At most three steps are in flight here (j - 1 .. j - 3), so frag[j]'s last reader (four
+      // steps back) has completed.
+      decode_step<Cfg>(frag[j], ops, j, slot.sel);
+      wgmma_fence();
+      WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, frag[j], desc + 2 * j);  // K 16 j.. of the stage
+      wgmma_commit();
+      // Once a half's operands are spent (after steps 1 and 3), read the next stage's.
+      if (j == 1) load_half<Cfg, 0>(ops, nst, lut_addr, kt + 1, p.k, slot);
+      if (j == 3) load_half<Cfg, 1>(ops, nst, lut_addr, kt + 1, p.k, slot);
+      wgmma_wait<3>();
+      // Steps 0..2 of this stage are the only ones left in flight: the previous stage is done.
+      if (j == 2) {
+        __syncwarp();
+        release_stage(empty + prev, prev >= 0 && lane == 0);
+      }
+    }
   }
   wgmma_wait<0>();
   fence_regs(acc);
@@ -450,8 +484,7 @@ bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.block_m) {
     case 64: return a.warpgroups == 4 ? launch_cfg<Config<64, 4, kFp16, kMx>>(a, stream, pdl)
                                       : launch_cfg<Config<64, 2, kFp16, kMx>>(a, stream, pdl);
-    case 128: return a.warpgroups == 4 ? launch_cfg<Config<128, 4, kFp16, kMx>>(a, stream, pdl)
-                                       : launch_cfg<Config<128, 2, kFp16, kMx>>(a, stream, pdl);
+    case 128: return a.warpgroups == 2 ? launch_cfg<Config<128, 2, kFp16, kMx>>(a, stream, pdl) : false;
     case 256: return a.warpgroups == 2 ? launch_cfg<Config<256, 2, kFp16, kMx>>(a, stream, pdl) : false;
     default: return false;
   }
@@ -466,7 +499,7 @@ int wgmma_mm_smem_bytes(int block_m, int warpgroups, int stages) {
 
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   using namespace wgmma_mm;
-  if ((args.warpgroups != 2 && args.warpgroups != 4) || args.stages < 3 || args.stages > 8 || args.split_k < 1 || args.split_k > kMaxSplit) return false;
+  if ((args.warpgroups != 2 && args.warpgroups != 4) || args.stages < 3 || args.stages > kMaxStages || args.split_k < 1 || args.split_k > kMaxSplit) return false;
   if (args.k % 32 != 0) return false;
   if (args.m <= 0 || args.n <= 0) return true;
   if (args.act_fp16 && args.mx) return false;  // fp16 cannot hold every MXFP4 value

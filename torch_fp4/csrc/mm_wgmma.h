@@ -14,7 +14,7 @@ namespace torch_fp4 {
 // w: [n, k/2] packed FP4, 16-byte aligned; w_scale: 128x4 [np, kp] bytes, 16-byte aligned;
 // out: [m, n] of out_dtype (launch.h's DType code); alpha: one fp32 value or null.
 // Tactic: block_m (activation rows per CTA: 64, 128 or 256), warpgroups (MMA warpgroups of 64
-// weight rows: 2, or 4 with block_m <= 128), stages (3..8), split_k (1..8, a thread-block cluster
+// weight rows: 2, or 4 with block_m = 64), stages (3..12), split_k (1..8, a thread-block cluster
 // along K).
 struct WgmmaMmArgs {
   const uint16_t* act;

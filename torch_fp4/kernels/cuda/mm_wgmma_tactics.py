@@ -2,7 +2,7 @@
 import: no toolchain, no extension build.
 
 A tactic picks block_m (activation rows per CTA, the wgmma's N: 64, 128 or 256), warpgroups (MMA
-warpgroups of 64 weight rows each: 2, or 4 for block_m <= 128, whose accumulators then fit the
+warpgroups of 64 weight rows each: 2, or 4 for block_m = 64, whose accumulators then fit the
 96 registers of a 640-thread CTA), the number of shared-memory stages of 64 K elements, and
 split_k: CTAs along K per output tile, launched as a thread-block cluster whose
 partial tiles are added in rank order through distributed shared memory (deterministic).
@@ -23,7 +23,7 @@ from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, larges
 BLOCK_MS = (64, 128, 256)
 WARPGROUPS = (2, 4)
 BLOCK_K = 64                  # K elements per stage
-MAX_STAGES = 8
+MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
 SM90_SMEM_PER_BLOCK = 227 * 1024
 
@@ -34,7 +34,7 @@ class WgmmaMmTactic(Tactic):
     block_m: int = 128       # activation rows per CTA (wgmma N)
     stages: int = 6          # shared-memory stages of 64 K elements
     split_k: int = 1         # CTAs along K (a cluster; 1..8)
-    warpgroups: int = 2      # MMA warpgroups, 64 weight rows each (2, or 4 with block_m <= 128)
+    warpgroups: int = 2      # MMA warpgroups, 64 weight rows each (2, or 4 with block_m = 64)
 
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
@@ -44,10 +44,10 @@ MIN_STAGES = 3               # one stage's wgmmas in flight, one being decoded, 
 
 
 def stage_bytes(block_m: int, warpgroups: int = 2) -> int:
-    """Activations [block_m, 64] 16-bit, decoded weights [rows, 64] 16-bit, FP4 weights [rows, 32
-    bytes], scale words (1 KiB slot); rows = 64 * warpgroups."""
+    """Activations [block_m, 64] 16-bit, FP4 weights [rows, 32 bytes], scale words (1 KiB slot);
+    rows = 64 * warpgroups."""
     rows = 64 * warpgroups
-    return block_m * BLOCK_K * 2 + rows * BLOCK_K * 2 + rows * BLOCK_K // 2 + 1024
+    return block_m * BLOCK_K * 2 + rows * BLOCK_K // 2 + 1024
 
 
 def smem_bytes(block_m: int, stages: int, warpgroups: int = 2) -> int:
@@ -96,13 +96,14 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return reason
     if t.block_m not in BLOCK_MS:
         return f"block_m={t.block_m} must be one of {BLOCK_MS}"
-    if t.warpgroups not in WARPGROUPS or (t.warpgroups == 4 and t.block_m > 128):
+    if t.warpgroups not in WARPGROUPS or (t.warpgroups == 4 and t.block_m > 64):
         return (f"warpgroups={t.warpgroups} is not compiled for block_m={t.block_m} (2, or 4 with "
-                f"block_m <= 128)")
+                f"block_m = 64)")
     if not MIN_STAGES <= t.stages <= MAX_STAGES:
         return f"stages={t.stages} must be between {MIN_STAGES} and {MAX_STAGES}"
     if not 1 <= t.split_k <= MAX_SPLIT:
         return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
+
     steps = _steps(mm_problem(args)[2])
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={mm_problem(args)[2]}"
