@@ -1,5 +1,5 @@
 """One mm_fp4 call (W4A16, NVFP4, heuristic tactic) for profiling: `ncu -k regex:_mm_kernel
-python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K,WARPGROUPS]`
+python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K]`
 (wgmma: the Hopper GEMM for any M > 16; with values: that tactic)."""
 import contextlib
 import sys

@@ -24,7 +24,7 @@ def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4):
 def test_heuristic_from_h100_sweeps(m, want):
     """Smallest block_m covering M (up to 256), split-K up to about one CTA per SM, most stages."""
     t = WT.default(*_args(m))
-    assert (t.block_m, t.split_k, t.warpgroups) == (*want, 2)
+    assert (t.block_m, t.split_k) == want
     assert t.stages == WT.max_stages(t.block_m)
     assert WT.why_not(t, *_args(m)) is None
 
@@ -38,14 +38,10 @@ def test_candidates_valid_unique_default_first():
                 assert cands and cands[0] == WT.default(*args)
                 assert len(set(cands)) == len(cands)
                 assert all(WT.why_not(t, *args) is None for t in cands)
-                assert {t.warpgroups for t in cands} <= set(WT.WARPGROUPS)
 
 
 @pytest.mark.parametrize("change,msg", [
     (dict(block_m=96), "block_m=96 must be one of"),
-    (dict(block_m=256, warpgroups=4), "warpgroups=4 is not compiled for block_m=256"),
-    (dict(block_m=128, warpgroups=4), "warpgroups=4 is not compiled for block_m=128"),
-    (dict(warpgroups=3), "warpgroups=3 is not compiled"),
     (dict(stages=2), "stages=2 must be between 3 and 12"),
     (dict(split_k=9), "split_k=9 must be between 1 and 8"),
     (dict(split_k=8), "leaves an empty K slice"),
@@ -67,14 +63,10 @@ def test_problem_limits():
 def test_smem_mirror_of_the_kernel():
     """smem_bytes in mm_wgmma.cu: 3 KiB + max(stages x stage, epilogue tile)."""
     assert WT.stage_bytes(256) == 256 * 128 + 128 * 32 + 1024
-    assert WT.stage_bytes(64, 4) == 64 * 128 + 256 * 32 + 1024
     assert WT.smem_bytes(64, 3) == 3 * 1024 + 3 * WT.stage_bytes(64)
     assert WT.smem_bytes(256, 2) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger
     for bm in WT.BLOCK_MS:
-        for wg in WT.WARPGROUPS:
-            if wg == 4 and bm > 64:
-                continue  # not compiled (the accumulators need the registers)
-            assert WT.smem_bytes(bm, WT.max_stages(bm, warpgroups=wg), wg) <= WT.SM90_SMEM_PER_BLOCK
+        assert WT.smem_bytes(bm, WT.max_stages(bm)) <= WT.SM90_SMEM_PER_BLOCK
 
 
 def test_joined_space_picks_the_family_by_m():

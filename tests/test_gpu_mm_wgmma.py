@@ -1,6 +1,6 @@
 """The cuda backend's Hopper wgmma GEMM (csrc/mm_wgmma.cu) against the spec, on sm_90 only.
 
-Every compiled tile (block_m 64/128/256, 2 or 4 MMA warpgroups) with and without split-K, few
+Every compiled tile (block_m 64/128/256) with and without split-K, few
 and many stages: exact on
 grid-exact operands, within the spec's bound on random quantized data; M = 1, 33, 129, 4097; N
 and K not multiples of the tiles (K a multiple of 32); NVFP4 and MXFP4; bf16, fp16 and FP4
@@ -53,12 +53,11 @@ def _tactics(args, fmt):
     launcher = (a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
     out = []
     for bm in WT.BLOCK_MS:
-        for wg in WT.WARPGROUPS:
-            for stages in (WT.MIN_STAGES, WT.max_stages(bm, warpgroups=wg)):
-                for split in (1, 3):
-                    t = WT.WgmmaMmTactic(bm, stages, split, wg)
-                    if WT.why_not(t, *launcher) is None:
-                        out.append(t)
+        for stages in (WT.MIN_STAGES, WT.max_stages(bm)):
+            for split in (1, 3):
+                t = WT.WgmmaMmTactic(bm, stages, split)
+                if WT.why_not(t, *launcher) is None:
+                    out.append(t)
     return out
 
 

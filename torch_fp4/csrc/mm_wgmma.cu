@@ -1,7 +1,7 @@
 // Hopper FP4-weight GEMM (sm_90a) of the cuda backend, for M above the small-M kernel's range.
 //
 // Swap-AB warpgroup MMA with the FP4 weights decoded into wgmma's register A operand: the weight
-// rows are the wgmma's M side (64 per MMA warpgroup; 2 or 4 warpgroups: 128 or 256 per CTA), the
+// rows are the wgmma's M side (64 per MMA warpgroup, two warpgroups: 128 per CTA), the
 // activation rows its N side (block_m = 64, 128 or 256 per CTA), K in stages of 64, one ring of
 // `stages` stages:
 // - a producer warpgroup (one thread) loads, per stage, the activation tile [block_m, 64]
@@ -65,10 +65,10 @@ __host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages) {
   return 3 * 1024 + (pipe > tile ? pipe : tile);
 }
 
-template <int kBM_, int kWG_, bool kFp16_, bool kMx_>
+template <int kBM_, bool kFp16_, bool kMx_>
 struct Config {
   static constexpr int kBM = kBM_;
-  static constexpr int kWG = kWG_;                 // MMA warpgroups (2 or 4), 64 weight rows each
+  static constexpr int kWG = 2;                    // MMA warpgroups, 64 weight rows each
   static constexpr int kRows = 64 * kWG;           // weight rows per CTA
   static constexpr int kMma = 128 * kWG;           // MMA threads
   static constexpr int kThreads = 128 + kMma;      // producer warpgroup + MMA warpgroups
@@ -90,11 +90,13 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
 }
 
-__device__ __forceinline__ void mbar_wait(uint64_t* bar, uint32_t parity) {
+// Barrier helpers on shared-memory addresses (computed once: a generic-to-shared conversion in the
+// main loop costs uniform-datapath instructions every stage).
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
       "{\n.reg .pred done;\nWAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(smem_u32(bar)),
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
       "r"(parity)
       : "memory");
 }
@@ -114,10 +116,9 @@ __device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, uint64
 
 // A consumer warp's release of a stage: one arrival on its empty mbarrier when `lead`. Predicated,
 // not branched: a branch between wgmmas makes ptxas serialize them.
-__device__ __forceinline__ void release_stage(uint64_t* bar, bool lead) {
+__device__ __forceinline__ void release_stage(uint32_t bar, bool lead) {
   asm volatile(
-      "{\n.reg .pred lead;\nsetp.ne.u32 lead, %1, 0;\n@lead mbarrier.arrive.shared::cta.b64 _, [%0];\n}" ::"r"(
-          smem_u32(bar)),
+      "{\n.reg .pred lead;\nsetp.ne.u32 lead, %1, 0;\n@lead mbarrier.arrive.shared::cta.b64 _, [%0];\n}" ::"r"(bar),
       "r"(static_cast<uint32_t>(lead))
       : "memory");
 }
@@ -286,7 +287,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   pdl_wait();
 
   if (tid < 128) {  // producer warpgroup (one thread)
-    if constexpr (Cfg::kWG == 2) asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
       asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
@@ -296,7 +297,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       const int groups = max(0, min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128));
       // Stage slot s and the parity of its use, kept incrementally (no division in the loop).
       for (int kt = kt0, s = 0, phase = 0; kt < kt1; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
-        mbar_wait(empty + s, phase ^ 1);
+        mbar_wait(smem_u32(empty + s), phase ^ 1);
         char* st = pipe + s * kStage;
         char* wt = st + act_stage_bytes(Cfg::kBM);
         mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
@@ -316,7 +317,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
-  if constexpr (Cfg::kWG == 2) asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int ct = tid - 128;  // MMA threads; warpgroup mwg holds weight rows 64 mwg..
   const int mwg = ct >> 7;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
@@ -330,8 +331,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const uint32_t pipe_addr = smem_u32(pipe);
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
   StageOperands ops;
+  const uint32_t full_addr = small_m::opaque(smem_u32(full)), empty_addr = small_m::opaque(smem_u32(empty));
   if (kt0 < kt1) {
-    mbar_wait(full, 0);
+    mbar_wait(full_addr, 0);
     load_half<Cfg, 0>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
     load_half<Cfg, 1>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
   }
@@ -343,7 +345,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     // the phase before, long complete, so the wait falls through (the loads are harmless).
     const int ns = s + 1 == stages ? 0 : s + 1;
     const uint32_t nst = pipe_addr + ns * kStage;
-    mbar_wait(full + ns, phase ^ (ns == 0) ^ (kt + 1 >= kt1));
+    mbar_wait(full_addr + 8 * ns, phase ^ (ns == 0) ^ (kt + 1 >= kt1));
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       // At most three steps are in flight here (j - 1 .. j - 3), so frag[j]'s last reader (four
@@ -359,7 +361,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
       // Steps 0..2 of this stage are the only ones left in flight: the previous stage is done.
       if (j == 2) {
         __syncwarp();
-        release_stage(empty + prev, prev >= 0 && lane == 0);
+        release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
       }
     }
   }
@@ -482,10 +484,9 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 template <bool kFp16, bool kMx>
 bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.block_m) {
-    case 64: return a.warpgroups == 4 ? launch_cfg<Config<64, 4, kFp16, kMx>>(a, stream, pdl)
-                                      : launch_cfg<Config<64, 2, kFp16, kMx>>(a, stream, pdl);
-    case 128: return a.warpgroups == 2 ? launch_cfg<Config<128, 2, kFp16, kMx>>(a, stream, pdl) : false;
-    case 256: return a.warpgroups == 2 ? launch_cfg<Config<256, 2, kFp16, kMx>>(a, stream, pdl) : false;
+    case 64: return launch_cfg<Config<64, kFp16, kMx>>(a, stream, pdl);
+    case 128: return launch_cfg<Config<128, kFp16, kMx>>(a, stream, pdl);
+    case 256: return launch_cfg<Config<256, kFp16, kMx>>(a, stream, pdl);
     default: return false;
   }
 }
@@ -493,13 +494,13 @@ bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 }  // namespace
 }  // namespace wgmma_mm
 
-int wgmma_mm_smem_bytes(int block_m, int warpgroups, int stages) {
-  return wgmma_mm::smem_bytes(block_m, warpgroups, stages);
+int wgmma_mm_smem_bytes(int block_m, int stages) {
+  return wgmma_mm::smem_bytes(block_m, 2, stages);
 }
 
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   using namespace wgmma_mm;
-  if ((args.warpgroups != 2 && args.warpgroups != 4) || args.stages < 3 || args.stages > kMaxStages || args.split_k < 1 || args.split_k > kMaxSplit) return false;
+  if (args.stages < 3 || args.stages > kMaxStages || args.split_k < 1 || args.split_k > kMaxSplit) return false;
   if (args.k % 32 != 0) return false;
   if (args.m <= 0 || args.n <= 0) return true;
   if (args.act_fp16 && args.mx) return false;  // fp16 cannot hold every MXFP4 value

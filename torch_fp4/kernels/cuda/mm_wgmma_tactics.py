@@ -1,11 +1,11 @@
 """Tactics of the cuda backend's Hopper FP4-weight GEMM (torch_fp4/csrc/mm_wgmma.cu). Cheap to
 import: no toolchain, no extension build.
 
-A tactic picks block_m (activation rows per CTA, the wgmma's N: 64, 128 or 256), warpgroups (MMA
-warpgroups of 64 weight rows each: 2, or 4 for block_m = 64, whose accumulators then fit the
-96 registers of a 640-thread CTA), the number of shared-memory stages of 64 K elements, and
-split_k: CTAs along K per output tile, launched as a thread-block cluster whose
-partial tiles are added in rank order through distributed shared memory (deterministic).
+A CTA computes 128 weight rows (two MMA warpgroups of 64). A tactic picks block_m (activation rows
+per CTA, the wgmma's N: 64, 128 or 256), the number of shared-memory stages of 64 K elements, and
+split_k: CTAs along K per output tile, launched as a thread-block cluster whose partial tiles are
+added in rank order through distributed shared memory (deterministic). (Four MMA warpgroups of
+256 rows per CTA were slower at every M measured and are not compiled.)
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, larges
                        mm_problem, smem_reason)
 
 BLOCK_MS = (64, 128, 256)
-WARPGROUPS = (2, 4)
+ROWS = 128                    # weight rows per CTA
 BLOCK_K = 64                  # K elements per stage
 MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
@@ -34,7 +34,6 @@ class WgmmaMmTactic(Tactic):
     block_m: int = 128       # activation rows per CTA (wgmma N)
     stages: int = 6          # shared-memory stages of 64 K elements
     split_k: int = 1         # CTAs along K (a cluster; 1..8)
-    warpgroups: int = 2      # MMA warpgroups, 64 weight rows each (2, or 4 with block_m = 64)
 
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
@@ -43,21 +42,20 @@ class WgmmaMmTactic(Tactic):
 MIN_STAGES = 3               # one stage's wgmmas in flight, one being decoded, one being loaded
 
 
-def stage_bytes(block_m: int, warpgroups: int = 2) -> int:
+def stage_bytes(block_m: int) -> int:
     """Activations [block_m, 64] 16-bit, FP4 weights [rows, 32 bytes], scale words (1 KiB slot);
-    rows = 64 * warpgroups."""
-    rows = 64 * warpgroups
-    return block_m * BLOCK_K * 2 + rows * BLOCK_K // 2 + 1024
+    128 rows."""
+    return block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2 + 1024
 
 
-def smem_bytes(block_m: int, stages: int, warpgroups: int = 2) -> int:
+def smem_bytes(block_m: int, stages: int) -> int:
     """Dynamic shared memory of a launch (mirror of smem_bytes in mm_wgmma.cu): 1 KiB of alignment
     slack, the scale table, the barriers, then the stages or the fp32 epilogue tile."""
-    return 3 * 1024 + max(stages * stage_bytes(block_m, warpgroups), block_m * (64 * warpgroups + 4) * 4)
+    return 3 * 1024 + max(stages * stage_bytes(block_m), block_m * (ROWS + 4) * 4)
 
 
-def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK, warpgroups: int = 2) -> int:
-    return min(MAX_STAGES, (limit - 3 * 1024) // stage_bytes(block_m, warpgroups))
+def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK) -> int:
+    return min(MAX_STAGES, (limit - 3 * 1024) // stage_bytes(block_m))
 
 
 def problem_reason(args) -> Optional[str]:
@@ -96,9 +94,6 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return reason
     if t.block_m not in BLOCK_MS:
         return f"block_m={t.block_m} must be one of {BLOCK_MS}"
-    if t.warpgroups not in WARPGROUPS or (t.warpgroups == 4 and t.block_m > 64):
-        return (f"warpgroups={t.warpgroups} is not compiled for block_m={t.block_m} (2, or 4 with "
-                f"block_m = 64)")
     if not MIN_STAGES <= t.stages <= MAX_STAGES:
         return f"stages={t.stages} must be between {MIN_STAGES} and {MAX_STAGES}"
     if not 1 <= t.split_k <= MAX_SPLIT:
@@ -107,7 +102,7 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     steps = _steps(mm_problem(args)[2])
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={mm_problem(args)[2]}"
-    return smem_reason(smem_bytes(t.block_m, t.stages, t.warpgroups), _smem_limit(args))
+    return smem_reason(smem_bytes(t.block_m, t.stages), _smem_limit(args))
 
 
 def _split_for(ctas: int, k: int, sms: int) -> int:
@@ -123,7 +118,7 @@ def default(*args) -> Tactic:
     266 us), split-K up to one wave, as many stages as fit."""
     m, n, k = mm_problem(args)
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
-    split = _split_for(-(-m // bm) * -(-n // 128), k, args_sm_count(args))
+    split = _split_for(-(-m // bm) * -(-n // ROWS), k, args_sm_count(args))
     return WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args)), split)
 
 
@@ -136,12 +131,10 @@ def candidates(*args) -> list[Tactic]:
     for bm in BLOCK_MS:
         if bm > max(64, 2 * m):
             continue
-        for wg in WARPGROUPS:
-            ctas = -(-m // bm) * -(-n // (64 * wg))
-            base = _split_for(ctas, k, sms)
-            for stages in sorted({4, max_stages(bm, _smem_limit(args), wg)}):
-                for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
-                    out.append(WgmmaMmTactic(bm, stages, split, wg))
+        base = _split_for(-(-m // bm) * -(-n // ROWS), k, sms)
+        for stages in sorted({4, max_stages(bm, _smem_limit(args))}):
+            for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
+                out.append(WgmmaMmTactic(bm, stages, split))
     return valid_unique(out, why_not, *args)
 
 
