@@ -132,9 +132,8 @@ void global_scale(const at::Tensor& x, const at::Tensor& out, const at::Tensor& 
 
 // Checks the operands of out [m, n] = alpha * act [m, k] @ w [n, k/2]^T (w_scale: the 128x4 scales
 // [np, kp] of w as uint8, alpha: one fp32 element or None) and fills the fields that the GEMM
-// launch structs share (SmallMMmArgs, WgmmaMmArgs).
-template <class Args>
-void fill_mm_operands(Args& a, const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
+// launch structs share (MmOperands).
+void fill_mm_operands(MmOperands& a, const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
                       const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size) {
   check_cuda(act, "act");
   check_cuda(w, "w");

@@ -44,6 +44,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "mm_operands.h"
+
 #if defined(__CUDACC__)
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -136,10 +138,9 @@ struct Params {
   int w_aligned16;         // weight rows 16-byte aligned (K % 32 == 0), else 8-byte copies
 };
 
-// The Params of a launch from its argument struct (SmallMMmArgs, WgmmaMmArgs: the same operand
-// fields), with `steps_per_split` K stages per split; w_aligned16 is left to the caller.
-template <class Args>
-inline Params operand_params(const Args& a, int steps_per_split) {
+// The Params of a launch from its operands, with `steps_per_split` K stages per split;
+// w_aligned16 is left to the caller.
+inline Params operand_params(const MmOperands& a, int steps_per_split) {
   Params p{};
   p.act = a.act;
   p.w = a.w;
@@ -772,18 +773,9 @@ TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
 // ---------------------------------------------------------------------------------------------
 // Launch interface (plain C++; binding.cpp fills it from tensors)
 // ---------------------------------------------------------------------------------------------
-// act: [m, k] bf16/fp16 (act_fp16), w: [n, k/2] packed FP4, w_scale: 128x4 [np, kp] bytes, out:
-// [m, n] of out_dtype (launch.h's DType code), alpha: one fp32 value or null. Tactic: warps per CTA
-// (4 or 8), MMA tiles per warp (1 or 2), block_k (128 or 256), stages (2..6), split_k (1..8, a
-// thread-block cluster along K).
-struct SmallMMmArgs {
-  const uint16_t* act;
-  const uint8_t* w;
-  const uint8_t* w_scale;
-  const float* alpha;
-  void* out;
-  int64_t m, n, k, kp;
-  int act_fp16, mx, out_dtype;
+// The operands (mm_operands.h) and the tactic: warps per CTA (4 or 8), MMA tiles per warp (1 or
+// 2), block_k (128 or 256), stages (2..6), split_k (1..8, a thread-block cluster along K).
+struct SmallMMmArgs : MmOperands {
   int warps, tiles_per_warp, block_k, stages, split_k;
 };
 

@@ -8,21 +8,14 @@
 
 #include <cuda_runtime_api.h>
 
+#include "mm_operands.h"
+
 namespace torch_fp4 {
 
-// act: [m, k] bf16/fp16 (act_fp16), rows contiguous, 16-byte aligned, k % 32 == 0;
-// w: [n, k/2] packed FP4, 16-byte aligned; w_scale: 128x4 [np, kp] bytes, 16-byte aligned;
-// out: [m, n] of out_dtype (launch.h's DType code); alpha: one fp32 value or null.
-// Tactic: block_m (activation rows per CTA: 64, 128 or 256; 128 weight rows per CTA), stages
-// (3..12), split_k (1..8, a thread-block cluster along K).
-struct WgmmaMmArgs {
-  const uint16_t* act;
-  const uint8_t* w;
-  const uint8_t* w_scale;
-  const float* alpha;
-  void* out;
-  int64_t m, n, k, kp;
-  int act_fp16, mx, out_dtype;
+// The operands (mm_operands.h; act rows 16-byte aligned with k % 32 == 0, w and w_scale 16-byte
+// aligned) and the tactic: block_m (activation rows per CTA: 64, 128 or 256; 128 weight rows per
+// CTA), stages (3..12), split_k (1..8, a thread-block cluster along K).
+struct WgmmaMmArgs : MmOperands {
   int block_m, stages, split_k;
 };
 
