@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+import sass_tools
 from sass_tools import disassemble, have_disassembler
 from test_cuda_sources_compile import NVCC
 from torch_fp4.kernels.cuda import build
@@ -49,3 +50,37 @@ def test_sm100a_compiles_to_a_stub(tmp_path):
     cubin, _ = _compile(tmp_path, (10, 0))
     if have_disassembler():
         assert "HGMMA" not in disassemble(cubin)
+
+
+def _main_loop_lengths(sass: str) -> dict:
+    """Instructions per K stage of each kernel instantiation, keyed by its Config template arguments
+    (block_m, fp16, mx, sm90 layout): the shortest backward-branch loop holding four HGMMAs."""
+    out = {}
+    for func in re.split(r"\n\s*Function : ", sass)[1:]:
+        cfg = re.search(r"ConfigILi(\d+)ELb(\d)ELb(\d)ELb(\d)", func.split("\n")[0])
+        if cfg is None:
+            continue
+        ins = [(int(a, 16), body.split(";")[0]) for a, body in re.findall(r"/\*([0-9a-f]{4,})\*/\s*([^\n]*)", func)]
+        loops = []
+        for addr, body in ins:
+            target = re.search(r"BRA[^;]* (0x[0-9a-f]+)", body)
+            if target and int(target.group(1), 16) < addr:
+                loop = [b for a, b in ins if int(target.group(1), 16) <= a <= addr]
+                if sum("HGMMA" in b for b in loop) >= 4:
+                    loops.append(len(loop))
+        out[tuple(int(v) for v in cfg.groups())] = min(loops)
+    return out
+
+
+def test_sm90_weight_layout_shortens_the_main_loop(tmp_path):
+    cuobjdump = sass_tools._tool("cuobjdump")   # numeric branch targets (nvdisasm prints labels)
+    if cuobjdump is None:
+        pytest.skip("no cuobjdump")
+    cubin, _ = _compile(tmp_path, (9, 0))
+    path = tmp_path / "sm90.cubin"
+    path.write_bytes(cubin)
+    sass = subprocess.run([cuobjdump, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
+    lengths = _main_loop_lengths(sass)
+    for bm in (64, 128, 256):
+        row, sm90 = lengths[(bm, 0, 0, 0)], lengths[(bm, 0, 0, 1)]   # bf16 NVFP4
+        assert sm90 <= 0.85 * row, (bm, row, sm90)

@@ -10,7 +10,7 @@ from torch_fp4 import testing as T
 from torch_fp4.backends import Backend
 
 OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
-       "route", "fused_moe")
+       "route", "fused_moe", "prepack_weight", "unprepack_weight")
 REF = int(Backend.REFERENCE)
 ONE_BYTE_FLOATS = (torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e8m0fnu)
 
@@ -37,6 +37,11 @@ def _samples():
     mq, ms, _ = T.quantized_weight(72, 64, t4.MXFP4)
     out.append(("mm_mxfp4", "mm_fp4", (dm, mq.T, sm, ms.T, None, torch.float32, 32, "8x4", REF)))
     out.append(("mm_w4a16", "mm_fp4", (x, wq.T, None, ws.T, alpha, torch.float16, 16, "128x4", REF)))
+    pq, ps, _ = T.quantized_weight(128, 64)
+    packed = t4.prepack_weight(pq)
+    out.append(("mm_sm90", "mm_fp4", (x, packed.T, None, ps.T, None, torch.bfloat16, 16, "128x4", REF, "sm90")))
+    out.append(("prepack", "prepack_weight", (pq.view(torch.uint8), "sm90")))
+    out.append(("unprepack", "unprepack_weight", (packed, "sm90")))
     logits = torch.randn(9, 16)
     out.append(("route_softmax", "route", (logits, 3, "softmax", True, None, None, None, 1.0, REF)))
     out.append(("route_ds", "route", (logits, 4, "deepseek_v3", False, torch.randn(16), 4, 2, 2.5, REF)))

@@ -64,6 +64,18 @@ def format_for_block_size(block_size: int) -> Fp4Format:
     raise ValueError(f"block_size: expected 16 (NVFP4) or 32 (MXFP4), got {block_size!r}")
 
 
+def _parse_named(cls, table: dict, value, arg: str):
+    """`value` if it is a member of the enum `cls`, else the member named `value` in `table`.
+    Plain dict lookups (no iteration over the enum class) so torch.compile traces this."""
+    if isinstance(value, cls):
+        return value
+    found = table.get(value) if isinstance(value, str) else None
+    if found is None:
+        names = ", ".join(repr(name) for name in table)
+        raise ValueError(f"{arg}: expected one of {names}, got {value!r}")
+    return found
+
+
 class SfLayout(enum.Enum):
     """Scale-factor layouts (spec section 4). Values are the names accepted by the public API."""
     LAYOUT_128x4 = "128x4"
@@ -72,14 +84,7 @@ class SfLayout(enum.Enum):
 
     @classmethod
     def parse(cls, value: "SfLayout | str", arg: str = "sf_layout") -> "SfLayout":
-        # Plain dict lookups (no iteration over the enum class) so torch.compile traces this.
-        if isinstance(value, SfLayout):
-            return value
-        found = _LAYOUTS.get(value) if isinstance(value, str) else None
-        if found is None:
-            names = ", ".join(repr(name) for name in _LAYOUTS)
-            raise ValueError(f"{arg}: expected one of {names}, got {value!r}")
-        return found
+        return _parse_named(cls, _LAYOUTS, value, arg)
 
     @property
     def row_tile(self) -> int:
@@ -157,6 +162,92 @@ def unswizzle(sf: torch.Tensor, rows: int, k_blocks: int, layout: SfLayout | str
         tiled = raw.reshape(*batch, mp // 8, kp // 4, 8, 4)
         tiled = tiled.permute(*range(nb), nb, nb + 2, nb + 1, nb + 3)
     return tiled.reshape(*batch, mp, kp)[..., :rows, :k_blocks].view(sf.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight (FP4 data) layouts (spec section 4b)
+# ---------------------------------------------------------------------------------------------
+class WeightLayout(enum.Enum):
+    """Byte orders of an FP4 weight [N, K/2]. Values are the names accepted by the public API."""
+    ROW = "row"      # row-major: byte i of row n = codes (n, 2i) | (n, 2i + 1) << 4
+    SM90 = "sm90"    # the register fragments of the Hopper GEMM (128 x 64 tiles), same shape
+
+    @classmethod
+    def parse(cls, value: "WeightLayout | str", arg: str = "weight_layout") -> "WeightLayout":
+        return _parse_named(cls, _WEIGHT_LAYOUTS, value, arg)
+
+
+_WEIGHT_LAYOUTS = {layout.value: layout for layout in WeightLayout.__members__.values()}
+SM90_TILE_ROWS, SM90_TILE_K = 128, 64
+# Bit positions of the eight codes of an "sm90" word, indexed [row half h][K half hk][element e]:
+# (magnitude bits' lowest position, sign bit position). Register h + 2 hk of an MMA k16 step
+# holds (row r + 8 h, K 2c + 8 hk + e); these places let the kernel build each register with one
+# to four integer instructions (torch_fp4/csrc/mm_wgmma.cu, decode_packed_bf16).
+SM90_CODE_BITS = (((6, 15), (22, 31)), ((3, 0), (19, 16))), (((25, 2), (9, 18)), ((12, 17), (28, 1)))
+
+
+def sm90_layout_reason(n: int, k: int) -> str | None:
+    """Why a weight [n, k] (k codes per row) cannot be stored in the "sm90" layout, or None."""
+    if n % SM90_TILE_ROWS or k % SM90_TILE_K:
+        return (f"the 'sm90' weight layout needs N % {SM90_TILE_ROWS} == 0 and K % {SM90_TILE_K} == 0, "
+                f"got N={n}, K={k}")
+    return None
+
+
+def _sm90_codes_view(codes: torch.Tensor) -> torch.Tensor:
+    """Codes [N, K] -> [N/128, K/64, mwg 2, warp 4, g 8, c 4, j 4, h 2, hk 2, e 2]: a tile's row
+    64 mwg + 16 warp + 8 h + g and K 16 j + 8 hk + 2 c + e, in the order the words are stored."""
+    n, k = codes.shape
+    v = codes.view(n // 128, 2, 4, 2, 8, k // 64, 4, 2, 4, 2)  # R mwg warp h g | S j hk c e
+    return v.permute(0, 5, 1, 2, 4, 8, 6, 3, 7, 9)
+
+
+def to_weight_layout(w: torch.Tensor, layout: WeightLayout | str) -> torch.Tensor:
+    """A row-major FP4 weight [N, K/2] (uint8 or float4_e2m1fn_x2) in `layout`, as uint8 [N, K/2].
+    "sm90": the weight is cut into 128-row x 64-K tiles stored one after another (row tiles
+    outer, 4096 bytes each); inside a tile, MMA thread t (0..255) owns the 16 bytes at 16 t, four
+    little-endian 32-bit words, word j holding the eight codes of its K step j (spec section 4b)."""
+    layout = WeightLayout.parse(layout)
+    raw = as_uint8(w)
+    if layout is WeightLayout.ROW:
+        return raw.contiguous()
+    n, half_k = raw.shape
+    reason = sm90_layout_reason(n, 2 * half_k)
+    if reason is not None:
+        raise ValueError(f"to_weight_layout: w: {reason}")
+    codes = _sm90_codes_view(unpack_e2m1(raw.contiguous())).to(torch.int64)
+    word = torch.zeros(codes.shape[:-3], dtype=torch.int64, device=raw.device)
+    for h in range(2):
+        for hk in range(2):
+            for e in range(2):
+                mag_at, sign_at = SM90_CODE_BITS[h][hk][e]
+                c = codes[..., h, hk, e]
+                word |= ((c & 7) << mag_at) | ((c >> 3) << sign_at)
+    word = torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+    return word.reshape(n, half_k // 4).view(torch.uint8)
+
+
+def from_weight_layout(w: torch.Tensor, layout: WeightLayout | str) -> torch.Tensor:
+    """Inverse of `to_weight_layout`: an FP4 weight [N, K/2] in `layout` -> row-major uint8."""
+    layout = WeightLayout.parse(layout)
+    raw = as_uint8(w)
+    if layout is WeightLayout.ROW:
+        return raw
+    n, half_k = raw.shape
+    reason = sm90_layout_reason(n, 2 * half_k)
+    if reason is not None:
+        raise ValueError(f"from_weight_layout: w: {reason}")
+    word = raw.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    word = word.view(n // 128, half_k // 32, 2, 4, 8, 4, 4)
+    codes = torch.empty(*word.shape, 2, 2, 2, dtype=torch.uint8, device=raw.device)
+    for h in range(2):
+        for hk in range(2):
+            for e in range(2):
+                mag_at, sign_at = SM90_CODE_BITS[h][hk][e]
+                codes[..., h, hk, e] = (((word >> mag_at) & 7) | (((word >> sign_at) & 1) << 3)).to(torch.uint8)
+    out = torch.empty(n, 2 * half_k, dtype=torch.uint8, device=raw.device)
+    _sm90_codes_view(out).copy_(codes)
+    return pack_e2m1(out)
 
 
 # ---------------------------------------------------------------------------------------------

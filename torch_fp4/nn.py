@@ -35,14 +35,26 @@ class FP4Linear(torch.nn.Module):
     to the weight's format on every call (NVFP4 with a per-call global scale computed on the
     device, or a fixed `input_global_scale` when one is set). Inputs may have any number of
     leading dimensions; fp32 inputs are computed in `compute_dtype` and returned in fp32.
+
+    weight_layout: the byte order the FP4 weight is kept in: "row" (as quantized), or "sm90", the
+    register-fragment order of the Hopper GEMM (faster from M = 32 on H100; out_features % 128 == 0
+    and in_features % 64 == 0; runs on the cuda backend on sm_90 and on the reference elsewhere;
+    at M <= 16 it runs on the Hopper GEMM instead of the small-M kernel, which is slower there:
+    BENCHMARKS.md). `state_dict` always holds the row-major bytes, and loading converts them.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  fmt: Union[str, F.Fp4Format] = "nvfp4", activations: str = "bf16",
                  compute_dtype: torch.dtype = torch.bfloat16,
-                 device: Optional[torch.device] = None):
+                 device: Optional[torch.device] = None, weight_layout: str = "row"):
         super().__init__()
         self.fmt = _format(fmt)
+        layout = F.WeightLayout.parse(weight_layout, "FP4Linear: weight_layout")
+        if layout is not F.WeightLayout.ROW and F.sm90_layout_reason(out_features, in_features):
+            raise ValueError(f"FP4Linear: weight_layout: expected 'row' for a {in_features} -> "
+                             f"{out_features} layer ({F.sm90_layout_reason(out_features, in_features)}), "
+                             f"got {layout.value!r}")
+        self.weight_layout = layout.value
         if activations not in ("bf16", "fp4"):
             raise ValueError(f"FP4Linear: activations: expected 'bf16' (W4A16) or 'fp4' (W4A4), "
                              f"got {activations!r}")
@@ -65,16 +77,18 @@ class FP4Linear(torch.nn.Module):
         self.static_input_scale = False
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=compute_dtype, device=device),
                                        requires_grad=False) if bias else None
+        self.register_state_dict_post_hook(_weight_to_row)
+        self.register_load_state_dict_pre_hook(_weight_from_row)
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, fmt: Union[str, F.Fp4Format] = "nvfp4",
-                    activations: str = "bf16") -> "FP4Linear":
+                    activations: str = "bf16", weight_layout: str = "row") -> "FP4Linear":
         """Quantize an nn.Linear's weight (on its device) into a new FP4Linear."""
         w = linear.weight.detach()
         compute = w.dtype if w.dtype in _COMPUTE_DTYPES else torch.bfloat16
         mod = cls(linear.in_features, linear.out_features, linear.bias is not None, fmt,
-                  activations, compute, w.device)
+                  activations, compute, w.device, weight_layout)
         mod.set_weight(w)
         if linear.bias is not None:
             mod.bias.data.copy_(linear.bias.detach().to(compute))
@@ -82,12 +96,13 @@ class FP4Linear(torch.nn.Module):
 
     @classmethod
     def from_checkpoint(cls, weight, bias: Optional[torch.Tensor] = None, activations: str = "bf16",
-                        compute_dtype: torch.dtype = torch.bfloat16) -> "FP4Linear":
+                        compute_dtype: torch.dtype = torch.bfloat16,
+                        weight_layout: str = "row") -> "FP4Linear":
         """An NVFP4 FP4Linear from a loaded checkpoint weight (torch_fp4.checkpoint.NVFP4Weight).
         Its input global scale, when the checkpoint has one, becomes the fixed W4A4 scale."""
         n, half_k = weight.data.shape
         mod = cls(2 * half_k, n, bias is not None, F.NVFP4, activations, compute_dtype,
-                  weight.data.device)
+                  weight.data.device, weight_layout)
         mod.set_quantized(weight.data, weight.scale, weight.global_scale, weight.input_global_scale)
         if bias is not None:
             mod.bias.data.copy_(bias.detach().to(compute_dtype))
@@ -107,19 +122,20 @@ class FP4Linear(torch.nn.Module):
             self.weight_global_scale_bits.copy_(_bits(gs))
         else:
             data, scale = ops.mxfp4_quantize(w)
-        self.weight.copy_(data.view(torch.uint8))
+        self.weight.copy_(F.to_weight_layout(data, self.weight_layout))
         self.weight_scale.copy_(scale.view(torch.uint8))
 
     def set_quantized(self, data: torch.Tensor, scale: torch.Tensor,
                       global_scale: Optional[torch.Tensor] = None,
                       input_global_scale: Optional[torch.Tensor] = None) -> None:
-        """Load already-quantized weights: data [N, K/2], 128x4 scales [Np, Kp], encode global
-        scale [1] (NVFP4), and optionally a fixed activation global scale for W4A4."""
+        """Load already-quantized weights: data [N, K/2] (row-major), 128x4 scales [Np, Kp], encode
+        global scale [1] (NVFP4), and optionally a fixed activation global scale for W4A4."""
         for name, t, buf in (("data", data, self.weight), ("scale", scale, self.weight_scale)):
             if tuple(t.shape) != tuple(buf.shape) or t.element_size() != 1:
                 raise ValueError(f"FP4Linear.set_quantized: {name}: expected a 1-byte tensor of "
                                  f"shape {tuple(buf.shape)}, got {t.dtype} {tuple(t.shape)}")
-            buf.copy_(t.view(torch.uint8))
+        self.weight.copy_(F.to_weight_layout(data.contiguous().view(torch.uint8), self.weight_layout))
+        self.weight_scale.copy_(scale.view(torch.uint8))
         for name, t, buf in (("global_scale", global_scale, self.weight_global_scale_bits),
                              ("input_global_scale", input_global_scale, self.input_global_scale_bits)):
             if t is None:
@@ -129,6 +145,16 @@ class FP4Linear(torch.nn.Module):
                                  f"tensor, got {t.dtype} {tuple(t.shape)}")
             buf.copy_(_bits(t))
         self.static_input_scale = input_global_scale is not None
+
+    def set_weight_layout(self, weight_layout: str) -> None:
+        """Keep the weight in `weight_layout` from now on (its bytes are converted in place)."""
+        layout = F.WeightLayout.parse(weight_layout, "FP4Linear.set_weight_layout: weight_layout")
+        if layout is not F.WeightLayout.ROW and F.sm90_layout_reason(self.out_features, self.in_features):
+            raise ValueError(f"FP4Linear.set_weight_layout: weight_layout: expected 'row' for this layer "
+                             f"({F.sm90_layout_reason(self.out_features, self.in_features)}), got {layout.value!r}")
+        row = F.from_weight_layout(self.weight, self.weight_layout)
+        self.weight.copy_(F.to_weight_layout(row, layout))
+        self.weight_layout = layout.value
 
     # -- views used by forward -----------------------------------------------------------------
     @property
@@ -150,15 +176,17 @@ class FP4Linear(torch.nn.Module):
         if self.activations == "bf16":
             alpha = F.nvfp4_alpha(None, self.weight_global_scale) if nv else None
             y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, alpha, out_dtype,
-                           self.fmt.block_size)
+                           self.fmt.block_size, weight_layout=self.weight_layout)
         elif nv:
             gs_a = self.input_global_scale if self.static_input_scale else ops.compute_global_scale(a)
             aq, as_ = ops.nvfp4_quantize(a, gs_a)
             y = ops.mm_fp4(aq, self.weight.T, as_, self.weight_scale.T,
-                           F.nvfp4_alpha(gs_a, self.weight_global_scale), out_dtype)
+                           F.nvfp4_alpha(gs_a, self.weight_global_scale), out_dtype,
+                           weight_layout=self.weight_layout)
         else:
             aq, as_ = ops.mxfp4_quantize(a)
-            y = ops.mm_fp4(aq, self.weight.T, as_, self.weight_scale.T, None, out_dtype, 32)
+            y = ops.mm_fp4(aq, self.weight.T, as_, self.weight_scale.T, None, out_dtype, 32,
+                           weight_layout=self.weight_layout)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return y.reshape(*lead, self.out_features)
@@ -167,7 +195,26 @@ class FP4Linear(torch.nn.Module):
         mode = "W4A16" if self.activations == "bf16" else "W4A4"
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, format={self.fmt.name}, {mode}, "
-                f"compute_dtype={self.compute_dtype}")
+                f"compute_dtype={self.compute_dtype}"
+                + ("" if self.weight_layout == "row" else f", weight_layout={self.weight_layout}"))
+
+
+def _weight_to_row(module: FP4Linear, state_dict: dict, prefix: str, local_metadata) -> None:
+    """state_dict holds the row-major weight bytes whatever layout the module keeps."""
+    key = prefix + "weight"
+    if module.weight_layout != "row" and key in state_dict:
+        state_dict[key] = F.from_weight_layout(state_dict[key], module.weight_layout)
+
+
+def _weight_from_row(module: FP4Linear, state_dict: dict, prefix: str, local_metadata, strict,
+                     missing_keys, unexpected_keys, error_msgs) -> None:
+    """Loading converts the row-major weight bytes of a state_dict into the module's layout (a
+    tensor of another shape is left for load_state_dict to report)."""
+    key = prefix + "weight"
+    t = state_dict.get(key)
+    if (module.weight_layout != "row" and isinstance(t, torch.Tensor) and t.element_size() == 1
+            and tuple(t.shape) == tuple(module.weight.shape)):
+        state_dict[key] = F.to_weight_layout(t.contiguous(), module.weight_layout)
 
 
 def _format(fmt: Union[str, F.Fp4Format]) -> F.Fp4Format:
@@ -497,11 +544,14 @@ class QuantConfig:
     fmt: "nvfp4" or "mxfp4"; activations: "bf16" (W4A16) or "fp4" (W4A4);
     include: None (every nn.Linear), a glob on the module's qualified name ("*.mlp.*"), or a
     predicate (name, module) -> bool; exclude: the same form, applied after include.
+    weight_layout: "row", or "sm90" for every converted layer the layout can hold
+    (out_features % 128 == 0, in_features % 64 == 0; the others stay "row"): see FP4Linear.
     """
     fmt: str = "nvfp4"
     activations: str = "bf16"
     include: Filter = None
     exclude: Filter = None
+    weight_layout: str = "row"
 
 
 def _matches(flt: Filter, name: str, module: torch.nn.Module, default: bool) -> bool:
@@ -520,6 +570,7 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) 
     names each of them. Returns the model.
     """
     fmt = _format(config.fmt)
+    layout = F.WeightLayout.parse(config.weight_layout, "QuantConfig.weight_layout")
     skipped = []
     # FP4MoE keeps its router dense: nothing inside one is touched.
     moe = tuple(name + "." if name else "" for name, mod in model.named_modules()
@@ -535,7 +586,9 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) 
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, FP4Linear.from_linear(linear, fmt, config.activations))
+        fits = F.sm90_layout_reason(linear.out_features, linear.in_features) is None
+        wl = layout.value if fits else "row"
+        setattr(parent, child, FP4Linear.from_linear(linear, fmt, config.activations, wl))
     if skipped:
         warnings.warn(f"quantize_model: kept {len(skipped)} layer(s) dense because in_features is "
                       f"not a multiple of {fmt.block_size}: " + ", ".join(skipped), stacklevel=2)

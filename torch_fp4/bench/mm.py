@@ -6,7 +6,8 @@ Columns: time per call; TFLOP/s; speed-up over bf16 and over fp8; fraction of th
 floor (weight + scale bytes at the measured copy bandwidth, divided by the measured time). When
 the optional peer quack-kernels is importable, `quack.gemm_w4.gemm_w4a16` (NVFP4, the same weights
 repacked once by its `prepare_w4_weight`, not timed) is timed in the same run and "x quack" is
-its time over ours.
+its time over ours. On sm_90 the "sm90" columns time W4A16 with the weights prepacked once
+(`torch_fp4.prepack_weight`, weight_layout="sm90"; the Hopper GEMM at every M).
 W4A4 times include the activation quantization (global scale given, one quantize launch).
 `--tactics` times every tactic of one problem and writes them to a CSV file.
 """
@@ -46,6 +47,9 @@ class Problem:
 
     def w4a16(self):
         return ops.mm_fp4(self.a, self.w_data.T, None, self.w_scale.T, self.alpha)
+
+    def w4a16_sm90(self, packed: torch.Tensor):
+        return ops.mm_fp4(self.a, packed.T, None, self.w_scale.T, self.alpha, weight_layout="sm90")
 
     def w4a4(self):
         return ops.mm_fp4(*self.w4a4_args())
@@ -92,8 +96,8 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
           flush=True)
     rows = []
     hdr = (f"{'N':>6} {'K':>6} {'M':>6} | {'bf16 us':>9} {'fp8 us':>9} | {'W4A16 us':>9} {'TFLOP/s':>7} "
-           f"{'x bf16':>6} {'x fp8':>6} {'floor':>5} | {'quack us':>9} {'x quack':>7} | "
-           f"{'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6}")
+           f"{'x bf16':>6} {'x fp8':>6} {'floor':>5} | {'sm90 us':>9} {'x bf16':>6} {'x quack':>7} | "
+           f"{'quack us':>9} {'x quack':>7} | {'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6}")
     print(hdr)
     for n, k in SHAPES:
         w = nvfp4_weight(n, k, dev)
@@ -101,12 +105,17 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
         w_fp8 = w_bf16.to(torch.float8_e4m3fn)
         floor_us = (n * k // 2 + w[1].numel()) / copy_bw / 1e3
         quack = quack_w4a16(w[0], w[1], n, k)
+        hopper = torch.cuda.get_device_capability(dev) == (9, 0) and F.sm90_layout_reason(n, k) is None
+        packed = ops.prepack_weight(w[0]) if hopper else None
         for m in ms or (QUICK_MS if quick else MS):
             p = Problem(m, n, k, w, dev)
             with tactics.autotune(tune):
                 p.w4a16()
                 p.w4a4()
+                if packed is not None:
+                    p.w4a16_sm90(packed)
             t16 = graph_time_us(p.w4a16, [()])
+            tp = graph_time_us(lambda p=p, w=packed: p.w4a16_sm90(w), [()]) if packed is not None else float("nan")
             t4 = graph_time_us(p.w4a4, [()])
             bf16, fp8 = _peers(m, n, k, w_bf16, w_fp8, dev)
             tq = graph_time_us(quack, [(p.a,)]) if quack is not None else float("nan")
@@ -114,14 +123,15 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
             r = dict(gpu=name, n=n, k=k, m=m, bf16_us=bf16, fp8_us=fp8, w4a16_us=t16, w4a4_us=t4,
                      w4a16_tflops=flops / t16 / 1e6, w4a16_x_bf16=bf16 / t16, w4a16_x_fp8=fp8 / t16,
                      w4a16_floor=floor_us / t16, quack_us=tq, w4a16_x_quack=tq / t16,
+                     sm90_us=tp, sm90_x_bf16=bf16 / tp, sm90_x_quack=tq / tp,
                      w4a4_x_bf16=bf16 / t4, w4a4_over_w4a16=t4 / t16,
                      copy_gbs=copy_bw)
             rows.append(r)
             print(f"{n:>6} {k:>6} {m:>6} | {bf16:>9.1f} {fp8:>9.1f} | {t16:>9.1f} {r['w4a16_tflops']:>7.0f} "
                   f"{r['w4a16_x_bf16']:>6.2f} {r['w4a16_x_fp8']:>6.2f} {r['w4a16_floor']:>5.2f} | "
-                  f"{tq:>9.1f} {r['w4a16_x_quack']:>7.2f} | {t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f}", flush=True)
+                  f"{tp:>9.1f} {r['sm90_x_bf16']:>6.2f} {r['sm90_x_quack']:>7.2f} | {tq:>9.1f} {r['w4a16_x_quack']:>7.2f} | {t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f}", flush=True)
             del p
-        del w, w_bf16, w_fp8, quack
+        del w, w_bf16, w_fp8, quack, packed
         torch.cuda.empty_cache()
     write_csv(csv_path, rows)
     return rows

@@ -6,12 +6,15 @@
 // `stages` stages:
 // - a producer warpgroup (one thread) loads, per stage, the activation tile [block_m, 64]
 //   bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [rows, 32 bytes] by TMA
-//   (32-byte swizzle: conflict-free reads) and the 512-byte blocks of 128x4 scale words by bulk
-//   copies, all completing on the stage's "full" mbarrier, once the stage is "empty";
+//   (32-byte swizzle: conflict-free reads) or, for weights in the "sm90" layout (docs/NUMERICS.md
+//   4b), the tile's contiguous 4 KiB by one bulk copy, and the 512-byte blocks of 128x4 scale
+//   words by bulk copies, all completing on the stage's "full" mbarrier, once the stage is "empty";
 // - each MMA thread reads the two weight rows of its A fragment (rows g and g + 8 of its warp's
 //   16) and their scale words, then per k16 step decodes its eight codes straight into the four
-//   bf16x2 / fp16x2 A registers of that step: exact (a byte permute places the two codes of a
-//   byte, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16) and one
+//   bf16x2 / fp16x2 A registers of that step: exact (row-major weights: a byte permute places the
+//   two codes of a byte, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16);
+//   "sm90" weights: one 8-byte read per two steps, one to four integer instructions per register
+//   (decode_packed_bf16) give the same placement; then one
 //   multiply by the scale table entry gives code * scale * 2^-7 for NVFP4; MXFP4 multiplies by
 //   2^126 and by the scale); K blocks past K get a zero scale, so padding scale bytes never reach
 //   the sums. The step's `wgmma.mma_async` m64nNk16 (A from registers, B = the activation tile in
@@ -65,7 +68,7 @@ __host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages) {
   return 3 * 1024 + (pipe > tile ? pipe : tile);
 }
 
-template <int kBM_, bool kFp16_, bool kMx_>
+template <int kBM_, bool kFp16_, bool kMx_, bool kPacked_>
 struct Config {
   static constexpr int kBM = kBM_;
   static constexpr int kWG = 2;                    // MMA warpgroups, 64 weight rows each
@@ -77,6 +80,7 @@ struct Config {
   static constexpr int kStage = stage_bytes(kBM, kWG);
   static constexpr bool kFp16 = kFp16_;
   static constexpr bool kMx = kMx_;
+  static constexpr bool kPacked = kPacked_;  // weights in the "sm90" fragment layout, else rows
   static constexpr bool kFold = !kMx;
   static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
 };
@@ -177,6 +181,9 @@ __device__ __forceinline__ U128 lds128(uint32_t addr) {
   asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
   return v;
 }
+__device__ __forceinline__ void lds64(uint32_t addr, uint32_t& x, uint32_t& y) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(addr));
+}
 __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
   uint32_t v;
   asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
@@ -184,25 +191,33 @@ __device__ __forceinline__ uint32_t lds32(uint32_t addr) {
 }
 
 // Where an MMA thread reads inside a stage (shared-memory byte offsets from the stage base), fixed
-// for the whole kernel. Its A fragment rows are r = 64 mwg + 16 warp + g and r + 8; the FP4 tile
-// row r is 32 bytes (K 0..63 of the stage) with its two 16-byte chunks swapped when bit 2 of r is
-// set (TMA's 32-byte swizzle; row r + 8 has the same swizzle, 256 bytes further), and the scale
+// for the whole kernel. Its A fragment rows are r = 64 mwg + 16 warp + g and r + 8. Row layout: the
+// FP4 tile row r is 32 bytes (K 0..63 of the stage) with its two 16-byte chunks swapped when bit 2
+// of r is set (TMA's 32-byte swizzle; row r + 8 has the same swizzle, 256 bytes further); `sel`
+// picks the thread's byte c = lane % 4 of every word. "sm90" layout: the thread's 16 bytes are at
+// 16 * (its MMA thread index) (word j: step j). Either way eight rows of a warp's load are
+// conflict-free and the four threads of a quad read the same scale words (a broadcast): the scale
 // word of row r in its 128-row group's 128x4 block is word (r % 32) * 4 + (r / 32) % 4 (row r + 8:
-// 32 words further). Eight rows of a warp's load are conflict-free; the four threads of a quad
-// read the same rows (a broadcast). `sel` picks the thread's byte c = lane % 4 of every word.
+// 32 words further).
 template <class Cfg>
 struct FragmentSlot {
   uint32_t lo, hi, scale, sel;
-  __device__ __forceinline__ FragmentSlot(int r, int c) {
+  __device__ __forceinline__ FragmentSlot(int ct, int r, int c) {
     constexpr uint32_t kW = act_stage_bytes(Cfg::kBM);
-    lo = small_m::opaque(kW + r * 32 + (((r >> 2) & 1) << 4));
-    hi = small_m::opaque(lo ^ 16u);
+    if constexpr (Cfg::kPacked) {
+      lo = small_m::opaque(kW + 16u * ct);
+      hi = small_m::opaque(lo + 8u);
+    } else {
+      lo = small_m::opaque(kW + r * 32 + (((r >> 2) & 1) << 4));
+      hi = small_m::opaque(lo ^ 16u);
+    }
     scale = small_m::opaque(kW + Cfg::kW + (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4);
     sel = small_m::opaque(static_cast<uint32_t>(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12)));
   }
 };
 
-// One thread's stage: the packed words of its rows r (w[0..7]: K 0..63) and r + 8 (v[0..7]), their
+// One thread's stage: the packed words of its rows r (w[0..7]: K 0..63) and r + 8 (v[0..7]) (the
+// "sm90" layout: w[j] holds step j's eight codes of both rows, v is unused), their
 // scale words, and the 16-bit multipliers of each k16 step's codes in those rows (mr[j], mv[j]):
 // the scale table entry, code * scale * 2^-7 for NVFP4 (a K block of 16 per step) or code * scale
 // for MXFP4 (a K block of 32 per two steps); zero past K (K is a multiple of 32, so only the
@@ -217,9 +232,13 @@ template <class Cfg, int h>
 __device__ __forceinline__ void load_half(StageOperands& o, uint32_t st, uint32_t lut, int kt, int k,
                                           const FragmentSlot<Cfg>& f) {
   const uint32_t chunk = h == 0 ? f.lo : f.hi;
-  const U128 a = lds128(st + chunk), c = lds128(st + chunk + 256);
-  o.w[4 * h] = a.x; o.w[4 * h + 1] = a.y; o.w[4 * h + 2] = a.z; o.w[4 * h + 3] = a.w;
-  o.v[4 * h] = c.x; o.v[4 * h + 1] = c.y; o.v[4 * h + 2] = c.z; o.v[4 * h + 3] = c.w;
+  if constexpr (Cfg::kPacked) {
+    lds64(st + chunk, o.w[2 * h], o.w[2 * h + 1]);
+  } else {
+    const U128 a = lds128(st + chunk), c = lds128(st + chunk + 256);
+    o.w[4 * h] = a.x; o.w[4 * h + 1] = a.y; o.w[4 * h + 2] = a.z; o.w[4 * h + 3] = a.w;
+    o.v[4 * h] = c.x; o.v[4 * h + 1] = c.y; o.v[4 * h + 2] = c.z; o.v[4 * h + 3] = c.w;
+  }
   if (h == 0) {
     o.sr = lds32(st + f.scale);
     o.sv = lds32(st + f.scale + 128);
@@ -239,18 +258,42 @@ __device__ __forceinline__ void load_half(StageOperands& o, uint32_t st, uint32_
   }
 }
 
+// One "sm90"-layout word -> the four A registers of a step as bf16x2 words holding code * 2^-126
+// (the placement of decode_pair): reg 0 = the word's bits at their final places, reg 1 = the word
+// rotated left by 13, reg 2 = its bits 0, 3-5 (16, 19-21) copied 3 and 15 places up, reg 3 = its
+// bits 12-14, 17 (28-30, 1) rotated right by 6 and copied 0 and 4 places up; each masked to the
+// two codes' magnitude and sign bits (docs/NUMERICS.md gives the layout, formats.prepack_weight
+// writes it). The products never carry into a kept bit.
+__device__ __forceinline__ void decode_packed_bf16(uint32_t x, uint32_t (&a)[4]) {
+  constexpr uint32_t kKeep = 0x81C081C0u;
+  a[0] = x & kKeep;
+  a[1] = __funnelshift_l(x, x, 13) & kKeep;
+  a[2] = ((x & 0x00390039u) * 0x8008u) & kKeep;
+  a[3] = ((__funnelshift_r(x, x, 6) & 0x09C009C0u) * 17u) & kKeep;
+}
+
 // Step j's A fragment: a[0] = row r, K 2c, 2c + 1 (byte c of word 2j); a[1] = row r + 8, same K;
 // a[2], a[3] = K 2c + 8, 2c + 9 (byte c of word 2j + 1). Exact 16-bit values.
 template <class Cfg>
 __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperands& o, int j, uint32_t sel) {
   constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
-  const uint32_t in[4] = {o.w[2 * j], o.v[2 * j], o.w[2 * j + 1], o.v[2 * j + 1]};
   const uint32_t m[4] = {o.mr[j], o.mv[j], o.mr[j], o.mv[j]};
+  uint32_t x[4];
+  if constexpr (Cfg::kPacked) {
+    decode_packed_bf16(o.w[j], x);
+    if constexpr (Cfg::kFp16) {  // bf16 placement -> fp16 placement: magnitude bits 3 places up
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[e] = ((x[e] & 0x01C001C0u) << 3) | (x[e] & 0x80008000u);
+    }
+  } else {
+    const uint32_t in[4] = {o.w[2 * j], o.v[2 * j], o.w[2 * j + 1], o.v[2 * j + 1]};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = decode_pair<Cfg::kFp16>(in[e], sel);
+  }
 #pragma unroll
   for (int e = 0; e < 4; ++e) {
-    const uint32_t x = decode_pair<Cfg::kFp16>(in[e], sel);
-    a[e] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(x, m[e])
-                      : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(x, kUnit), m[e]);
+    a[e] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(x[e], m[e])
+                      : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(x[e], kUnit), m[e]);
   }
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -290,7 +333,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
-      asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
+      if (!Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
       const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
       // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
       // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
@@ -302,7 +345,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
         char* wt = st + act_stage_bytes(Cfg::kBM);
         mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
         tma_2d(st, &act_map, full + s, kt * kBK, m0);
-        tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
+        if constexpr (Cfg::kPacked)  // "sm90": the tile's 4 KiB are contiguous
+          bulk_copy(wt, p.w + (static_cast<int64_t>(n0 / 128) * tiles + kt) * Cfg::kW, Cfg::kW, full + s);
+        else
+          tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
         const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
         for (int gr = 0; gr < groups; ++gr)
           bulk_copy(wt + Cfg::kW + 512 * gr, scale_row + (static_cast<int64_t>(gr) * (p.kp / 4) + block) * 512, 512,
@@ -322,7 +368,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int mwg = ct >> 7;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
   const int r0 = (ct >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
-  const FragmentSlot<Cfg> slot(64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
+  const FragmentSlot<Cfg> slot(ct, 64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
   const uint32_t lut_addr = smem_u32(lut);
   float acc[Cfg::kAcc];
 #pragma unroll
@@ -458,12 +504,12 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, int
 
 template <class Cfg>
 bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
-  CUtensorMap act_map, w_map;
+  CUtensorMap act_map, w_map{};
   if (!encode_2d(&act_map, a.act_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.act,
                  a.m, a.k, a.k * 2, Cfg::kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
-  if (!encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, Cfg::kRows, kBK / 2,
-                 CU_TENSOR_MAP_SWIZZLE_32B))
+  if (!Cfg::kPacked && !encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, Cfg::kRows,
+                                  kBK / 2, CU_TENSOR_MAP_SWIZZLE_32B))
     return false;
   const int tiles = static_cast<int>((a.k + kBK - 1) / kBK);
   const int split = std::max(1, std::min(a.split_k, tiles));
@@ -481,14 +527,19 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   return true;
 }
 
-template <bool kFp16, bool kMx>
-bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+template <bool kFp16, bool kMx, bool kPacked>
+bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.block_m) {
-    case 64: return launch_cfg<Config<64, kFp16, kMx>>(a, stream, pdl);
-    case 128: return launch_cfg<Config<128, kFp16, kMx>>(a, stream, pdl);
-    case 256: return launch_cfg<Config<256, kFp16, kMx>>(a, stream, pdl);
+    case 64: return launch_cfg<Config<64, kFp16, kMx, kPacked>>(a, stream, pdl);
+    case 128: return launch_cfg<Config<128, kFp16, kMx, kPacked>>(a, stream, pdl);
+    case 256: return launch_cfg<Config<256, kFp16, kMx, kPacked>>(a, stream, pdl);
     default: return false;
   }
+}
+
+template <bool kFp16, bool kMx>
+bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+  return a.packed ? launch_tile<kFp16, kMx, true>(a, stream, pdl) : launch_tile<kFp16, kMx, false>(a, stream, pdl);
 }
 
 }  // namespace
@@ -502,6 +553,7 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   using namespace wgmma_mm;
   if (args.stages < 3 || args.stages > kMaxStages || args.split_k < 1 || args.split_k > kMaxSplit) return false;
   if (args.k % 32 != 0) return false;
+  if (args.packed && (args.k % 64 != 0 || args.n % 128 != 0)) return false;  // whole "sm90" tiles
   if (args.m <= 0 || args.n <= 0) return true;
   if (args.act_fp16 && args.mx) return false;  // fp16 cannot hold every MXFP4 value
   int device = 0, major = 0, minor = 0;

@@ -8,6 +8,8 @@ from typing import Optional
 
 import torch
 
+from .. import formats as F
+
 # Programmatic dependent launch (sm_90+), off by default; torch_fp4.set_pdl() sets it. When on,
 # every kernel of every backend is launched so it may start while the previous kernel on the
 # stream finishes, and waits for that kernel's memory (griddepcontrol.wait) before touching any.
@@ -99,9 +101,14 @@ def global_scale_workspace(device: torch.device) -> torch.Tensor:
 
 def mm_problem(args) -> tuple[int, int, int]:
     """(M, N, K) of mm_fp4 launcher arguments (a, b = w.T, a_scale, b_scale, alpha, out_dtype,
-    fmt, layout)."""
+    fmt, layout[, wlayout])."""
     a, b = args[0], args[1]
     return a.shape[0], b.shape[1], 2 * b.shape[0]
+
+
+def mm_weight_layout(args) -> F.WeightLayout:
+    """The weight layout of mm_fp4 launcher arguments (row-major when not given)."""
+    return args[8] if len(args) > 8 else F.WeightLayout.ROW
 
 
 def mm_key(args, m_bucket: int) -> str:
@@ -109,7 +116,8 @@ def mm_key(args, m_bucket: int) -> str:
     _, n, k = mm_problem(args)
     a, a_scale, out_dtype, fmt, layout = args[0], args[2], args[5], args[6], args[7]
     a_kind = f"fp4:{layout.value}" if a_scale is not None else str(a.dtype).removeprefix("torch.")
-    return f"M<={m_bucket},N={n},K={k},{fmt.name},{a_kind},{str(out_dtype).removeprefix('torch.')}"
+    w_kind = "" if mm_weight_layout(args) is F.WeightLayout.ROW else f",w:{mm_weight_layout(args).value}"
+    return f"M<={m_bucket},N={n},K={k},{fmt.name},{a_kind},{str(out_dtype).removeprefix('torch.')}{w_kind}"
 
 
 # ---- helpers shared by the GEMM tactic spaces (launcher arguments a, b, ... with a first) ----

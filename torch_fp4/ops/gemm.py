@@ -16,15 +16,20 @@ from .quantize import check_scale
 OP = "mm_fp4"
 
 
-def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend):
+def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout):
     fmt = F.format_for_block_size(block_size)
     layout = F.SfLayout.parse(sf_layout)
+    wlayout = F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout")
     C.dtype(OP, "b", b, F.FP4_DATA_DTYPES)
     C.ndim(OP, "b", b, (2,), "a 2-D [K/2, N] tensor (the weight [N, K/2] passed as w.T)")
     C.transposed_row_major(OP, "b", b, "[N, K/2] weight")
     half_k, n = b.shape
     k = 2 * half_k
     C.multiple_of(OP, "b", k, fmt.block_size, f"K = 2 * b.shape[0] (the {fmt.name.upper()} block size)")
+    if wlayout is not F.WeightLayout.ROW:
+        reason = F.sm90_layout_reason(n, k)
+        if reason is not None:
+            C.fail(OP, "weight_layout", f"'row' for b of shape {tuple(b.shape)} ({reason})", repr(wlayout.value))
     C.tensor(OP, "a", a)
     if a_scale is None:
         if a.dtype in F.FP4_DATA_DTYPES:
@@ -52,18 +57,19 @@ def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, b
             C.fail(OP, "alpha", "a one-element fp32 tensor", f"shape {tuple(alpha.shape)}")
     C.dtype_arg(OP, "out_dtype", out_dtype, C.OUT_DTYPES)
     C.same_device(OP, a=a, b=b, a_scale=a_scale, b_scale=b_scale, alpha=alpha)
-    return fmt, layout, Backend.parse(backend)
+    return fmt, layout, wlayout, Backend.parse(backend)
 
 
 def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_scale: torch.Tensor,
             alpha: Optional[torch.Tensor], out_dtype: torch.dtype, block_size: int, sf_layout: str,
-            backend: int) -> torch.Tensor:
-    fmt, layout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend)
-    return run_tuned(OP, bk, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
+            backend: int, weight_layout: str = "row") -> torch.Tensor:
+    fmt, layout, wlayout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout,
+                                         backend, weight_layout)
+    return run_tuned(OP, bk, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
 
 
-def _mm_fp4_fake(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend):
-    _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend)
+def _mm_fp4_fake(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout="row"):
+    _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout)
     return meta.mm_fp4(a, b, out_dtype)
 
 
@@ -74,7 +80,8 @@ register_impl(OP, Backend.REFERENCE, reference.mm_fp4)
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_scale: torch.Tensor,
            alpha: Optional[torch.Tensor] = None, out_dtype: torch.dtype = torch.bfloat16,
            block_size: int = 16, sf_layout: F.SfLayout | str = "128x4",
-           backend: Backend | str = "auto") -> torch.Tensor:
+           backend: Backend | str = "auto",
+           weight_layout: F.WeightLayout | str = "row") -> torch.Tensor:
     """out [M, N] = alpha * A @ W^T with FP4 weights W [N, K/2] passed transposed (b = w.T).
 
     - W4A4: a is FP4 [M, K/2] with block scales a_scale in `sf_layout` ("128x4", "8x4" or
@@ -83,22 +90,27 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_
     b_scale holds W's 128x4 block scales [Np, Kp], passed transposed (w_scale.T). alpha is an
     fp32 device tensor with one element (for NVFP4, 1 / (gs_a * gs_w) with encode global
     scales; `torch_fp4.formats.nvfp4_alpha` computes it); None means 1. Accumulates in fp32.
+    weight_layout: the byte order of W: "row" (row-major, as quantized) or "sm90" (W made by
+    `torch_fp4.prepack_weight`, read by the cuda backend's Hopper GEMM; N % 128 == 0, K % 64 == 0).
     """
     C.tensors(OP, a=a, b=b, b_scale=b_scale)
     return mm_fp4_op(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
-                     F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)))
+                     F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)),
+                     F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout").value)
 
 
 def mm_fp4_tactics(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor],
                    b_scale: torch.Tensor, alpha: Optional[torch.Tensor] = None,
                    out_dtype: torch.dtype = torch.bfloat16, block_size: int = 16,
-                   sf_layout: F.SfLayout | str = "128x4", backend: Backend | str = "auto") -> list:
+                   sf_layout: F.SfLayout | str = "128x4", backend: Backend | str = "auto",
+                   weight_layout: F.WeightLayout | str = "row") -> list:
     """The tactics that can run this mm_fp4 problem (every supported backend's for "auto"),
     the heuristic default of each backend first. Run one with `torch_fp4.use_tactic(t)`."""
     layout = F.SfLayout.parse(sf_layout)
-    fmt, layout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, layout.value,
-                                int(Backend.parse(backend)))
-    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
+    fmt, layout, wlayout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
+                                         layout.value, int(Backend.parse(backend)),
+                                         F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout").value)
+    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
     backends = supported_backends(OP, *args) if bk is Backend.AUTO else [bk]
     out = []
     for b_ in backends:

@@ -2,14 +2,16 @@
 wgmma GEMM (mm_wgmma_tactics, any M on sm_90) as one space. Cheap to import.
 
 Heuristic, from `bench mm` on H100: the small-M kernel up to M = SMALL_M_MAX (its cp.async +
-mma.sync decode reads the weights at 0.8 of copy bandwidth there), the wgmma kernel above.
+mma.sync decode reads the weights at 0.8 of copy bandwidth there), the wgmma kernel above and for
+weights in the "sm90" layout (which only it reads).
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from ...tactics import Tactic, TacticSpace
-from .._common import mm_problem
+from ... import formats as F
+from .._common import mm_problem, mm_weight_layout
 from . import mm_tactics as small
 from . import mm_wgmma_tactics as wg
 
@@ -21,6 +23,8 @@ def small_m_reason(args) -> Optional[str]:
     checks the problem-level limits)."""
     if mm_problem(args)[0] > small.MAX_M:
         return f"the small-M kernel is for M <= {small.MAX_M}"
+    if mm_weight_layout(args) is not F.WeightLayout.ROW:
+        return "the small-M kernel reads row-major weights only"
     return small.why_not(small.default(*args), *args) or small.operand_reason(args)
 
 
@@ -46,7 +50,7 @@ def why_not(t: Tactic, *args) -> Optional[str]:
 
 
 def key(*args) -> str:
-    return small.key(*args) if mm_problem(args)[0] <= small.MAX_M else wg.key(*args)
+    return small.key(*args) if small_m_reason(args) is None else wg.key(*args)
 
 
 MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)

@@ -18,7 +18,7 @@ from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, TacticSpace, register_family, valid_unique
 from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, largest_split, mm_key,
-                       mm_problem, smem_reason)
+                       mm_problem, mm_weight_layout, smem_reason)
 
 MAX_M = 64
 MAX_MM_OPERAND = 2**31 - 1   # the kernel indexes its operands with 32-bit offsets
@@ -123,6 +123,8 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     a, a_scale, fmt = args[0], args[2], args[6]
     if m > MAX_M:
         return f"the cuda mm_fp4 kernel is for M <= {MAX_M} (decode); larger M uses triton"
+    if mm_weight_layout(args) is not F.WeightLayout.ROW:
+        return "the small-M kernel reads row-major weights only (the Hopper GEMM reads 'sm90')"
     if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
         return ("fp16 activations with MXFP4 weights: the kernel multiplies in fp16 for fp16 "
                 "activations, which cannot hold every MXFP4 value (triton handles this case)")

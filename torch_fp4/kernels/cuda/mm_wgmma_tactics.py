@@ -18,7 +18,7 @@ from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, register_family, valid_unique
 from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, largest_split, mm_key,
-                       mm_problem, smem_reason)
+                       mm_problem, mm_weight_layout, smem_reason)
 
 BLOCK_MS = (64, 128, 256)
 ROWS = 128                    # weight rows per CTA
@@ -66,6 +66,8 @@ def problem_reason(args) -> Optional[str]:
         return "the Hopper mm_fp4 kernel (wgmma, sm_90a) needs compute capability 9.0"
     if k % 32:
         return f"the Hopper mm_fp4 kernel needs K % 32 == 0 (16-byte weight rows for TMA), got K={k}"
+    if mm_weight_layout(args) is F.WeightLayout.SM90 and F.sm90_layout_reason(n, k) is not None:
+        return F.sm90_layout_reason(n, k)
     if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
         return ("fp16 activations with MXFP4 weights: the kernel multiplies in fp16 for fp16 "
                 "activations, which cannot hold every MXFP4 value (triton handles this case)")

@@ -18,7 +18,7 @@ from typing import Optional
 import torch
 
 from ... import formats as F
-from .._common import cuda_requirement
+from .._common import cuda_requirement, mm_weight_layout
 
 # Kernels index blocks, scale slots and 16-byte vectors with 32-bit integers (grid-stride
 # steps included), so problems stay under 2^30 of them.
@@ -64,6 +64,8 @@ def _mm_requirement(args: tuple) -> Optional[str]:
                 f"device has {cap[0]}.{cap[1]}")
     if a_scale is None:
         return "W4A4 only (a_scale is None: W4A16 is served by another backend)"
+    if mm_weight_layout(args) is not F.WeightLayout.ROW:
+        return "the cute-dsl GEMMs read row-major weights only ('sm90' weights: the cuda backend on sm_90)"
     if F.SfLayout.parse(layout) is not F.SfLayout.LAYOUT_128x4:
         return f"the activation scales must use the 128x4 layout, got {F.SfLayout.parse(layout).value!r}"
     if (2 * a.shape[1]) % 32:

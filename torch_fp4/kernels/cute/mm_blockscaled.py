@@ -523,9 +523,12 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
            alpha: Optional[torch.Tensor], out_dtype: torch.dtype, fmt: F.Fp4Format,
-           layout: F.SfLayout, tactic: Optional[Tactic] = None) -> torch.Tensor:
+           layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
+           tactic: Optional[Tactic] = None) -> torch.Tensor:
     """W4A4 out [M, N] = alpha * A @ B^T on the current stream (b = w.T, b_scale = w_scale.T,
     both views of row-major [N, K/2] / [Np, Kp]). tactic None: MM_SPACE.default."""
+    if wlayout is not F.WeightLayout.ROW:
+        raise ValueError(f"mm_fp4: the cute-dsl backend reads row-major weights, got {wlayout.value!r}")
     args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
     if tactic is None:
         tactic = MM_SPACE.default(*args)

@@ -131,6 +131,7 @@ def _pow2_bucket(x: int) -> int:
 
 
 def _why_not(tactic: Tactic, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout,
+             wlayout: F.WeightLayout = F.WeightLayout.ROW,
              cap: Optional[tuple[int, int]] = None) -> Optional[str]:
     cap = _capability(a) if cap is None else cap
     if tactic not in tactics_for_capability(cap):
@@ -141,6 +142,8 @@ def _why_not(tactic: Tactic, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layo
         return bad
     if a_scale is None:
         return "W4A4 only: a must be FP4 with block scales (a_scale is None)"
+    if wlayout is not F.WeightLayout.ROW:
+        return f"row-major weights only, got {wlayout.value!r}"
     if F.SfLayout.parse(layout) is not F.SfLayout.LAYOUT_128x4:
         return f"the activation scales must use the 128x4 layout, got {F.SfLayout.parse(layout).value!r}"
     m, n, k = _problem(a, b, fmt)
@@ -184,7 +187,8 @@ def _default(*args) -> Tactic:
     return default_for(_capability(a), m, n, k, sm_count(a.device))
 
 
-def _key(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout) -> str:
+def _key(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout,
+         wlayout: F.WeightLayout = F.WeightLayout.ROW) -> str:
     m, n, k = _problem(a, b, fmt)
     return (f"M<={_pow2_bucket(m)},N={n},K={k},{fmt.name},{str(a.dtype).replace('torch.', '')},"
             f"{str(out_dtype).replace('torch.', '')},{F.SfLayout.parse(layout).value}")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .._common import cuda_requirement
+from ... import formats as F
+from .._common import cuda_requirement, mm_weight_layout
 
 OPS = {
     "compute_global_scale": "quantize:compute_global_scale",
@@ -26,6 +27,8 @@ ROUTE_MAX_EXPERTS = 512
 def requirement(op: str, *args) -> Optional[str]:
     # fp32 -> e4m3 conversion instructions need sm_89+.
     reason = cuda_requirement(args, "triton", (8, 9))
+    if reason is None and op == "mm_fp4" and mm_weight_layout(args) is not F.WeightLayout.ROW:
+        return "the triton GEMMs read row-major weights only ('sm90' weights: the cuda backend on sm_90)"
     if reason is None and op == "route" and args[0].shape[1] > ROUTE_MAX_EXPERTS:
         return f"the routing kernel handles at most {ROUTE_MAX_EXPERTS} experts (got {args[0].shape[1]})"
     return reason

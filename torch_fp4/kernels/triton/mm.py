@@ -208,7 +208,10 @@ def _split_reduce_kernel(ws_ptr, alpha_ptr, out_ptr, MN, SPLIT: tl.constexpr,
 
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
-           layout: F.SfLayout, tactic: TritonMmTactic | None = None) -> torch.Tensor:
+           layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
+           tactic: TritonMmTactic | None = None) -> torch.Tensor:
+    if wlayout is not F.WeightLayout.ROW:
+        raise ValueError(f"mm_fp4: the triton backend reads row-major weights, got {wlayout.value!r}")
     args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
     t = tactic if tactic is not None else MM_SPACE.default(*args)
     reason = MM_SPACE.why_not(t, *args)

@@ -1,0 +1,99 @@
+"""Weights in the "sm90" layout on the Hopper GEMM (csrc/mm_wgmma.cu), sm_90 only: every compiled
+tile gives the bits of the row-major weights (exact on grid-exact operands), at M = 1, 33, 129,
+4097, NVFP4 and MXFP4, bf16, fp16 and FP4 activations; auto picks the Hopper GEMM at every M; CUDA
+graph replay; prepack_weight on the GPU writes the CPU's bytes; FP4Linear with "sm90" weights
+equals the row-major module."""
+import pytest
+import torch
+
+import torch_fp4 as t4
+from torch_fp4 import formats as F
+from torch_fp4 import testing as T
+from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
+
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_fresh_tactics")]
+CASES = [("nvfp4", "bf16"), ("nvfp4", "fp16"), ("nvfp4", "fp4"), ("mxfp4", "bf16"), ("mxfp4", "fp4")]
+
+
+@pytest.fixture(autouse=True)
+def _hopper():
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the wgmma GEMM runs on sm_90 only")
+
+
+def _operands(m, n, k, fmt, a_mode, seed):
+    g = torch.Generator().manual_seed(seed)
+    wd, ws, what = T.grid_exact_operand(n, k, fmt, "128x4", g, "cuda")
+    if a_mode == "fp4":
+        ad, as_, ahat = T.grid_exact_operand(m, k, fmt, "128x4", g, "cuda")
+    else:
+        ahat = torch.randint(-16, 17, (m, k), generator=g).float().div(8).cuda()
+        ad, as_ = ahat.to({"bf16": torch.bfloat16, "fp16": torch.float16}[a_mode]), None
+    return ad, wd, as_, ws, ahat, what
+
+
+def _mm(a, w, a_scale, ws, fmt, layout, out_dtype=torch.float32, alpha=None):
+    return t4.mm_fp4(a, w.T, a_scale, ws.T, alpha, out_dtype, fmt.block_size, backend="cuda",
+                     weight_layout=layout)
+
+
+@pytest.mark.parametrize("fmt_name,a_mode", CASES)
+@pytest.mark.parametrize("m", [1, 33, 129, 4097])
+def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
+    fmt = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}[fmt_name]
+    n, k = 384, 704
+    a, wd, as_, ws, ahat, what = _operands(m, n, k, fmt, a_mode, seed=m)
+    packed = t4.prepack_weight(wd)
+    assert torch.equal(packed.cpu(), t4.prepack_weight(wd.cpu()))
+    want = (ahat.double() @ what.double().T).float()
+    launcher = (a, packed.T, as_, ws.T, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+    count = 0
+    for bm in WT.BLOCK_MS:
+        for stages in (WT.MIN_STAGES, WT.max_stages(bm)):
+            for split in (1, 3):
+                t = WT.WgmmaMmTactic(bm, stages, split)
+                if WT.why_not(t, *launcher) is not None:
+                    continue
+                count += 1
+                with t4.use_tactic(t):
+                    got = _mm(a, packed, as_, ws, fmt, "sm90")
+                    row = _mm(a, wd, as_, ws, fmt, "row")
+                assert torch.equal(got, want), (t.label(), (got - want).abs().max().item())
+                assert torch.equal(got, row), t.label()
+    assert count >= 10
+
+
+def test_random_bits_equal_row_major_auto_is_hopper_and_graph_replay():
+    fmt = F.NVFP4
+    wd, ws, gs = T.quantized_weight(1024, 2048, fmt, "cuda")
+    packed = t4.prepack_weight(wd)
+    alpha = torch.tensor([0.37], device="cuda")
+    for m in (1, 16, 64, 300):
+        a = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
+        ts = t4.mm_fp4_tactics(a, packed.T, None, ws.T, weight_layout="sm90")
+        assert isinstance(ts[0], WT.WgmmaMmTactic), ts[0]
+        with t4.use_tactic(ts[0]):
+            row = t4.mm_fp4(a, wd.T, None, ws.T, alpha)
+        got = t4.mm_fp4(a, packed.T, None, ws.T, alpha, weight_layout="sm90")
+        assert torch.equal(got, row), m
+        assert torch.equal(got, t4.mm_fp4(a, packed.T, None, ws.T, alpha, weight_layout="sm90"))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = t4.mm_fp4(a, packed.T, None, ws.T, alpha, weight_layout="sm90")
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, got)
+
+
+@pytest.mark.parametrize("acts", ["bf16", "fp4"])
+def test_fp4linear_sm90_equals_row(acts):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16)
+    row = t4.FP4Linear.from_linear(lin, "nvfp4", acts)
+    sm90 = t4.FP4Linear.from_linear(lin, "nvfp4", acts, weight_layout="sm90")
+    for m in (40, 300):   # both on the Hopper GEMM with the same tactic: the same bits
+        x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(row(x), sm90(x)), m
+    x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)   # small-M kernel vs Hopper GEMM
+    assert torch.allclose(row(x).float(), sm90(x).float(), rtol=1e-2, atol=1e-2)
+    assert torch.equal(sm90.state_dict()["weight"], row.weight)

@@ -1,0 +1,149 @@
+"""The "sm90" weight layout (spec section 4b) on the CPU: the byte order written out here from the
+spec's table, the kernel's integer decode of a word, round trips, mm_fp4 and FP4Linear with
+prepacked weights equal to row-major ones bit for bit, and the errors."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import torch_fp4 as t4
+from torch_fp4 import formats as F
+from torch_fp4 import testing as T
+
+SETTINGS = settings(max_examples=25, deadline=None)
+# Spec table: (row half h, K half hk, element e) -> (lowest magnitude bit, sign bit) of the code.
+SPEC_BITS = {(0, 0, 0): (6, 15), (0, 0, 1): (22, 31), (0, 1, 0): (3, 0), (0, 1, 1): (19, 16),
+             (1, 0, 0): (25, 2), (1, 0, 1): (9, 18), (1, 1, 0): (12, 17), (1, 1, 1): (28, 1)}
+KEEP = 0x81C081C0
+
+
+def _oracle_word(codes: torch.Tensor, tile_r: int, tile_s: int, t: int, j: int) -> int:
+    """Word j of MMA thread t in tile (tile_r, tile_s), from the spec's prose."""
+    mwg, warp, g, c = t // 128, (t // 32) % 4, (t % 32) // 4, t % 4
+    r = 128 * tile_r + 64 * mwg + 16 * warp + g
+    word = 0
+    for (h, hk, e), (mag_at, sign_at) in SPEC_BITS.items():
+        code = int(codes[r + 8 * h, 64 * tile_s + 16 * j + 8 * hk + 2 * c + e])
+        word |= (code & 7) << mag_at | (code >> 3) << sign_at
+    return word
+
+
+def _rotl(x: int, n: int) -> int:
+    return ((x << n) | (x >> (32 - n))) & 0xFFFFFFFF
+
+
+def _kernel_decode(x: int) -> list[int]:
+    """The four A registers the Hopper GEMM builds from a word (csrc/mm_wgmma.cu)."""
+    return [x & KEEP, _rotl(x, 13) & KEEP, ((x & 0x00390039) * 0x8008) & 0xFFFFFFFF & KEEP,
+            ((_rotl(x, 26) & 0x09C009C0) * 17) & 0xFFFFFFFF & KEEP]
+
+
+def _placed_codes(reg: int) -> tuple[int, int]:
+    return tuple(((reg >> (6 + s)) & 7) | (((reg >> (15 + s)) & 1) << 3) for s in (0, 16))
+
+
+@SETTINGS
+@given(tiles_n=st.integers(1, 3), tiles_k=st.integers(1, 4), seed=st.integers(0, 2**31 - 1))
+def test_layout_matches_spec_and_round_trips(tiles_n, tiles_k, seed):
+    n, k = 128 * tiles_n, 64 * tiles_k
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(0, 256, (n, k // 2), dtype=torch.uint8, generator=g)
+    packed = t4.prepack_weight(w)
+    assert packed.shape == w.shape and packed.dtype == torch.uint8
+    assert torch.equal(t4.unprepack_weight(packed), w)
+    codes = F.unpack_e2m1(w)
+    words = packed.view(torch.int32).reshape(tiles_n, tiles_k, 256, 4)
+    for _ in range(64):
+        r, s_, t, j = (int(torch.randint(0, hi, (1,), generator=g)) for hi in (tiles_n, tiles_k, 256, 4))
+        got = int(words[r, s_, t, j]) & 0xFFFFFFFF
+        assert got == _oracle_word(codes, r, s_, t, j)
+        # The kernel's decode yields the A fragment (r, K 2c..) (r+8, ..) (r, K 2c+8..) (r+8, ..).
+        mwg, warp, gg, c = t // 128, (t // 32) % 4, (t % 32) // 4, t % 4
+        row = 128 * r + 64 * mwg + 16 * warp + gg
+        kk = 64 * s_ + 16 * j + 2 * c
+        for reg, (rr, k0) in zip(_kernel_decode(got), ((row, kk), (row + 8, kk), (row, kk + 8), (row + 8, kk + 8))):
+            assert _placed_codes(reg) == (int(codes[rr, k0]), int(codes[rr, k0 + 1]))
+
+
+def test_row_layout_is_identity_and_float4_input_accepted():
+    w = torch.randint(0, 256, (128, 32), dtype=torch.uint8)
+    assert torch.equal(F.to_weight_layout(w, "row"), w)
+    assert torch.equal(t4.prepack_weight(w.view(torch.float4_e2m1fn_x2)), t4.prepack_weight(w))
+
+
+@pytest.mark.parametrize("fmt,w4a4", [(F.NVFP4, False), (F.NVFP4, True), (F.MXFP4, False), (F.MXFP4, True)])
+def test_reference_mm_sm90_equals_row(fmt, w4a4):
+    x = torch.randn(37, 192, dtype=torch.bfloat16)
+    wq, ws, wgs = T.quantized_weight(256, 192, fmt)
+    packed = t4.prepack_weight(wq)
+    alpha = t4.nvfp4_alpha(None, wgs) if fmt is F.NVFP4 else None
+    if w4a4:
+        if fmt is F.NVFP4:
+            gs = t4.compute_global_scale(x)
+            a, s = t4.nvfp4_quantize(x, gs)
+            alpha = t4.nvfp4_alpha(gs, wgs)
+        else:
+            a, s = t4.mxfp4_quantize(x)
+    else:
+        a, s = x, None
+    row = t4.mm_fp4(a, wq.T, s, ws.T, alpha, torch.float32, fmt.block_size)
+    sm90 = t4.mm_fp4(a, packed.T, s, ws.T, alpha, torch.float32, fmt.block_size, weight_layout="sm90")
+    assert torch.equal(row, sm90)
+    assert t4.supported_backends("mm_fp4", a, packed.T, s, ws.T, alpha, torch.float32, fmt,
+                                 F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90) == [t4.Backend.REFERENCE]
+
+
+def test_errors_name_the_argument():
+    w = torch.randint(0, 256, (100, 32), dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"prepack_weight: w: .*N % 128 == 0 and K % 64 == 0.*N=100, K=64"):
+        t4.prepack_weight(w)
+    with pytest.raises(TypeError, match="prepack_weight: w: expected dtype"):
+        t4.prepack_weight(torch.zeros(128, 32))
+    with pytest.raises(ValueError, match="prepack_weight: layout: expected one of 'row', 'sm90', got 'sm80'"):
+        t4.prepack_weight(torch.zeros(128, 32, dtype=torch.uint8), "sm80")
+    with pytest.raises(ValueError, match="unprepack_weight: w: expected a 2-D"):
+        t4.unprepack_weight(torch.zeros(2, 128, 32, dtype=torch.uint8))
+    wq, ws, _ = T.quantized_weight(136, 64)
+    with pytest.raises(ValueError, match=r"mm_fp4: weight_layout: expected 'row' .*N=136"):
+        t4.mm_fp4(torch.randn(2, 64), wq.T, None, ws.T, weight_layout="sm90")
+    with pytest.raises(ValueError, match="mm_fp4: weight_layout: expected one of"):
+        t4.mm_fp4(torch.randn(2, 64), wq.T, None, ws.T, weight_layout="tiled")
+    with pytest.raises(ValueError, match=r"FP4Linear: weight_layout: expected 'row' for a 64 -> 136 layer"):
+        t4.FP4Linear(64, 136, weight_layout="sm90")
+
+
+@pytest.mark.parametrize("fmt,acts", [("nvfp4", "bf16"), ("nvfp4", "fp4"), ("mxfp4", "bf16")])
+def test_fp4linear_sm90_equals_row_and_state_dict_is_row_major(fmt, acts):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(192, 256)
+    row = t4.FP4Linear.from_linear(lin, fmt, acts)
+    sm90 = t4.FP4Linear.from_linear(lin, fmt, acts, weight_layout="sm90")
+    x = torch.randn(2, 5, 192)
+    assert torch.equal(row(x), sm90(x))
+    assert torch.equal(sm90.weight, t4.prepack_weight(row.weight))
+    sd = sm90.state_dict()
+    assert torch.equal(sd["weight"], row.weight)          # checkpoints hold row-major bytes
+    assert torch.equal(sm90.weight, t4.prepack_weight(row.weight))   # the module is untouched
+    fresh = t4.FP4Linear(192, 256, fmt=fmt, activations=acts, weight_layout="sm90")
+    fresh.load_state_dict(row.state_dict())
+    assert torch.equal(fresh.weight, sm90.weight) and torch.equal(fresh(x), row(x))
+    row.set_weight_layout("sm90")
+    assert torch.equal(row.weight, sm90.weight)
+    row.set_weight_layout("row")
+    assert torch.equal(row.weight, sd["weight"])
+
+
+def test_fp4linear_sm90_compiles_fullgraph_and_quantize_model_config():
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 72))
+    x = torch.randn(3, 128)
+    ref = t4.quantize_model(copy.deepcopy(model))(x)
+    t4.quantize_model(model, t4.QuantConfig(weight_layout="sm90"))
+    assert [getattr(m, "weight_layout", None) for m in model] == ["sm90", None, "row"]
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    assert torch.equal(compiled(x), ref) and torch.equal(model(x), ref)
