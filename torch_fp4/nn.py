@@ -49,12 +49,7 @@ class FP4Linear(torch.nn.Module):
                  device: Optional[torch.device] = None, weight_layout: str = "row"):
         super().__init__()
         self.fmt = _format(fmt)
-        layout = F.WeightLayout.parse(weight_layout, "FP4Linear: weight_layout")
-        if layout is not F.WeightLayout.ROW and F.sm90_layout_reason(out_features, in_features):
-            raise ValueError(f"FP4Linear: weight_layout: expected 'row' for a {in_features} -> "
-                             f"{out_features} layer ({F.sm90_layout_reason(out_features, in_features)}), "
-                             f"got {layout.value!r}")
-        self.weight_layout = layout.value
+        self.weight_layout = _weight_layout("FP4Linear", weight_layout, in_features, out_features)
         if activations not in ("bf16", "fp4"):
             raise ValueError(f"FP4Linear: activations: expected 'bf16' (W4A16) or 'fp4' (W4A4), "
                              f"got {activations!r}")
@@ -134,7 +129,7 @@ class FP4Linear(torch.nn.Module):
             if tuple(t.shape) != tuple(buf.shape) or t.element_size() != 1:
                 raise ValueError(f"FP4Linear.set_quantized: {name}: expected a 1-byte tensor of "
                                  f"shape {tuple(buf.shape)}, got {t.dtype} {tuple(t.shape)}")
-        self.weight.copy_(F.to_weight_layout(data.contiguous().view(torch.uint8), self.weight_layout))
+        self.weight.copy_(F.to_weight_layout(data, self.weight_layout))
         self.weight_scale.copy_(scale.view(torch.uint8))
         for name, t, buf in (("global_scale", global_scale, self.weight_global_scale_bits),
                              ("input_global_scale", input_global_scale, self.input_global_scale_bits)):
@@ -148,13 +143,11 @@ class FP4Linear(torch.nn.Module):
 
     def set_weight_layout(self, weight_layout: str) -> None:
         """Keep the weight in `weight_layout` from now on (its bytes are converted in place)."""
-        layout = F.WeightLayout.parse(weight_layout, "FP4Linear.set_weight_layout: weight_layout")
-        if layout is not F.WeightLayout.ROW and F.sm90_layout_reason(self.out_features, self.in_features):
-            raise ValueError(f"FP4Linear.set_weight_layout: weight_layout: expected 'row' for this layer "
-                             f"({F.sm90_layout_reason(self.out_features, self.in_features)}), got {layout.value!r}")
+        layout = _weight_layout("FP4Linear.set_weight_layout", weight_layout, self.in_features,
+                                self.out_features)
         row = F.from_weight_layout(self.weight, self.weight_layout)
         self.weight.copy_(F.to_weight_layout(row, layout))
-        self.weight_layout = layout.value
+        self.weight_layout = layout
 
     # -- views used by forward -----------------------------------------------------------------
     @property
@@ -215,6 +208,16 @@ def _weight_from_row(module: FP4Linear, state_dict: dict, prefix: str, local_met
     if (module.weight_layout != "row" and isinstance(t, torch.Tensor) and t.element_size() == 1
             and tuple(t.shape) == tuple(module.weight.shape)):
         state_dict[key] = F.to_weight_layout(t.contiguous(), module.weight_layout)
+
+
+def _weight_layout(where: str, weight_layout: str, in_features: int, out_features: int) -> str:
+    """The name of a valid weight layout for an in_features -> out_features layer."""
+    layout = F.WeightLayout.parse(weight_layout, f"{where}: weight_layout")
+    reason = None if layout is F.WeightLayout.ROW else F.sm90_layout_reason(out_features, in_features)
+    if reason is not None:
+        raise ValueError(f"{where}: weight_layout: expected 'row' for a {in_features} -> {out_features} "
+                         f"layer ({reason}), got {layout.value!r}")
+    return layout.value
 
 
 def _format(fmt: Union[str, F.Fp4Format]) -> F.Fp4Format:

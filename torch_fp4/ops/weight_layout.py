@@ -21,12 +21,17 @@ def _validate(op: str, w: torch.Tensor, layout: str) -> F.WeightLayout:
     return wl
 
 
+def _fresh(out: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """An op's output may not alias its input: "row" to "row" returns the bytes themselves."""
+    return out.clone() if out.data_ptr() == w.data_ptr() else out
+
+
 def _prepack(w: torch.Tensor, layout: str) -> torch.Tensor:
-    return F.to_weight_layout(w, _validate("prepack_weight", w, layout)).clone()
+    return _fresh(F.to_weight_layout(w, _validate("prepack_weight", w, layout)), w)
 
 
 def _unprepack(w: torch.Tensor, layout: str) -> torch.Tensor:
-    return F.from_weight_layout(w, _validate("unprepack_weight", w, layout)).clone()
+    return _fresh(F.from_weight_layout(w, _validate("unprepack_weight", w, layout)), w)
 
 
 def _fake(op: str):

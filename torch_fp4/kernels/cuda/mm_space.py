@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ...tactics import Tactic, TacticSpace
-from ... import formats as F
-from .._common import mm_problem, mm_weight_layout
+from .._common import mm_problem
 from . import mm_tactics as small
 from . import mm_wgmma_tactics as wg
 
@@ -23,8 +22,6 @@ def small_m_reason(args) -> Optional[str]:
     checks the problem-level limits)."""
     if mm_problem(args)[0] > small.MAX_M:
         return f"the small-M kernel is for M <= {small.MAX_M}"
-    if mm_weight_layout(args) is not F.WeightLayout.ROW:
-        return "the small-M kernel reads row-major weights only"
     return small.why_not(small.default(*args), *args) or small.operand_reason(args)
 
 

@@ -103,6 +103,15 @@ def _steps(k: int, block_k: int) -> int:
     return -(-k // block_k)
 
 
+def half_mx_reason(args) -> Optional[str]:
+    """The cuda GEMMs multiply in the activations' 16-bit type: fp16 cannot hold every MXFP4 value."""
+    a, a_scale, fmt = args[0], args[2], args[6]
+    if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
+        return ("fp16 activations with MXFP4 weights: the kernel multiplies in fp16 for fp16 "
+                "activations, which cannot hold every MXFP4 value (triton handles this case)")
+    return None
+
+
 def operand_reason(args) -> Optional[str]:
     """Why the kernel cannot address these operands (sizes, alignment), or None."""
     m, n, k = problem(args)
@@ -120,14 +129,14 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     if not isinstance(t, CudaMmTactic):
         return f"{t.family} is not a cuda tactic"
     m, n, k = problem(args)
-    a, a_scale, fmt = args[0], args[2], args[6]
+    fmt = args[6]
     if m > MAX_M:
         return f"the cuda mm_fp4 kernel is for M <= {MAX_M} (decode); larger M uses triton"
     if mm_weight_layout(args) is not F.WeightLayout.ROW:
         return "the small-M kernel reads row-major weights only (the Hopper GEMM reads 'sm90')"
-    if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
-        return ("fp16 activations with MXFP4 weights: the kernel multiplies in fp16 for fp16 "
-                "activations, which cannot hold every MXFP4 value (triton handles this case)")
+    reason = half_mx_reason(args)
+    if reason is not None:
+        return reason
     if t.block_k % fmt.block_size:
         return (f"block_k={t.block_k} is not a multiple of the {fmt.name.upper()} block "
                 f"({fmt.block_size})")

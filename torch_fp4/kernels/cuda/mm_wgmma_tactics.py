@@ -19,6 +19,7 @@ from ...backends import Backend
 from ...tactics import Tactic, register_family, valid_unique
 from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, largest_split, mm_key,
                        mm_problem, mm_weight_layout, smem_reason)
+from .mm_tactics import half_mx_reason
 
 BLOCK_MS = (64, 128, 256)
 ROWS = 128                    # weight rows per CTA
@@ -60,17 +61,17 @@ def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK) -> int:
 
 def problem_reason(args) -> Optional[str]:
     """Why the Hopper GEMM cannot run these mm_fp4 launcher arguments at all, or None."""
-    a, b, a_scale, b_scale, fmt = args[0], args[1], args[2], args[3], args[6]
+    a, b, a_scale, b_scale = args[0], args[1], args[2], args[3]
     m, n, k = mm_problem(args)
     if isinstance(a, torch.Tensor) and a.is_cuda and torch.cuda.get_device_capability(a.device) != (9, 0):
         return "the Hopper mm_fp4 kernel (wgmma, sm_90a) needs compute capability 9.0"
     if k % 32:
         return f"the Hopper mm_fp4 kernel needs K % 32 == 0 (16-byte weight rows for TMA), got K={k}"
-    if mm_weight_layout(args) is F.WeightLayout.SM90 and F.sm90_layout_reason(n, k) is not None:
-        return F.sm90_layout_reason(n, k)
-    if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
-        return ("fp16 activations with MXFP4 weights: the kernel multiplies in fp16 for fp16 "
-                "activations, which cannot hold every MXFP4 value (triton handles this case)")
+    reason = F.sm90_layout_reason(n, k) if mm_weight_layout(args) is F.WeightLayout.SM90 else None
+    if reason is None:
+        reason = half_mx_reason(args)
+    if reason is not None:
+        return reason
     if max(m, n, k) >= 2**31:
         return f"sizes beyond 2^31 (M={m}, N={n}, K={k})"
     if a_scale is None and a.data_ptr() % 16:
