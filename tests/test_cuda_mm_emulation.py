@@ -121,6 +121,7 @@ struct WarpX {
   Barrier bar{32};
   uint32_t a[32][4];
   uint32_t b[32][2];
+  const char* rows[32];
 };
 
 constexpr int kGuard = 256;  // canary bytes after each CTA's shared memory
@@ -201,6 +202,22 @@ struct HostCtx {
     if (log) log->push_back({static_cast<int>(c - cta->smem.data()), static_cast<int>(sizeof(T))});
     return *p;
   }
+  // Warp-collective ldmatrix.x4 (b16, not transposed): lane l gives the 16-byte row l % 8 of
+  // matrix l / 8 and receives word l % 4 of row l / 4 of each matrix.
+  U128 ldmatrix_x4(const void* row) {
+    const char* c = static_cast<const char*>(row);
+    if (c < cta->smem.data() || c + 16 > cta->smem.data() + cta->bytes) die("ldmatrix row outside shared memory");
+    if ((c - cta->smem.data()) % 16) die("misaligned ldmatrix row");
+    if (log) log->push_back({static_cast<int>(c - cta->smem.data()), 16});
+    WarpX& w = *cta->warps[tid_ >> 5];
+    const int lane = tid_ & 31;
+    w.rows[lane] = c;
+    w.bar.wait();
+    uint32_t r[4];
+    for (int q = 0; q < 4; ++q) std::memcpy(&r[q], w.rows[8 * q + lane / 4] + 4 * (lane % 4), 4);
+    w.bar.wait();
+    return U128{r[0], r[1], r[2], r[3]};
+  }
   void cluster_sync() const { cl->bar->wait(); }
   void pdl_wait() const {}
   void pdl_launch_dependents() const {}
@@ -275,7 +292,7 @@ struct HostCtx {
 
 // ---- running a grid -----------------------------------------------------------------------
 struct Problem {
-  int m, n, k, kp, np, fp16, mx, out_dtype, warps, wr, bk, stages, split, has_alpha, late;
+  int m, n, k, kp, np, fp16, mx, out_dtype, warps, wr, bk, stages, split, has_alpha, late, packed;
   float alpha;
   std::vector<uint16_t> act;
   std::vector<uint8_t> w, w_scale;
@@ -361,12 +378,12 @@ const Params* Runner<Cfg>::params = nullptr;
 template <class Cfg>
 int Runner<Cfg>::stages = 0;
 
-template <int kNB, bool kFp16, bool kMx>
+template <int kNB, bool kFp16, bool kMx, bool kPacked>
 static bool dispatch_nb(const Problem& pr, const Params& p, int split) {
 #define EMU_TILE(W, WR, BK)                                                   \
   if constexpr (tile_compiled(kNB, W, WR, BK)) {                              \
     if (pr.warps == W && pr.wr == WR && pr.bk == BK) {                        \
-      Runner<Config<kNB, W, WR, BK, kFp16, kMx>>::run(pr, p, split);          \
+      Runner<Config<kNB, W, WR, BK, kFp16, kMx, kPacked>>::run(pr, p, split); \
       return true;                                                            \
     }                                                                         \
   }
@@ -383,10 +400,16 @@ static bool dispatch_nb(const Problem& pr, const Params& p, int split) {
 template <bool kFp16, bool kMx>
 static bool dispatch(const Problem& pr, const Params& p, int split) {
   const int nb = (pr.m + 7) / 8;
-  if (nb <= 1) return dispatch_nb<1, kFp16, kMx>(pr, p, split);
-  if (nb <= 2) return dispatch_nb<2, kFp16, kMx>(pr, p, split);
-  if (nb <= 4) return dispatch_nb<4, kFp16, kMx>(pr, p, split);
-  if (nb <= 8) return dispatch_nb<8, kFp16, kMx>(pr, p, split);
+  if (pr.packed) {  // the launcher's checks (mm_small_m.cu launch_format)
+    if (pr.n % 128 != 0 || pr.k % 64 != 0) return false;
+    if (nb <= 1) return dispatch_nb<1, kFp16, kMx, true>(pr, p, split);
+    if (nb <= 2) return dispatch_nb<2, kFp16, kMx, true>(pr, p, split);
+    return false;
+  }
+  if (nb <= 1) return dispatch_nb<1, kFp16, kMx, false>(pr, p, split);
+  if (nb <= 2) return dispatch_nb<2, kFp16, kMx, false>(pr, p, split);
+  if (nb <= 4) return dispatch_nb<4, kFp16, kMx, false>(pr, p, split);
+  if (nb <= 8) return dispatch_nb<8, kFp16, kMx, false>(pr, p, split);
   return false;
 }
 
@@ -397,7 +420,7 @@ static void read_vec(FILE* f, std::vector<T>& v, size_t n) {
 }
 
 // Prints "smem <bytes>" for a configuration (the Python tactic space checks its formula).
-static int smem_query(int nb, int warps, int wr, int bk, int fp16, int mx, int stages);
+static int smem_query(int nb, int warps, int wr, int bk, int fp16, int mx, int stages, int packed);
 
 // "decode <fp16> <mx>": for every scale byte s (a line) and code c (a column), the float bits of
 // the 16-bit weight operand the kernel forms from c under s (bit placement, the 2^126 / 2^14
@@ -405,7 +428,6 @@ static int smem_query(int nb, int warps, int wr, int bk, int fp16, int mx, int s
 // of one code must agree.
 template <class Cfg>
 static void decode_table() {
-  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;
   for (uint32_t s = 0; s < 256; ++s) {
     const uint32_t s2 = scale_table_entry<Cfg>(s);
     for (uint32_t c = 0; c < 16; ++c) {
@@ -417,7 +439,7 @@ static void decode_table() {
       }
       uint32_t a[4];
       for (int e = 0; e < 4; ++e) {
-        a[e] = Cfg::kFold ? mul2<Cfg::kFp16>(d[e], s2) : mul2<Cfg::kFp16>(mul2<Cfg::kFp16>(d[e], kUnit), s2);
+        a[e] = apply_scale<Cfg>(d[e], s2);
         if (a[e] != a[0] || (a[e] >> 16) != (a[e] & 0xFFFFu)) die("element pairs of a one-code word differ");
       }
       const float f = Cfg::kFp16 ? host_f16_to_f32(a[0] & 0xFFFFu) : host_bf16_to_f32(a[0] & 0xFFFFu);
@@ -430,32 +452,33 @@ int main(int argc, char** argv) {
   if (argc == 4 && std::strcmp(argv[1], "decode") == 0) {
     const int fp16 = std::atoi(argv[2]), mx = std::atoi(argv[3]);
     if (fp16 && mx) die("fp16 activations with MXFP4 are not compiled");
-    if (fp16) decode_table<Config<1, 8, 1, 256, true, false>>();
-    else if (mx) decode_table<Config<1, 8, 1, 256, false, true>>();
-    else decode_table<Config<1, 8, 1, 256, false, false>>();
+    if (fp16) decode_table<Config<1, 8, 1, 256, true, false, false>>();
+    else if (mx) decode_table<Config<1, 8, 1, 256, false, true, false>>();
+    else decode_table<Config<1, 8, 1, 256, false, false, false>>();
     return 0;
   }
-  if (argc == 2 && std::strcmp(argv[1], "tiles") == 0) {  // nb warps tiles block_k, one per line
+  if (argc == 2 && std::strcmp(argv[1], "tiles") == 0) {  // nb warps tiles block_k packed, one per line
     const int shapes[6][3] = {{8, 1, 256}, {8, 1, 128}, {4, 1, 256}, {4, 1, 128}, {4, 2, 256}, {4, 2, 128}};
     for (int nb : {1, 2, 4, 8})
       for (const auto& t : shapes)
-        if (tile_compiled(nb, t[0], t[1], t[2])) std::printf("%d %d %d %d\n", nb, t[0], t[1], t[2]);
+        if (tile_compiled(nb, t[0], t[1], t[2]))
+          std::printf("%d %d %d %d %d\n", nb, t[0], t[1], t[2], packed_compiled(nb) ? 1 : 0);
     return 0;
   }
-  if (argc == 9 && std::strcmp(argv[1], "smem") == 0) {
+  if (argc == 10 && std::strcmp(argv[1], "smem") == 0) {
     std::printf("%d\n", smem_query(std::atoi(argv[2]), std::atoi(argv[3]), std::atoi(argv[4]), std::atoi(argv[5]),
-                                   std::atoi(argv[6]), std::atoi(argv[7]), std::atoi(argv[8])));
+                                   std::atoi(argv[6]), std::atoi(argv[7]), std::atoi(argv[8]), std::atoi(argv[9])));
     return 0;
   }
-  if (argc != 3) die("usage: emu problem.bin out.bin | emu smem nb warps wr bk fp16 mx stages");
+  if (argc != 3) die("usage: emu problem.bin out.bin | emu smem nb warps wr bk fp16 mx stages packed");
   FILE* f = std::fopen(argv[1], "rb");
   if (!f) die("cannot open the problem file");
   Problem pr{};
-  int32_t hdr[15];
-  if (std::fread(hdr, 4, 15, f) != 15) die("short header");
+  int32_t hdr[16];
+  if (std::fread(hdr, 4, 16, f) != 16) die("short header");
   pr.m = hdr[0]; pr.n = hdr[1]; pr.k = hdr[2]; pr.kp = hdr[3]; pr.np = hdr[4]; pr.fp16 = hdr[5]; pr.mx = hdr[6];
   pr.out_dtype = hdr[7]; pr.warps = hdr[8]; pr.wr = hdr[9]; pr.bk = hdr[10]; pr.stages = hdr[11]; pr.split = hdr[12];
-  pr.has_alpha = hdr[13]; pr.late = hdr[14];
+  pr.has_alpha = hdr[13]; pr.late = hdr[14]; pr.packed = hdr[15];
   if (std::fread(&pr.alpha, 4, 1, f) != 1) die("short alpha");
   read_vec(f, pr.act, static_cast<size_t>(pr.m) * pr.k);
   read_vec(f, pr.w, static_cast<size_t>(pr.n) * pr.k / 2);
@@ -488,7 +511,7 @@ int main(int argc, char** argv) {
   p.m = pr.m; p.n = pr.n; p.k = pr.k; p.kp = pr.kp;
   p.steps_per_split = (steps + split - 1) / split;
   p.out_dtype = pr.out_dtype;
-  p.w_aligned16 = (pr.k % 32 == 0) ? 1 : 0;
+  p.w_aligned16 = (pr.k % 32 == 0) ? 1 : 0;  // always for "sm90" weights (K % 64 == 0)
   bool ok;
   if (pr.fp16 && pr.mx) {
     ok = false;
@@ -532,11 +555,12 @@ int main(int argc, char** argv) {
   return 0;
 }
 
-template <int kNB, bool kFp16, bool kMx>
+template <int kNB, bool kFp16, bool kMx, bool kPacked>
 static int smem_nb(int warps, int wr, int bk, int stages) {
 #define EMU_SMEM(W, WR, BK)                                                                    \
   if constexpr (tile_compiled(kNB, W, WR, BK)) {                                               \
-    if (warps == W && wr == WR && bk == BK) return smem_bytes<Config<kNB, W, WR, BK, kFp16, kMx>>(stages); \
+    if (warps == W && wr == WR && bk == BK)                                                    \
+      return smem_bytes<Config<kNB, W, WR, BK, kFp16, kMx, kPacked>>(stages);                  \
   }
   EMU_SMEM(8, 1, 256)
   EMU_SMEM(4, 1, 256)
@@ -548,13 +572,18 @@ static int smem_nb(int warps, int wr, int bk, int stages) {
   return -1;
 }
 
-static int smem_query(int nb, int warps, int wr, int bk, int fp16, int mx, int stages) {
+static int smem_query(int nb, int warps, int wr, int bk, int fp16, int mx, int stages, int packed) {
   auto by_nb = [&](auto f16, auto m) {
     constexpr bool F = decltype(f16)::value, X = decltype(m)::value;
-    if (nb == 1) return smem_nb<1, F, X>(warps, wr, bk, stages);
-    if (nb == 2) return smem_nb<2, F, X>(warps, wr, bk, stages);
-    if (nb == 4) return smem_nb<4, F, X>(warps, wr, bk, stages);
-    if (nb == 8) return smem_nb<8, F, X>(warps, wr, bk, stages);
+    if (packed) {
+      if (nb == 1) return smem_nb<1, F, X, true>(warps, wr, bk, stages);
+      if (nb == 2) return smem_nb<2, F, X, true>(warps, wr, bk, stages);
+      return -1;
+    }
+    if (nb == 1) return smem_nb<1, F, X, false>(warps, wr, bk, stages);
+    if (nb == 2) return smem_nb<2, F, X, false>(warps, wr, bk, stages);
+    if (nb == 4) return smem_nb<4, F, X, false>(warps, wr, bk, stages);
+    if (nb == 8) return smem_nb<8, F, X, false>(warps, wr, bk, stages);
     return -1;
   };
   if (fp16 && mx) return -1;
@@ -580,21 +609,23 @@ def emu(tmp_path_factory):
     return exe
 
 
-def emulate(emu, a16, wd, ws, fmt, out_dtype, tactic, alpha=None, late=True, banks=False, tmp=None):
-    """Run the kernel on a16 [M, K] (bf16/fp16), FP4 weight data [N, K/2] and 128x4 scales;
-    returns (out, emulator stdout)."""
+def emulate(emu, a16, wd, ws, fmt, out_dtype, tactic, alpha=None, late=True, banks=False, tmp=None,
+            packed=False):
+    """Run the kernel on a16 [M, K] (bf16/fp16), row-major FP4 weight data [N, K/2] (passed to the
+    kernel in the "sm90" layout when `packed`) and 128x4 scales; returns (out, emulator stdout)."""
     m, k = a16.shape
     n = wd.shape[0]
     ws8 = ws.view(torch.uint8)
     hdr = [m, n, k, ws8.shape[1], ws8.shape[0], int(a16.dtype == torch.float16), int(fmt is F.MXFP4),
            OUT_CODES[out_dtype], tactic.warps, tactic.tiles_per_warp, tactic.block_k, tactic.stages,
-           tactic.split_k, int(alpha is not None), int(late)]
+           tactic.split_k, int(alpha is not None), int(late), int(packed)]
+    w8 = F.to_weight_layout(wd, "sm90") if packed else wd.view(torch.uint8)
     pf, of = os.path.join(tmp, "problem.bin"), os.path.join(tmp, "out.bin")
     with open(pf, "wb") as f:
-        f.write(struct.pack("15i", *hdr))
+        f.write(struct.pack("16i", *hdr))
         f.write(struct.pack("f", 1.0 if alpha is None else alpha))
         f.write(a16.contiguous().view(torch.int16).numpy().tobytes())
-        f.write(wd.view(torch.uint8).contiguous().numpy().tobytes())
+        f.write(w8.contiguous().numpy().tobytes())
         f.write(ws8.contiguous().numpy().tobytes())
     env = dict(os.environ, EMU_BANKS="1") if banks else None
     proc = subprocess.run([str(emu), pf, of], capture_output=True, text=True, env=env, timeout=600)
@@ -615,9 +646,26 @@ def grid_problem(m, n, k, fmt, act_dtype, seed):
     return a, wd, ws
 
 
+def random_weight(n, k, fmt, g):
+    """A Gaussian weight [n, k] quantized by the reference: (data, 128x4 scales, dequantized fp32)."""
+    w = torch.randn(n, k, generator=g)
+    if fmt is F.NVFP4:
+        wd, ws = t4.nvfp4_quantize(w, torch.full((1,), 2688.0 / w.abs().max().item()), backend="reference")
+    else:
+        wd, ws = t4.mxfp4_quantize(w, backend="reference")
+    what = t4.fp4_dequantize(wd, ws, None, block_size=fmt.block_size, out_dtype=torch.float32,
+                             backend="reference")
+    return wd, ws, what
+
+
 def tiles_for(m):
     nb = MT.n_blocks(m)
     return [s for s in MT.TILE_SHAPES if MT.tile_compiled(nb, *s)]
+
+
+def layouts_for(m):
+    """The weight layouts compiled for M: "sm90" (packed) up to mm_tactics.PACKED_MAX_M."""
+    return (False, True) if m <= MT.PACKED_MAX_M else (False,)
 
 
 # ---- decode, tile list, shared-memory formula -------------------------------------------------
@@ -643,15 +691,19 @@ def test_decode_of_every_code_and_scale_byte_is_exact(emu, fmt_name, act_dtype):
 def test_compiled_tiles_and_shared_memory_match_the_tactic_space(emu):
     out = subprocess.run([str(emu), "tiles"], capture_output=True, text=True, check=True).stdout
     cpp = {tuple(int(x) for x in line.split()) for line in out.splitlines()}
-    py = {(nb, *s) for nb in (1, 2, 4, 8) for s in MT.TILE_SHAPES if MT.tile_compiled(nb, *s)}
+    py = {(nb, *s, int(8 * nb <= MT.PACKED_MAX_M)) for nb in (1, 2, 4, 8) for s in MT.TILE_SHAPES
+          if MT.tile_compiled(nb, *s)}
     assert cpp == py
-    for nb, warps, tiles, bk in sorted(py):
-        for fp16, mx in ((0, 0), (0, 1), (1, 0)):
+    for nb, warps, tiles, bk, packed_too in sorted(py):
+        for fp16, mx, packed in ((0, 0, 0), (0, 1, 0), (1, 0, 0), (0, 0, 1), (0, 1, 1), (1, 0, 1)):
+            if packed and not packed_too:
+                continue
             for stages in MT.STAGES:
                 got = subprocess.run([str(emu), "smem", str(nb), str(warps), str(tiles), str(bk), str(fp16),
-                                      str(mx), str(stages)], capture_output=True, text=True, check=True).stdout
+                                      str(mx), str(stages), str(packed)], capture_output=True, text=True,
+                                     check=True).stdout
                 t = MT.CudaMmTactic(warps, tiles, bk, stages, 1)
-                assert int(got) == MT.smem_bytes(t, nb, 32 if mx else 16), (nb, t.label(), fp16, mx)
+                assert int(got) == MT.smem_bytes(t, nb, 32 if mx else 16, bool(packed)), (nb, t.label(), fp16, mx)
 
 
 # ---- results -----------------------------------------------------------------------------------
@@ -672,6 +724,41 @@ def test_grid_exact_every_tile(emu, tmp_path, fmt_name, act_dtype):
             want = reference(a, wd, ws, fmt, out_dtype, alpha)
             assert torch.equal(got, want), (m, t.label(), out_dtype, alpha, (got.double() - want.double()).abs().max())
             i += 1
+
+
+@pytest.mark.parametrize("fmt_name,act_dtype", FORMATS)
+def test_sm90_weights_grid_exact_every_tile(emu, tmp_path, fmt_name, act_dtype):
+    """Weights in the "sm90" layout (M <= 16): bit-exact against the reference and bit-identical
+    to the same tactic on row-major weights, for every compiled tile, with a partial last stage
+    (K = 640 or 192: 64-K tiles past K zero-filled), 64-row CTAs inside a 128-row group, split-K,
+    stages, output types, alpha, copies landing late or early."""
+    fmt = FMTS[fmt_name]
+    i = 0
+    for m in (1, 7, 16):
+        for warps, tiles, bk in tiles_for(m):
+            k = 640 if i % 3 else 192
+            out_dtype = (torch.float32, torch.bfloat16, torch.float16)[i % 3]
+            t = MT.CudaMmTactic(warps, tiles, bk, 2 + i % 3, 1 + i % 2)
+            alpha = 0.75 if i % 2 else None
+            a, wd, ws = grid_problem(m, 256, k, fmt, act_dtype, seed=50 + i)
+            got, _ = emulate(emu, a, wd, ws, fmt, out_dtype, t, alpha, late=i % 4 != 1, tmp=tmp_path, packed=True)
+            row, _ = emulate(emu, a, wd, ws, fmt, out_dtype, t, alpha, late=i % 4 != 1, tmp=tmp_path)
+            want = reference(a, wd, ws, fmt, out_dtype, alpha)
+            assert torch.equal(got, want), (m, k, t.label(), out_dtype, alpha)
+            assert torch.equal(got.view(torch.uint8) if got.dtype != torch.float32 else got.view(torch.int32),
+                               row.view(torch.uint8) if row.dtype != torch.float32 else row.view(torch.int32))
+            i += 1
+
+
+@pytest.mark.parametrize("fmt_name,act_dtype", FORMATS)
+def test_sm90_weights_random_within_bound(emu, tmp_path, fmt_name, act_dtype):
+    fmt = FMTS[fmt_name]
+    for i, (m, t) in enumerate([(1, MT.CudaMmTactic(4, 2, 256, 4, 2)), (13, MT.CudaMmTactic(8, 1, 128, 3, 3))]):
+        g = torch.Generator().manual_seed(200 + i)
+        wd, ws, what = random_weight(256, 1536, fmt, g)
+        a = torch.randn(m, 1536, generator=g).to(act_dtype)
+        got, _ = emulate(emu, a, wd, ws, fmt, torch.float32, t, 0.37, tmp=tmp_path, packed=True)
+        T.assert_mm_within_bound(got, a.float(), what, 0.37)
 
 
 @pytest.mark.parametrize("fmt_name,k", [("nvfp4", 592), ("nvfp4", 1040), ("mxfp4", 608)])
@@ -709,21 +796,16 @@ def test_random_within_bound(emu, tmp_path, fmt_name, act_dtype):
     for i, (m, t) in enumerate([(1, MT.CudaMmTactic(8, 1, 256, 4, 2)), (13, MT.CudaMmTactic(4, 2, 256, 2, 1)),
                                 (40, MT.CudaMmTactic(4, 2, 128, 3, 3)), (64, MT.CudaMmTactic(8, 1, 128, 4, 2))]):
         g = torch.Generator().manual_seed(100 + i)
-        w = torch.randn(264, 2048, generator=g)
-        if fmt is F.NVFP4:
-            wd, ws = t4.nvfp4_quantize(w, torch.full((1,), 2688.0 / w.abs().max().item()), backend="reference")
-        else:
-            wd, ws = t4.mxfp4_quantize(w, backend="reference")
-        what = t4.fp4_dequantize(wd, ws, None, block_size=fmt.block_size, out_dtype=torch.float32,
-                                 backend="reference")
+        wd, ws, what = random_weight(264, 2048, fmt, g)
         a = torch.randn(m, 2048, generator=g).to(act_dtype)
         for out_dtype, alpha in ((torch.float32, 0.37), (torch.bfloat16, None)):
             got, _ = emulate(emu, a, wd, ws, fmt, out_dtype, t, alpha, tmp=tmp_path)
             T.assert_mm_within_bound(got, a.float(), what, 1.0 if alpha is None else alpha)
 
 
+@pytest.mark.parametrize("packed", [False, True])
 @pytest.mark.parametrize("fmt_name,act_dtype", FORMATS)
-def test_nan_and_inf_scales_match_the_reference(emu, tmp_path, fmt_name, act_dtype):
+def test_nan_and_inf_scales_match_the_reference(emu, tmp_path, fmt_name, act_dtype, packed):
     """Every scale byte occurs (e4m3 NaN 0x7F/0xFF, UE8M0 255 and the exponents that overflow in
     rows 0..3): NaN and Inf land where the reference's do, finite results within the bound."""
     fmt = FMTS[fmt_name]
@@ -740,7 +822,8 @@ def test_nan_and_inf_scales_match_the_reference(emu, tmp_path, fmt_name, act_dty
     ws = F.swizzle(sb.view(fmt.scale_dtype), "128x4")
     lim = 8 if act_dtype == torch.float16 else 20
     a = (torch.randn(m, k, generator=g) * 2.0 ** torch.randint(-lim - 12, lim, (m, k), generator=g)).to(act_dtype)
-    got, _ = emulate(emu, a, wd, ws, fmt, torch.float32, MT.CudaMmTactic(8, 1, 256, 3, 2), tmp=tmp_path)
+    got, _ = emulate(emu, a, wd, ws, fmt, torch.float32, MT.CudaMmTactic(8, 1, 256, 3, 2), tmp=tmp_path,
+                     packed=packed)
     want = reference(a, wd, ws, fmt, torch.float32)
     assert torch.equal(got.isnan(), want.isnan())
     inf = want.isinf()
@@ -755,26 +838,29 @@ def test_nan_and_inf_scales_match_the_reference(emu, tmp_path, fmt_name, act_dty
 
 # ---- shared-memory banks -----------------------------------------------------------------------
 def test_shared_loads_are_bank_conflict_free(emu, tmp_path):
-    """Every main-loop shared load a warp executes (weight vectors, activation B fragments, scale
-    words) takes the minimum number of wavefronts, for every compiled tile and format. (The
-    scale-table lookups are left out: their banks depend on the scale values.)"""
+    """Every main-loop shared load a warp executes (weight vectors, activation B fragments (ldmatrix
+    rows for "sm90" weights), scale words) takes the minimum number of wavefronts, for every
+    compiled tile, format and weight layout. (The scale-table lookups are left out: their banks
+    depend on the scale values.)"""
     for m in (8, 16, 32, 64):
         for warps, tiles, bk in tiles_for(m):
-            for fmt_name, act_dtype in FORMATS:
-                fmt = FMTS[fmt_name]
-                t = MT.CudaMmTactic(warps, tiles, bk, 3, 1)
-                a, wd, ws = grid_problem(m, 128, 512, fmt, act_dtype, seed=m)
-                _, log = emulate(emu, a, wd, ws, fmt, torch.float32, t, banks=True, tmp=tmp_path)
-                _, loads, waves, ideal, _, _ = log.split()
-                assert int(loads) > 0 and int(waves) == int(ideal), (m, t.label(), fmt_name, log)
+            for packed in layouts_for(m):
+                for fmt_name, act_dtype in FORMATS:
+                    fmt = FMTS[fmt_name]
+                    t = MT.CudaMmTactic(warps, tiles, bk, 3, 1)
+                    a, wd, ws = grid_problem(m, 128, 512, fmt, act_dtype, seed=m)
+                    _, log = emulate(emu, a, wd, ws, fmt, torch.float32, t, banks=True, tmp=tmp_path,
+                                     packed=packed)
+                    _, loads, waves, ideal, _, _ = log.split()
+                    assert int(loads) > 0 and int(waves) == int(ideal), (m, t.label(), fmt_name, packed, log)
 
 
 # ---- the tactic space (CPU, no emulator) ---------------------------------------------------------
-def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4, fp4=False):
+def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4, fp4=False, wlayout=F.WeightLayout.ROW):
     a = torch.empty(m, k // 2 if fp4 else k, dtype=torch.uint8 if fp4 else a_dtype)
     b = torch.empty(n, k // 2, dtype=torch.uint8).T
-    return (a, b, torch.empty(1, dtype=torch.uint8) if fp4 else None, None, None, torch.bfloat16,
-            fmt, F.SfLayout.LAYOUT_128x4)
+    return (a, b, torch.empty(1, dtype=torch.uint8) if fp4 else None, torch.empty(1, dtype=torch.uint8), None,
+            torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4, wlayout)
 
 
 def test_candidates_are_valid_compiled_and_default_first():
@@ -829,3 +915,23 @@ def test_why_not_m_above_64_fp16_mxfp4_and_shared_memory(monkeypatch):
 def test_key_buckets_m_by_n_blocks():
     assert MT.key(*_args(9)) == MT.key(*_args(16)) != MT.key(*_args(17))
     assert MT.key(*_args(16, fp4=True)) != MT.key(*_args(16))
+
+
+def test_sm90_weights_take_the_small_m_kernel_up_to_m_16():
+    """"sm90" weights: the small-M kernel up to PACKED_MAX_M (first in the cuda space's order, with
+    the row-major heuristic's tile), the Hopper GEMM above; the refusal names the limit."""
+    from torch_fp4.kernels.cuda import mm_space
+    from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
+
+    for m in (1, 16):
+        args = _args(m, wlayout=F.WeightLayout.SM90)
+        t = mm_space.MM_SPACE.default(*args)
+        assert isinstance(t, MT.CudaMmTactic) and t == MT.default(*_args(m))
+        assert all(MT.why_not(c, *args) is None for c in MT.candidates(*args))
+        assert MT.key(*args) != MT.key(*_args(m))
+    args = _args(17, wlayout=F.WeightLayout.SM90)
+    assert "reads 'sm90' weights for M <= 16" in MT.why_not(MT.CudaMmTactic(), *args)
+    assert MT.candidates(*args) == []
+    assert isinstance(mm_space.MM_SPACE.default(*args), WT.WgmmaMmTactic)
+    t = MT.CudaMmTactic(8, 1, 256, 4, 1)
+    assert MT.smem_bytes(t, 2, 16, packed=True) < MT.smem_bytes(t, 2, 16)  # one pad per row, not per 8 units

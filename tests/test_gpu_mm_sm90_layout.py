@@ -1,14 +1,16 @@
-"""Weights in the "sm90" layout on the Hopper GEMM (csrc/mm_wgmma.cu), sm_90 only: every compiled
-tile gives the bits of the row-major weights (exact on grid-exact operands), at M = 1, 33, 129,
-4097, NVFP4 and MXFP4, bf16, fp16 and FP4 activations; auto picks the Hopper GEMM at every M; CUDA
-graph replay; prepack_weight on the GPU writes the CPU's bytes; FP4Linear with "sm90" weights
-equals the row-major module."""
+"""Weights in the "sm90" layout on the cuda GEMMs (csrc/mm_wgmma.cu at every M, csrc/mm_small_m.cu
+at M <= 16), sm_90 only: every compiled tile of both gives the bits of the row-major weights
+(exact on grid-exact operands), at M = 1, 16, 33, 129, 4097, NVFP4 and MXFP4, bf16, fp16 and FP4
+activations; auto picks the small-M kernel up to M = 16 and the Hopper GEMM above; CUDA graph
+replay; prepack_weight on the GPU writes the CPU's bytes; FP4Linear with "sm90" weights equals the
+row-major module bit for bit."""
 import pytest
 import torch
 
 import torch_fp4 as t4
 from torch_fp4 import formats as F
 from torch_fp4 import testing as T
+from torch_fp4.kernels.cuda import mm_tactics as MT
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_fresh_tactics")]
@@ -38,7 +40,7 @@ def _mm(a, w, a_scale, ws, fmt, layout, out_dtype=torch.float32, alpha=None):
 
 
 @pytest.mark.parametrize("fmt_name,a_mode", CASES)
-@pytest.mark.parametrize("m", [1, 33, 129, 4097])
+@pytest.mark.parametrize("m", [1, 16, 33, 129, 4097])
 def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
     fmt = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}[fmt_name]
     n, k = 384, 704
@@ -47,31 +49,33 @@ def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
     assert torch.equal(packed.cpu(), t4.prepack_weight(wd.cpu()))
     want = (ahat.double() @ what.double().T).float()
     launcher = (a, packed.T, as_, ws.T, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+    tactics = [WT.WgmmaMmTactic(bm, stages, split) for bm in WT.BLOCK_MS
+               for stages in (WT.MIN_STAGES, WT.max_stages(bm)) for split in (1, 3)]
+    if m <= MT.PACKED_MAX_M:
+        tactics += [MT.CudaMmTactic(w, r, bk, stages, split) for w, r, bk in MT.TILE_SHAPES
+                    for stages, split in ((2, 1), (4, 3))]
     count = 0
-    for bm in WT.BLOCK_MS:
-        for stages in (WT.MIN_STAGES, WT.max_stages(bm)):
-            for split in (1, 3):
-                t = WT.WgmmaMmTactic(bm, stages, split)
-                if WT.why_not(t, *launcher) is not None:
-                    continue
-                count += 1
-                with t4.use_tactic(t):
-                    got = _mm(a, packed, as_, ws, fmt, "sm90")
-                    row = _mm(a, wd, as_, ws, fmt, "row")
-                assert torch.equal(got, want), (t.label(), (got - want).abs().max().item())
-                assert torch.equal(got, row), t.label()
+    for t in tactics:
+        if (WT if isinstance(t, WT.WgmmaMmTactic) else MT).why_not(t, *launcher) is not None:
+            continue
+        count += 1
+        with t4.use_tactic(t):
+            got = _mm(a, packed, as_, ws, fmt, "sm90")
+            row = _mm(a, wd, as_, ws, fmt, "row")
+        assert torch.equal(got, want), (t.label(), (got - want).abs().max().item())
+        assert torch.equal(got, row), t.label()
     assert count >= 10
 
 
-def test_random_bits_equal_row_major_auto_is_hopper_and_graph_replay():
+def test_random_bits_equal_row_major_auto_picks_by_m_and_graph_replay():
     fmt = F.NVFP4
     wd, ws, gs = T.quantized_weight(1024, 2048, fmt, "cuda")
     packed = t4.prepack_weight(wd)
     alpha = torch.tensor([0.37], device="cuda")
-    for m in (1, 16, 64, 300):
+    for m in (1, 16, 17, 64, 300):
         a = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
         ts = t4.mm_fp4_tactics(a, packed.T, None, ws.T, weight_layout="sm90")
-        assert isinstance(ts[0], WT.WgmmaMmTactic), ts[0]
+        assert isinstance(ts[0], MT.CudaMmTactic if m <= 16 else WT.WgmmaMmTactic), (m, ts[0])
         with t4.use_tactic(ts[0]):
             row = t4.mm_fp4(a, wd.T, None, ws.T, alpha)
         got = t4.mm_fp4(a, packed.T, None, ws.T, alpha, weight_layout="sm90")
@@ -89,11 +93,23 @@ def test_random_bits_equal_row_major_auto_is_hopper_and_graph_replay():
 def test_fp4linear_sm90_equals_row(acts):
     torch.manual_seed(0)
     lin = torch.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16)
-    row = t4.FP4Linear.from_linear(lin, "nvfp4", acts)
+    row = t4.FP4Linear.from_linear(lin, "nvfp4", acts, weight_layout="row")
     sm90 = t4.FP4Linear.from_linear(lin, "nvfp4", acts, weight_layout="sm90")
-    for m in (40, 300):   # both on the Hopper GEMM with the same tactic: the same bits
+    for m in (1, 16, 40, 300):   # the same kernel and tactic for both layouts: the same bits
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
         assert torch.equal(row(x), sm90(x)), m
-    x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)   # small-M kernel vs Hopper GEMM
-    assert torch.allclose(row(x).float(), sm90(x).float(), rtol=1e-2, atol=1e-2)
     assert torch.equal(sm90.state_dict()["weight"], row.weight)
+
+
+def test_fp4linear_defaults_to_sm90_on_hopper_and_follows_moves():
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16)
+    mod = t4.FP4Linear.from_linear(lin)
+    assert mod.weight_layout == "sm90"
+    xs = [torch.randn(m, 512, device="cuda", dtype=torch.bfloat16) for m in (1, 16, 64)]
+    ys = [mod(x) for x in xs]
+    mod.cpu()
+    assert mod.weight_layout == "row"
+    mod.cuda()
+    assert mod.weight_layout == "sm90"
+    assert all(torch.equal(mod(x), y) for x, y in zip(xs, ys))

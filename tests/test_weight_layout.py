@@ -147,3 +147,42 @@ def test_fp4linear_sm90_compiles_fullgraph_and_quantize_model_config():
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     assert torch.equal(compiled(x), ref) and torch.equal(model(x), ref)
+
+
+def test_auto_layout_follows_the_device(monkeypatch):
+    """weight_layout="auto" (the default) keeps the weight in preferred_weight_layout of its device:
+    "row" on the CPU; on a device that prefers "sm90" (an sm_90 GPU, simulated here) the bytes are
+    reordered at build and again on every move; results, state_dict and explicit choices stay."""
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(192, 256)
+    row = t4.FP4Linear.from_linear(lin)
+    assert row.weight_layout == "row" and row.weight_layout_choice == "auto"
+    assert t4.preferred_weight_layout("cpu", 256, 192) is F.WeightLayout.ROW
+    x = torch.randn(3, 192)
+    prefers = {"layout": F.WeightLayout.SM90}
+    monkeypatch.setattr(t4.ops, "preferred_weight_layout",
+                        lambda device, n, k: prefers["layout"] if F.sm90_layout_reason(n, k) is None
+                        else F.WeightLayout.ROW)
+    mod = t4.FP4Linear.from_linear(lin)
+    assert mod.weight_layout == "sm90" and torch.equal(mod.weight, t4.prepack_weight(row.weight))
+    assert torch.equal(mod(x), row(x)) and torch.equal(mod.state_dict()["weight"], row.weight)
+    assert "weight_layout=sm90" in repr(mod)
+    assert t4.FP4Linear.from_linear(torch.nn.Linear(192, 72)).weight_layout == "row"  # N % 128 != 0
+    pinned = t4.FP4Linear.from_linear(lin, weight_layout="row")
+    prefers["layout"] = F.WeightLayout.ROW          # "moved" to a device that prefers row-major
+    mod.to(torch.float32)
+    pinned.to(torch.float32)
+    assert mod.weight_layout == "row" and torch.equal(mod.weight, row.weight)
+    assert pinned.weight_layout == "row"
+    prefers["layout"] = F.WeightLayout.SM90
+    mod.float()
+    pinned.float()
+    assert mod.weight_layout == "sm90" and pinned.weight_layout == "row"   # an explicit choice stays
+    pinned.set_weight_layout("auto")
+    assert pinned.weight_layout == "sm90" and torch.equal(pinned.weight, mod.weight)
+    model = t4.quantize_model(torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.Linear(256, 72)))
+    assert [m.weight_layout for m in model] == ["sm90", "row"]
+    with pytest.raises(ValueError, match="FP4Linear: weight_layout: expected one of 'auto', 'row', 'sm90', got 'x'"):
+        t4.FP4Linear(64, 128, weight_layout="x")
+    with pytest.raises(ValueError, match="QuantConfig: weight_layout: expected one of 'auto'"):
+        t4.quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 128)), t4.QuantConfig(weight_layout="y"))

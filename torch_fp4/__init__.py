@@ -9,8 +9,9 @@ from . import formats
 from .backends import Backend
 from .formats import MXFP4, NVFP4, Fp4Format, SfLayout, WeightLayout, nvfp4_alpha
 from .ops import (ROUTING_METHODS, compute_global_scale, fp4_dequantize, fused_moe, mm_fp4,
-                  mm_fp4_tactics, mxfp4_quantize, nvfp4_quantize, prepack_weight, route, supported_backends,
-                  swap_gate_up, unprepack_weight, unsupported_reason)
+                  mm_fp4_tactics, mxfp4_quantize, nvfp4_quantize, preferred_weight_layout,
+                  prepack_weight, route, supported_backends, swap_gate_up, unprepack_weight,
+                  unsupported_reason)
 from . import checkpoint, nn
 from .tactics import Tactic, autotune, use_tactic
 from .nn import FP4Linear, FP4MoE, QuantConfig, quantize_model
@@ -27,6 +28,6 @@ def set_pdl(enabled: bool = True) -> None:
 
 __all__ = ["formats", "Backend", "Fp4Format", "NVFP4", "MXFP4", "SfLayout", "WeightLayout", "nvfp4_alpha",
            "compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
-           "mm_fp4_tactics", "prepack_weight", "unprepack_weight", "Tactic", "autotune", "use_tactic", "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",
+           "mm_fp4_tactics", "prepack_weight", "unprepack_weight", "preferred_weight_layout", "Tactic", "autotune", "use_tactic", "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",
            "unsupported_reason", "set_pdl", "checkpoint", "nn", "FP4Linear", "FP4MoE", "QuantConfig", "quantize_model",
            "__version__"]

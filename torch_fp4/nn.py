@@ -36,20 +36,24 @@ class FP4Linear(torch.nn.Module):
     device, or a fixed `input_global_scale` when one is set). Inputs may have any number of
     leading dimensions; fp32 inputs are computed in `compute_dtype` and returned in fp32.
 
-    weight_layout: the byte order the FP4 weight is kept in: "row" (as quantized), or "sm90", the
-    register-fragment order of the Hopper GEMM (faster from M = 32 on H100; out_features % 128 == 0
-    and in_features % 64 == 0; runs on the cuda backend on sm_90 and on the reference elsewhere;
-    at M <= 16 it runs on the Hopper GEMM instead of the small-M kernel, which is slower there:
-    BENCHMARKS.md). `state_dict` always holds the row-major bytes, and loading converts them.
+    weight_layout: the byte order the FP4 weight is kept in: "row" (as quantized), "sm90" (the
+    register-fragment order of the cuda backend's Hopper GEMMs: faster from M = 32 on H100,
+    BENCHMARKS.md; out_features % 128 == 0 and in_features % 64 == 0; the other GPU backends do
+    not read it, the reference does), or "auto" (default): `preferred_weight_layout` of the
+    device the weight is on, i.e. "sm90" on an sm_90 GPU when the shape fits and "row" elsewhere,
+    chosen again whenever the module moves (`.to`, `.cuda`, `.cpu`). The current byte order is
+    the attribute `weight_layout`. `state_dict` always holds the row-major bytes, and loading
+    converts them.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  fmt: Union[str, F.Fp4Format] = "nvfp4", activations: str = "bf16",
                  compute_dtype: torch.dtype = torch.bfloat16,
-                 device: Optional[torch.device] = None, weight_layout: str = "row"):
+                 device: Optional[torch.device] = None, weight_layout: str = "auto"):
         super().__init__()
         self.fmt = _format(fmt)
-        self.weight_layout = _weight_layout("FP4Linear", weight_layout, in_features, out_features)
+        self.weight_layout_choice = _weight_layout("FP4Linear", weight_layout, in_features, out_features)
+        self.weight_layout = _resolve_layout(self.weight_layout_choice, device, out_features, in_features)
         if activations not in ("bf16", "fp4"):
             raise ValueError(f"FP4Linear: activations: expected 'bf16' (W4A16) or 'fp4' (W4A4), "
                              f"got {activations!r}")
@@ -78,7 +82,7 @@ class FP4Linear(torch.nn.Module):
     # -- construction --------------------------------------------------------------------------
     @classmethod
     def from_linear(cls, linear: torch.nn.Linear, fmt: Union[str, F.Fp4Format] = "nvfp4",
-                    activations: str = "bf16", weight_layout: str = "row") -> "FP4Linear":
+                    activations: str = "bf16", weight_layout: str = "auto") -> "FP4Linear":
         """Quantize an nn.Linear's weight (on its device) into a new FP4Linear."""
         w = linear.weight.detach()
         compute = w.dtype if w.dtype in _COMPUTE_DTYPES else torch.bfloat16
@@ -92,7 +96,7 @@ class FP4Linear(torch.nn.Module):
     @classmethod
     def from_checkpoint(cls, weight, bias: Optional[torch.Tensor] = None, activations: str = "bf16",
                         compute_dtype: torch.dtype = torch.bfloat16,
-                        weight_layout: str = "row") -> "FP4Linear":
+                        weight_layout: str = "auto") -> "FP4Linear":
         """An NVFP4 FP4Linear from a loaded checkpoint weight (torch_fp4.checkpoint.NVFP4Weight).
         Its input global scale, when the checkpoint has one, becomes the fixed W4A4 scale."""
         n, half_k = weight.data.shape
@@ -142,12 +146,29 @@ class FP4Linear(torch.nn.Module):
         self.static_input_scale = input_global_scale is not None
 
     def set_weight_layout(self, weight_layout: str) -> None:
-        """Keep the weight in `weight_layout` from now on (its bytes are converted in place)."""
-        layout = _weight_layout("FP4Linear.set_weight_layout", weight_layout, self.in_features,
-                                self.out_features)
-        row = F.from_weight_layout(self.weight, self.weight_layout)
-        self.weight.copy_(F.to_weight_layout(row, layout))
+        """Keep the weight in `weight_layout` ("row", "sm90" or "auto") from now on (its bytes are
+        converted in place)."""
+        self.weight_layout_choice = _weight_layout("FP4Linear.set_weight_layout", weight_layout,
+                                                   self.in_features, self.out_features)
+        self._convert_weight(_resolve_layout(self.weight_layout_choice, self.weight.device,
+                                             self.out_features, self.in_features))
+
+    def _convert_weight(self, layout: str) -> None:
+        if layout == self.weight_layout:
+            return
+        if self.weight.device.type != "meta":  # meta tensors hold no bytes to reorder
+            row = F.from_weight_layout(self.weight, self.weight_layout)
+            self.weight.copy_(F.to_weight_layout(row, layout))
         self.weight_layout = layout
+
+    def _apply(self, fn, recurse=True):
+        """Module moves (`.to(device)`, `.cuda()`, `.cpu()`) keep the bytes; weight_layout="auto"
+        then reorders them into the new device's preferred layout."""
+        super()._apply(fn, recurse)
+        if getattr(self, "weight_layout_choice", None) == "auto":
+            self._convert_weight(_resolve_layout("auto", self.weight.device, self.out_features,
+                                                 self.in_features))
+        return self
 
     # -- views used by forward -----------------------------------------------------------------
     @property
@@ -210,14 +231,33 @@ def _weight_from_row(module: FP4Linear, state_dict: dict, prefix: str, local_met
         state_dict[key] = F.to_weight_layout(t.contiguous(), module.weight_layout)
 
 
-def _weight_layout(where: str, weight_layout: str, in_features: int, out_features: int) -> str:
-    """The name of a valid weight layout for an in_features -> out_features layer."""
-    layout = F.WeightLayout.parse(weight_layout, f"{where}: weight_layout")
-    reason = None if layout is F.WeightLayout.ROW else F.sm90_layout_reason(out_features, in_features)
+def _layout_choice(where: str, weight_layout) -> str:
+    """A valid weight-layout name: "auto", "row" or "sm90" (a WeightLayout member is accepted)."""
+    if weight_layout == "auto":
+        return "auto"
+    if isinstance(weight_layout, str) and weight_layout not in ("row", "sm90"):
+        raise ValueError(f"{where}: weight_layout: expected one of 'auto', 'row', 'sm90', "
+                         f"got {weight_layout!r}")
+    return F.WeightLayout.parse(weight_layout, f"{where}: weight_layout").value
+
+
+def _weight_layout(where: str, weight_layout, in_features: int, out_features: int) -> str:
+    """A valid weight-layout choice for an in_features -> out_features layer."""
+    choice = _layout_choice(where, weight_layout)
+    reason = F.sm90_layout_reason(out_features, in_features) if choice == "sm90" else None
     if reason is not None:
         raise ValueError(f"{where}: weight_layout: expected 'row' for a {in_features} -> {out_features} "
-                         f"layer ({reason}), got {layout.value!r}")
-    return layout.value
+                         f"layer ({reason}), got {choice!r}")
+    return choice
+
+
+def _resolve_layout(choice: str, device: Optional[torch.device], out_features: int,
+                    in_features: int) -> str:
+    """The layout a weight is kept in for the module's choice ("auto": the device's preferred)."""
+    if choice != "auto":
+        return choice
+    return ops.preferred_weight_layout(device if device is not None else "cpu", out_features,
+                                       in_features).value
 
 
 def _format(fmt: Union[str, F.Fp4Format]) -> F.Fp4Format:
@@ -547,14 +587,15 @@ class QuantConfig:
     fmt: "nvfp4" or "mxfp4"; activations: "bf16" (W4A16) or "fp4" (W4A4);
     include: None (every nn.Linear), a glob on the module's qualified name ("*.mlp.*"), or a
     predicate (name, module) -> bool; exclude: the same form, applied after include.
-    weight_layout: "row", or "sm90" for every converted layer the layout can hold
+    weight_layout: "auto" (each layer in its device's preferred layout, following the module
+    across devices), "row", or "sm90" for every converted layer the layout can hold
     (out_features % 128 == 0, in_features % 64 == 0; the others stay "row"): see FP4Linear.
     """
     fmt: str = "nvfp4"
     activations: str = "bf16"
     include: Filter = None
     exclude: Filter = None
-    weight_layout: str = "row"
+    weight_layout: str = "auto"
 
 
 def _matches(flt: Filter, name: str, module: torch.nn.Module, default: bool) -> bool:
@@ -573,7 +614,7 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) 
     names each of them. Returns the model.
     """
     fmt = _format(config.fmt)
-    layout = F.WeightLayout.parse(config.weight_layout, "QuantConfig.weight_layout")
+    layout = _layout_choice("QuantConfig", config.weight_layout)
     skipped = []
     # FP4MoE keeps its router dense: nothing inside one is touched.
     moe = tuple(name + "." if name else "" for name, mod in model.named_modules()
@@ -590,7 +631,7 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) 
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         fits = F.sm90_layout_reason(linear.out_features, linear.in_features) is None
-        wl = layout.value if fits else "row"
+        wl = layout if fits or layout == "auto" else "row"
         setattr(parent, child, FP4Linear.from_linear(linear, fmt, config.activations, wl))
     if skipped:
         warnings.warn(f"quantize_model: kept {len(skipped)} layer(s) dense because in_features is "

@@ -134,7 +134,8 @@ void global_scale(const at::Tensor& x, const at::Tensor& out, const at::Tensor& 
 // [np, kp] of w as uint8, alpha: one fp32 element or None) and fills the fields that the GEMM
 // launch structs share (MmOperands).
 void fill_mm_operands(MmOperands& a, const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
-                      const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size) {
+                      const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
+                      bool packed) {
   check_cuda(act, "act");
   check_cuda(w, "w");
   check_cuda(w_scale, "w_scale");
@@ -172,18 +173,20 @@ void fill_mm_operands(MmOperands& a, const at::Tensor& act, const at::Tensor& w,
   a.kp = kp;
   a.act_fp16 = act.scalar_type() == at::kHalf ? 1 : 0;
   a.mx = block_size == 32 ? 1 : 0;
+  a.packed = packed ? 1 : 0;
   a.out_dtype = dtype_code(out, "out");
   TORCH_CHECK(a.out_dtype != kFloat8E4M3, "torch_fp4 cuda backend: out must be bf16, fp16 or fp32");
 }
 
-// The small-M FP4 GEMM (mm_small_m.cu); tactic: warps, MMA tiles per warp, block_k, stages, split_k.
+// The small-M FP4 GEMM (mm_small_m.cu); tactic: warps, MMA tiles per warp, block_k, stages, split_k;
+// packed: w in the "sm90" layout.
 void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
                     const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
                     int64_t warps, int64_t tiles_per_warp, int64_t block_k, int64_t stages, int64_t split_k,
-                    bool pdl) {
+                    bool packed, bool pdl) {
   const c10::cuda::CUDAGuard guard(act.device());
   SmallMMmArgs a{};
-  fill_mm_operands(a, act, w, w_scale, alpha, out, block_size);
+  fill_mm_operands(a, act, w, w_scale, alpha, out, block_size, packed);
   a.warps = static_cast<int>(warps);
   a.tiles_per_warp = static_cast<int>(tiles_per_warp);
   a.block_k = static_cast<int>(block_k);
@@ -192,7 +195,8 @@ void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w, const at::Tensor
   const bool ok = launch_small_m_mm(a, c10::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(ok, "torch_fp4 cuda backend: no compiled small-M GEMM for M=", a.m, " warps=", warps,
               " tiles_per_warp=", tiles_per_warp, " block_k=", block_k, " stages=", stages,
-              (a.act_fp16 && a.mx) ? " (fp16 activations with MXFP4 weights are not supported)" : "");
+              (a.act_fp16 && a.mx) ? " (fp16 activations with MXFP4 weights are not supported)" : "",
+              packed ? " (sm90 weight layout: M <= 16, N % 128 == 0, K % 64 == 0, w 16-byte aligned)" : "");
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -202,8 +206,7 @@ void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& 
                   int64_t block_m, int64_t stages, int64_t split_k, bool packed, bool pdl) {
   const c10::cuda::CUDAGuard guard(act.device());
   WgmmaMmArgs a{};
-  fill_mm_operands(a, act, w, w_scale, alpha, out, block_size);
-  a.packed = packed ? 1 : 0;
+  fill_mm_operands(a, act, w, w_scale, alpha, out, block_size, packed);
   a.block_m = static_cast<int>(block_m);
   a.stages = static_cast<int>(stages);
   a.split_k = static_cast<int>(split_k);

@@ -74,6 +74,16 @@ struct DeviceCtx {
   }
   __device__ __forceinline__ void cp_wait_all() const { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+  // Four 8x8 b16 matrices: lane l gives the 16-byte row l % 8 of matrix l / 8 and receives word
+  // l % 4 of row l / 4 of each matrix.
+  __device__ __forceinline__ U128 ldmatrix_x4(const void* row) const {
+    U128 r;
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "r"(smem_addr(row)));
+    return r;
+  }
+
   // d += A * B for one m16n8k16 tile: A rows (a0: row g, k 2t..2t+1; a1: row g+8; a2, a3: k + 8),
   // B columns (b0: k 2t..2t+1 of column g; b1: k + 8), fp32 accumulators.
   template <bool kFp16>
@@ -121,7 +131,7 @@ void launch_cfg(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
   const int steps = static_cast<int>((a.k + Cfg::kBK - 1) / Cfg::kBK);
   const int split = std::max(1, std::min(a.split_k, std::max(steps, 1)));
   Params p = operand_params(a, (steps + split - 1) / split);
-  p.w_aligned16 = (a.k % 32 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0) ? 1 : 0;
+  p.w_aligned16 = (a.k % 32 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0) ? 1 : 0;  // always, "sm90"
 
   const int smem = smem_bytes<Cfg>(a.stages);
   auto kernel = small_m_mm_kernel<Cfg>;
@@ -135,12 +145,12 @@ void launch_cfg(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
 
 // The compiled tile shapes (warps, MMA tiles per warp, block_k): tile_compiled() in
 // mm_small_m.cuh; the tactic space (torch_fp4/kernels/cuda/mm_tactics.py) offers exactly these.
-template <int kNB, bool kFp16, bool kMx>
+template <int kNB, bool kFp16, bool kMx, bool kPacked>
 bool launch_nb(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
 #define TORCH_FP4_SMALL_M_TILE(W, WR, BK)                                        \
   if constexpr (tile_compiled(kNB, W, WR, BK)) {                                 \
     if (a.warps == W && a.tiles_per_warp == WR && a.block_k == BK) {             \
-      launch_cfg<Config<kNB, W, WR, BK, kFp16, kMx>>(a, stream, pdl);            \
+      launch_cfg<Config<kNB, W, WR, BK, kFp16, kMx, kPacked>>(a, stream, pdl);   \
       return true;                                                               \
     }                                                                            \
   }
@@ -157,10 +167,17 @@ bool launch_nb(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
 template <bool kFp16, bool kMx>
 bool launch_format(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
   const int64_t nb = (a.m + 7) / 8;
-  if (nb <= 1) return launch_nb<1, kFp16, kMx>(a, stream, pdl);
-  if (nb <= 2) return launch_nb<2, kFp16, kMx>(a, stream, pdl);
-  if (nb <= 4) return launch_nb<4, kFp16, kMx>(a, stream, pdl);
-  if (nb <= 8) return launch_nb<8, kFp16, kMx>(a, stream, pdl);
+  if (a.packed) {  // "sm90" weights: whole 128 x 64 tiles, compiled for packed_compiled(nb)
+    if (a.n % 128 != 0 || a.k % 64 != 0 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
+    static_assert(packed_compiled(2) && !packed_compiled(3), "the dispatch below");
+    if (nb <= 1) return launch_nb<1, kFp16, kMx, true>(a, stream, pdl);
+    if (nb <= 2) return launch_nb<2, kFp16, kMx, true>(a, stream, pdl);
+    return false;
+  }
+  if (nb <= 1) return launch_nb<1, kFp16, kMx, false>(a, stream, pdl);
+  if (nb <= 2) return launch_nb<2, kFp16, kMx, false>(a, stream, pdl);
+  if (nb <= 4) return launch_nb<4, kFp16, kMx, false>(a, stream, pdl);
+  if (nb <= 8) return launch_nb<8, kFp16, kMx, false>(a, stream, pdl);
   return false;
 }
 

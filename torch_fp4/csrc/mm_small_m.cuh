@@ -24,6 +24,14 @@
 // Products whose magnitude is below 2^-119 fall into fp32's subnormal range inside the MMA with
 // the 2^-7 fold (below 2^-126 without it): activations below about 2^-110.
 //
+// Weights in the "sm90" layout (docs/NUMERICS.md 4b; Config::kPacked, M <= 16): a 16-row MMA tile's
+// 64 K are 512 contiguous bytes whose lane l holds, at 16 l, the four A fragments (k16 steps) of
+// mma.sync in natural K order; a stage copies its tiles' bytes unchanged, a lane reads 16 bytes
+// per 64 K and decodes each word with place_sm90_bf16 (1 to 4 integer instructions per register,
+// as the Hopper GEMM does). K keeps its natural order, so the activation tile is not permuted:
+// one ldmatrix.x4 (rows padded to a pitch of 16 mod 128 bytes: conflict-free) gives the B
+// fragments of two steps. Each step is one 16-element block, so a lane looks up a scale per row
+// per step (two per MMA) instead of one per row per two MMAs.
 // Pipeline: a ring of `stages` shared-memory stages filled with cp.async (weights 16-byte vectors
 // that cover whole 128-byte lines per warp instruction, activation units, 128x4 scale words); each
 // thread permutes the activation units it copied itself right after its own cp.async wait, then
@@ -34,7 +42,8 @@
 // by reading the partials of ranks 0, 1, ... in that order through distributed shared memory
 // (deterministic, no atomics, no workspace), applies alpha and rounds once to the output type.
 //
-// Every shared-memory load of the main loop goes through ctx.lds (a plain load on the GPU) so that
+// Every shared-memory load of the main loop goes through ctx.lds (a plain load on the GPU) or
+// ctx.ldmatrix_x4 so that
 // the emulator can check the bank-conflict freedom of the layouts on the addresses it executes.
 // Portability: this header compiles with nvcc (device code, through DeviceCtx in mm_small_m.cu) and
 // with a plain C++ compiler (tests/test_cuda_mm_emulation.py runs the same kernel body on the CPU,
@@ -70,7 +79,7 @@ constexpr int kMaxSplit = 8;
 constexpr int kLutBytes = 256 * 4;
 
 // Compile-time shape of one kernel instantiation.
-template <int kNB_, int kWarps_, int kWR_, int kBK_, bool kFp16_, bool kMx_>
+template <int kNB_, int kWarps_, int kWR_, int kBK_, bool kFp16_, bool kMx_, bool kPacked_>
 struct Config {
   static constexpr int kNB = kNB_;          // activation n-blocks of 8 rows (M <= 8 * kNB)
   static constexpr int kWarps = kWarps_;    // warps per CTA (4 or 8)
@@ -78,6 +87,7 @@ struct Config {
   static constexpr int kBK = kBK_;          // K elements per pipeline stage (128 or 256)
   static constexpr bool kFp16 = kFp16_;     // fp16 activations and fp16 MMA, else bf16
   static constexpr bool kMx = kMx_;         // MXFP4 (32-element blocks, UE8M0), else NVFP4
+  static constexpr bool kPacked = kPacked_; // weights in the "sm90" layout, else row-major
   static constexpr int kThreads = 32 * kWarps;
   // CTAs per SM the register allocation must allow: 16 warps per SM (at most 128 registers per
   // thread) where accumulators and operands fit; 12 warps (170 registers) or 8 warps (255) for
@@ -94,8 +104,10 @@ struct Config {
   static constexpr int kActRows = 8 * kNB;
   static constexpr int kActUnits = kBK / 8;            // 8-element units per activation row per stage
   // Activation rows are stored with one 16-byte pad after every 8 units, so the eight lanes of a
-  // quarter-warp (two rows, four lane pieces) hit eight different 16-byte bank groups.
-  static constexpr int kActPitch = kActUnits + kActUnits / 8;   // in 16-byte units
+  // quarter-warp (two rows, four lane pieces) hit eight different 16-byte bank groups; "sm90"
+  // weights: one pad per row, so the eight rows of an ldmatrix matrix do.
+  static constexpr int kActPitch = kPacked ? kActUnits + 1 : kActUnits + kActUnits / 8;  // 16-byte units
+  static constexpr int kKTiles = kBK / 64;             // 64-K tiles of the "sm90" layout per stage
   static constexpr int kKw = kBK / (4 * kBlock);       // scale words (4 blocks) per row per stage
   static constexpr int kLaneBlocks = kCpt / kBlock;    // scale blocks in a lane's piece
   // Words per 32-row slice of the stage's scale tile: padded so that the lanes of a warp read
@@ -110,6 +122,7 @@ struct Config {
   static_assert(kNB >= 1 && kNB <= 8 && kWR >= 1 && kWR <= 2, "unsupported tile");
   // A CTA's rows lie in one 128-row group of the 128x4 scale layout.
   static_assert(kBN == 64 || kBN == 128, "64 or 128 weight rows per CTA");
+  static_assert(!kPacked || kNB <= 2, "the \"sm90\" reader is compiled for M <= 16");
 };
 
 // The tile shapes compiled for each n-block count (mirrored by tile_compiled in
@@ -123,6 +136,10 @@ constexpr bool tile_compiled(int nb, int warps, int wr, int bk) {
   if (warps == 4 && wr == 2) return bk == 256 ? nb <= 2 : true;
   return false;
 }
+
+// The n-block counts whose kernels read "sm90" weights (mirrored by PACKED_MAX_M in mm_tactics.py):
+// M <= 16, where this kernel is faster than the Hopper GEMM.
+constexpr bool packed_compiled(int nb) { return nb <= 2; }
 
 // Runtime parameters of one launch (filled by the launcher).
 struct Params {
@@ -194,7 +211,7 @@ TORCH_FP4_HD int weight_unit_offset(int r, int u) {
 // Activation tile: unit c (elements 8c..8c+7 of the stage) of row m.
 template <class Cfg>
 TORCH_FP4_HD int act_unit_offset(int m, int c) {
-  return (m * Cfg::kActPitch + c + (c >> 3)) << 4;
+  return (m * Cfg::kActPitch + c + (Cfg::kPacked ? 0 : c >> 3)) << 4;
 }
 
 // Scale tile: the 128x4 words of the CTA's 128-row group (row r5 = n % 32, q = (n % 128) / 32,
@@ -262,6 +279,36 @@ TORCH_FP4_HD void place_f16(uint32_t w, uint32_t (&d)[4]) {
   d[1] = ((w & 0x00700070u) << 5) | ((w << 8) & 0x80008000u);
   d[2] = ((w & 0x07000700u) << 1) | ((w << 4) & 0x80008000u);
   d[3] = ((w & 0x70007000u) >> 3) | (w & 0x80008000u);
+}
+
+TORCH_FP4_HD uint32_t rotl32(uint32_t x, int s) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_l(x, x, s);
+#else
+  return (x << s) | (x >> ((32 - s) & 31));
+#endif
+}
+
+// One "sm90"-layout word -> the four A registers of a k16 step (mma.sync / wgmma fragment order:
+// row r, K 2c..2c+1; row r + 8; row r, K 2c+8..2c+9; row r + 8) as bf16x2 words holding
+// LUT[code] * 2^-126, the placement of place_bf16: reg 0 = the word's bits at their final places,
+// reg 1 = the word rotated left by 13, reg 2 = its bits 0, 3-5 (16, 19-21) copied 3 and 15 places
+// up, reg 3 = its bits 12-14, 17 (28-30, 1) rotated right by 6 and copied 0 and 4 places up; each
+// masked to the two codes' magnitude and sign bits (docs/NUMERICS.md 4b gives the layout,
+// formats.to_weight_layout writes it). The products never carry into a kept bit.
+TORCH_FP4_HD void place_sm90_bf16(uint32_t x, uint32_t (&a)[4]) {
+  constexpr uint32_t kKeep = 0x81C081C0u;
+  a[0] = x & kKeep;
+  a[1] = rotl32(x, 13) & kKeep;
+  a[2] = ((x & 0x00390039u) * 0x8008u) & kKeep;
+  a[3] = ((rotl32(x, 26) & 0x09C009C0u) * 17u) & kKeep;
+}
+
+// The same as fp16x2 holding LUT[code] * 2^-14 (place_f16's placement: magnitude 3 places up).
+TORCH_FP4_HD void place_sm90_f16(uint32_t x, uint32_t (&a)[4]) {
+  place_sm90_bf16(x, a);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) a[e] = ((a[e] & 0x01C001C0u) << 3) | (a[e] & 0x80008000u);
 }
 
 // An activation unit x0..x7 (four bf16x2/fp16x2 words) -> (x0,x4), (x1,x5), (x2,x6), (x3,x7).
@@ -384,6 +431,17 @@ TORCH_FP4_HD uint32_t scale_table_entry(uint32_t byte) {
   return h | (h << 16);
 }
 
+// A placed code pair (place_bf16 / place_f16 / place_sm90_*) times its scale-table entry: code *
+// scale * 2^-7 for NVFP4 (folded table), code * scale for MXFP4 (times 2^126 (2^14) first). Exact.
+template <class Cfg>
+TORCH_FP4_HD uint32_t apply_scale(uint32_t placed, uint32_t entry) {
+  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
+  return Cfg::kFold ? mul2<Cfg::kFp16>(placed, entry) : mul2<Cfg::kFp16>(mul2<Cfg::kFp16>(placed, kUnit), entry);
+}
+
+// Word j (0..3) of a 16-byte vector (j a compile-time constant after unrolling).
+TORCH_FP4_HD uint32_t word_of(const U128& v, int j) { return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w)); }
+
 // fp32 -> output element bits (RN).
 template <int kOut>
 TORCH_FP4_HD uint32_t round_out(float v) {
@@ -429,7 +487,9 @@ TORCH_FP4_HD float load_alpha(const float* p) {
 // ---------------------------------------------------------------------------------------------
 // Per-thread copy assignment of a pipeline stage, fixed for the whole kernel.
 // - weights: vector (row r0 + j * kWRowStep, piece u) for j < kWPerThread; consecutive lanes take
-//   consecutive 16-byte pieces of a row, so a warp instruction reads whole 128-byte lines;
+//   consecutive 16-byte pieces of a row, so a warp instruction reads whole 128-byte lines ("sm90"
+//   layout: piece tid + j * kThreads of the stage's contiguous tile bytes, in 64-K tile
+//   (wtile >> 4 j) & 15 of the stage, stored unchanged);
 // - activations: unit (row m0 + j * kARowStep, c) for j < kAPerThread (rows >= M zero-filled);
 // - scale words: word `within` (= r5 * 4 + q) of the 128x4 block kw_l = sidx0 + j * kSBlocks of
 //   the stage (a block is 512 contiguous bytes: the 128 rows' words of 4 K blocks).
@@ -444,9 +504,11 @@ struct CopyPlan {
   static constexpr int kSBlocks = Cfg::kThreads / 128;   // scale blocks covered by one pass
   static constexpr int kSPerThread = (Cfg::kKw + kSBlocks - 1) / kSBlocks;
   static_assert(kWRowStep % 8 == 0, "rows r0 + j * kWRowStep share r0's swizzle");
+  static_assert(kWPerThread <= 8, "wtile holds 4 bits per weight piece");
 
-  int woff[kWPerThread];   // bytes from the stage's first packed byte of row 0
+  int woff[kWPerThread];   // bytes from the stage's first packed byte of row 0 (sm90: of the tiles)
   uint32_t wrow_ok;        // bit j: row n0 + r0 + j * kWRowStep < N
+  uint32_t wtile;          // "sm90": bits 4j..4j+3: the 64-K tile of piece j inside the stage
   int wdst;                // stage offset of (r0, u)
   int wbyte0;              // 16 * u
   int aoff[kAPerThread];   // elements from (row 0, stage K origin)
@@ -459,15 +521,29 @@ struct CopyPlan {
   int sidx0;
 
   TORCH_FP4_HD CopyPlan(const Params& p, int tid, int n0) {
-    const int u = tid % Cfg::kRowUnits, r0 = tid / Cfg::kRowUnits;
-    const int kh = p.k >> 1;
-    wbyte0 = 16 * u;
-    wdst = weight_unit_offset<Cfg>(r0, u);
     wrow_ok = 0;
-    for (int j = 0; j < kWPerThread; ++j) {
-      const int n = n0 + r0 + j * kWRowStep;
-      wrow_ok |= (n < p.n ? 1u : 0u) << j;
-      woff[j] = opaque((n < p.n ? n : p.n - 1) * kh + wbyte0);
+    wtile = 0;
+    if constexpr (Cfg::kPacked) {  // N % 128 == 0: every row is inside N
+      // The CTA's rows: 16-row tiles (n0 % 128) / 16 .. of its 128-row group, 512 bytes each.
+      const int tiles = (n0 >> 7) * (p.k >> 6) * 4096 + ((n0 & 127) >> 4) * 512;
+      wbyte0 = 0;
+      wdst = 16 * tid;
+      for (int j = 0; j < kWPerThread; ++j) {
+        const int piece = tid + j * Cfg::kThreads, per_tile = 2 * Cfg::kBN;
+        wrow_ok |= 1u << j;
+        wtile |= static_cast<uint32_t>(piece / per_tile) << (4 * j);
+        woff[j] = opaque(tiles + (piece / per_tile) * 4096 + (piece % per_tile) * 16);
+      }
+    } else {
+      const int u = tid % Cfg::kRowUnits, r0 = tid / Cfg::kRowUnits;
+      const int kh = p.k >> 1;
+      wbyte0 = 16 * u;
+      wdst = weight_unit_offset<Cfg>(r0, u);
+      for (int j = 0; j < kWPerThread; ++j) {
+        const int n = n0 + r0 + j * kWRowStep;
+        wrow_ok |= (n < p.n ? 1u : 0u) << j;
+        woff[j] = opaque((n < p.n ? n : p.n - 1) * kh + wbyte0);
+      }
     }
     const int c = tid % Cfg::kActUnits, m0 = tid / Cfg::kActUnits;
     a_k = 8 * c;
@@ -485,6 +561,7 @@ struct CopyPlan {
     soff = ((n0 >> 7) * (p.kp >> 2) + sidx0) * 512 + within * 4;
     sdst = stage_weight_bytes<Cfg>() + stage_act_bytes<Cfg>() + 4 * scale_word_index<Cfg>(within >> 2, within & 3, sidx0);
     wrow_ok = opaque(wrow_ok);
+    wtile = opaque(wtile);
     wdst = opaque(wdst);
     arow_ok = opaque(arow_ok);
     adst = opaque(adst);
@@ -495,6 +572,29 @@ struct CopyPlan {
   }
 };
 
+// The row-major weight copies of a stage outside the fast path: bytes of each piece inside K (16
+// except in a final partial stage), rows inside N.
+template <class Cfg, class Ctx>
+TORCH_FP4_DEV void issue_row_weights(const Params& p, Ctx& ctx, const CopyPlan<Cfg>& cp, char* st, int k0,
+                                     const uint8_t* wbase) {
+  using Plan = CopyPlan<Cfg>;
+  int valid = (p.k >> 1) - ((k0 >> 1) + cp.wbyte0);
+  valid = valid < 0 ? 0 : (valid > 16 ? 16 : valid);
+#pragma unroll
+  for (int j = 0; j < Plan::kWPerThread; ++j) {
+    const int bytes = ((cp.wrow_ok >> j) & 1u) ? valid : 0;
+    const uint8_t* src = bytes > 0 ? wbase + cp.woff[j] : p.w;
+    char* dst = st + cp.wdst + j * (Plan::kWRowStep * Cfg::kRowBytes);
+    if (p.w_aligned16) {
+      ctx.cp_async16_stream(dst, src, bytes);
+    } else {  // K % 32 == 16: rows are only 8-byte aligned
+      const int lo = bytes < 8 ? bytes : 8;
+      ctx.cp_async8(dst, src, lo);
+      ctx.cp_async8(dst + 8, bytes > 8 ? src + 8 : src, bytes - lo);
+    }
+  }
+}
+
 // Enqueues the copies of K stage `step` into stage memory `st`. `fast`: the CTA's rows are all
 // inside N, the stage inside K and the weight rows 16-byte aligned; then only activation rows
 // beyond M need masking (their offsets point at row 0, their copies are zero-filled).
@@ -502,7 +602,8 @@ template <class Cfg, class Ctx>
 TORCH_FP4_DEV void issue_stage(const Params& p, Ctx& ctx, const CopyPlan<Cfg>& cp, char* st, int step, bool fast) {
   using Plan = CopyPlan<Cfg>;
   const int k0 = step * Cfg::kBK;
-  const uint8_t* wbase = p.w + (k0 >> 1);
+  // "sm90": the 128-row groups' 64-K tiles are 4 KiB each, K-tile after K-tile.
+  const uint8_t* wbase = p.w + (Cfg::kPacked ? k0 * 64 : k0 >> 1);
   const uint16_t* abase = p.act + k0;
   const uint8_t* sbase = p.w_scale + step * (Cfg::kKw * 512) + cp.soff;
   if (fast) {
@@ -524,21 +625,15 @@ TORCH_FP4_DEV void issue_stage(const Params& p, Ctx& ctx, const CopyPlan<Cfg>& c
     }
     return;
   }
-  // Weights: bytes of this piece inside K (16 except in a final partial stage), rows inside N.
-  int valid = (p.k >> 1) - ((k0 >> 1) + cp.wbyte0);
-  valid = valid < 0 ? 0 : (valid > 16 ? 16 : valid);
+  if constexpr (Cfg::kPacked) {  // a final partial stage: whole 64-K tiles past K are zero-filled
 #pragma unroll
-  for (int j = 0; j < Plan::kWPerThread; ++j) {
-    const int bytes = ((cp.wrow_ok >> j) & 1u) ? valid : 0;
-    const uint8_t* src = bytes > 0 ? wbase + cp.woff[j] : p.w;
-    char* dst = st + cp.wdst + j * (Plan::kWRowStep * Cfg::kRowBytes);
-    if (p.w_aligned16) {
-      ctx.cp_async16_stream(dst, src, bytes);
-    } else {  // K % 32 == 16: rows are only 8-byte aligned
-      const int lo = bytes < 8 ? bytes : 8;
-      ctx.cp_async8(dst, src, lo);
-      ctx.cp_async8(dst + 8, bytes > 8 ? src + 8 : src, bytes - lo);
+    for (int j = 0; j < Plan::kWPerThread; ++j) {
+      const bool ok = (k0 >> 6) + static_cast<int>((cp.wtile >> (4 * j)) & 15u) < (p.k >> 6);
+      ctx.cp_async16_stream(st + cp.wdst + j * (Plan::kWRowStep * Cfg::kRowBytes), ok ? wbase + cp.woff[j] : p.w,
+                            ok ? 16 : 0);
     }
+  } else {
+    issue_row_weights<Cfg>(p, ctx, cp, st, k0, wbase);
   }
   // Activations: units beyond K or rows beyond M are zero-filled.
   if (cp.a_active) {
@@ -566,11 +661,13 @@ template <class Cfg, class Ctx>
 TORCH_FP4_DEV void permute_own_act_units(Ctx& ctx, const CopyPlan<Cfg>& cp, char* st) {
   (void)ctx;
   using Plan = CopyPlan<Cfg>;
-  if (!cp.a_active) return;
+  if constexpr (!Cfg::kPacked) {  // "sm90" weights: natural K order, read by ldmatrix
+    if (!cp.a_active) return;
 #pragma unroll
-  for (int j = 0; j < Plan::kAPerThread; ++j) {
-    U128* q = reinterpret_cast<U128*>(st + cp.adst + j * (Plan::kARowStep * Cfg::kActPitch * 16));
-    *q = pair_for_decode(*q);
+    for (int j = 0; j < Plan::kAPerThread; ++j) {
+      U128* q = reinterpret_cast<U128*>(st + cp.adst + j * (Plan::kARowStep * Cfg::kActPitch * 16));
+      *q = pair_for_decode(*q);
+    }
   }
 }
 
@@ -586,7 +683,6 @@ TORCH_FP4_DEV void compute_stage(Ctx& ctx, const char* st, const uint32_t* lut, 
   // starting at a multiple of kCpt / 8).
   const char* at = st + stage_weight_bytes<Cfg>() + act_unit_offset<Cfg>(g, t * (Cfg::kCpt / 8));
   const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + stage_weight_bytes<Cfg>() + stage_act_bytes<Cfg>());
-  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
   // The lane's first scale block and its byte in the scale word.
   const int first_block = t * Cfg::kLaneBlocks;
   const int kw_l = first_block >> 2, byte0 = first_block & 3;
@@ -621,7 +717,7 @@ TORCH_FP4_DEV void compute_stage(Ctx& ctx, const char* st, const uint32_t* lut, 
       for (int mt = 0; mt < Cfg::kWR; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const uint32_t word = q == 0 ? raw[mt][h].x : (q == 1 ? raw[mt][h].y : (q == 2 ? raw[mt][h].z : raw[mt][h].w));
+          const uint32_t word = word_of(raw[mt][h], q);
           const uint32_t s2 = ctx.lds(lut + ((sw[mt][h] >> (8 * (byte0 + blk))) & 0xFFu));
           uint32_t d[4];
           if constexpr (Cfg::kFp16) {
@@ -630,9 +726,7 @@ TORCH_FP4_DEV void compute_stage(Ctx& ctx, const char* st, const uint32_t* lut, 
             place_bf16(word, d);
           }
 #pragma unroll
-          for (int e = 0; e < 4; ++e) {
-            a[mt][h][e] = Cfg::kFold ? mul2<Cfg::kFp16>(d[e], s2) : mul2<Cfg::kFp16>(mul2<Cfg::kFp16>(d[e], kUnit), s2);
-          }
+          for (int e = 0; e < 4; ++e) a[mt][h][e] = apply_scale<Cfg>(d[e], s2);
         }
       }
 #pragma unroll
@@ -642,6 +736,66 @@ TORCH_FP4_DEV void compute_stage(Ctx& ctx, const char* st, const uint32_t* lut, 
         for (int mt = 0; mt < Cfg::kWR; ++mt) {
           ctx.template mma<Cfg::kFp16>(acc[mt][nb], a[mt][0][0], a[mt][1][0], a[mt][0][1], a[mt][1][1], b.x, b.y);
           ctx.template mma<Cfg::kFp16>(acc[mt][nb], a[mt][0][2], a[mt][1][2], a[mt][0][3], a[mt][1][3], b.z, b.w);
+        }
+      }
+    }
+  }
+}
+
+// One stage of MMAs for this warp with "sm90" weights: per 64-K tile, one 16-byte read per MMA
+// tile (its four steps' A words) and the two rows' scale words; per step, two scale-table lookups
+// and the decode; per two steps and n-block, one ldmatrix.x4 of the activations (matrix q: K
+// 8 q .. 8 q + 7 of the pair, rows 8 nb .. 8 nb + 7, lane l addressing row l % 8 of matrix l / 8).
+template <class Cfg, class Ctx>
+TORCH_FP4_DEV void compute_stage_sm90(Ctx& ctx, const char* st, const uint32_t* lut, int n0,
+                                      float (&acc)[Cfg::kWR][Cfg::kNB][4]) {
+  const int lane = ctx.tid() & 31, warp = ctx.tid() >> 5;
+  const int g = lane >> 2;
+  const char* arow = st + stage_weight_bytes<Cfg>() + act_unit_offset<Cfg>(lane & 7, lane >> 3);
+  const uint32_t* sc = reinterpret_cast<const uint32_t*>(st + stage_weight_bytes<Cfg>() + stage_act_bytes<Cfg>());
+#pragma unroll
+  for (int s = 0; s < Cfg::kKTiles; ++s) {
+    U128 raw[Cfg::kWR];
+    uint32_t sw[Cfg::kWR][2];
+#pragma unroll
+    for (int mt = 0; mt < Cfg::kWR; ++mt) {
+      const int tile = warp * Cfg::kWR + mt;
+      raw[mt] = ctx.lds(reinterpret_cast<const U128*>(st + s * (Cfg::kBN * 32) + tile * 512 + lane * 16));
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int nl = (n0 & 127) + tile * 16 + g + 8 * h;  // row inside the CTA's 128-row scale group
+        sw[mt][h] = ctx.lds(sc + scale_word_index<Cfg>(nl & 31, nl >> 5, Cfg::kMx ? s >> 1 : s));
+      }
+    }
+#pragma unroll
+    for (int jp = 0; jp < 2; ++jp) {
+      uint32_t a[2][Cfg::kWR][4];
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * jp + jj;
+        // Step j's scale block: NVFP4 byte j of the tile's word; MXFP4 (32 K) byte 2 (s % 2) + j / 2.
+        const int byte = Cfg::kMx ? 2 * (s & 1) + jp : j;
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kWR; ++mt) {
+          const uint32_t m0 = ctx.lds(lut + ((sw[mt][0] >> (8 * byte)) & 0xFFu));
+          const uint32_t m1 = ctx.lds(lut + ((sw[mt][1] >> (8 * byte)) & 0xFFu));
+          uint32_t x[4];
+          if constexpr (Cfg::kFp16) {
+            place_sm90_f16(word_of(raw[mt], j), x);
+          } else {
+            place_sm90_bf16(word_of(raw[mt], j), x);
+          }
+#pragma unroll
+          for (int e = 0; e < 4; ++e) a[jj][mt][e] = apply_scale<Cfg>(x[e], (e & 1) ? m1 : m0);  // 1, 3: row r + 8
+        }
+      }
+#pragma unroll
+      for (int nb = 0; nb < Cfg::kNB; ++nb) {
+        const U128 b = ctx.ldmatrix_x4(arow + (nb * 8 * Cfg::kActPitch + 8 * s + 4 * jp) * 16);
+#pragma unroll
+        for (int mt = 0; mt < Cfg::kWR; ++mt) {
+          ctx.template mma<Cfg::kFp16>(acc[mt][nb], a[0][mt][0], a[0][mt][1], a[0][mt][2], a[0][mt][3], b.x, b.y);
+          ctx.template mma<Cfg::kFp16>(acc[mt][nb], a[1][mt][0], a[1][mt][1], a[1][mt][2], a[1][mt][3], b.z, b.w);
         }
       }
     }
@@ -721,7 +875,11 @@ TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
       issue_stage<Cfg>(p, ctx, plan, pipe + load_slot * kStage, step, fast_stage(step));
     }
     ctx.cp_commit();
-    compute_stage<Cfg>(ctx, pipe + slot * kStage, lut, n0, acc);
+    if constexpr (Cfg::kPacked) {
+      compute_stage_sm90<Cfg>(ctx, pipe + slot * kStage, lut, n0, acc);
+    } else {
+      compute_stage<Cfg>(ctx, pipe + slot * kStage, lut, n0, acc);
+    }
     slot = slot + 1 == stages ? 0 : slot + 1;
     load_slot = load_slot + 1 == stages ? 0 : load_slot + 1;
   }

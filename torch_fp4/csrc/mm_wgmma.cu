@@ -14,7 +14,7 @@
 //   bf16x2 / fp16x2 A registers of that step: exact (row-major weights: a byte permute places the
 //   two codes of a byte, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16);
 //   "sm90" weights: one 8-byte read per two steps, one to four integer instructions per register
-//   (decode_packed_bf16) give the same placement; then one
+//   (place_sm90_bf16, mm_small_m.cuh) give the same placement; then one
 //   multiply by the scale table entry gives code * scale * 2^-7 for NVFP4; MXFP4 multiplies by
 //   2^126 and by the scale); K blocks past K get a zero scale, so padding scale bytes never reach
 //   the sums. The step's `wgmma.mma_async` m64nNk16 (A from registers, B = the activation tile in
@@ -258,32 +258,17 @@ __device__ __forceinline__ void load_half(StageOperands& o, uint32_t st, uint32_
   }
 }
 
-// One "sm90"-layout word -> the four A registers of a step as bf16x2 words holding code * 2^-126
-// (the placement of decode_pair): reg 0 = the word's bits at their final places, reg 1 = the word
-// rotated left by 13, reg 2 = its bits 0, 3-5 (16, 19-21) copied 3 and 15 places up, reg 3 = its
-// bits 12-14, 17 (28-30, 1) rotated right by 6 and copied 0 and 4 places up; each masked to the
-// two codes' magnitude and sign bits (docs/NUMERICS.md gives the layout, formats.prepack_weight
-// writes it). The products never carry into a kept bit.
-__device__ __forceinline__ void decode_packed_bf16(uint32_t x, uint32_t (&a)[4]) {
-  constexpr uint32_t kKeep = 0x81C081C0u;
-  a[0] = x & kKeep;
-  a[1] = __funnelshift_l(x, x, 13) & kKeep;
-  a[2] = ((x & 0x00390039u) * 0x8008u) & kKeep;
-  a[3] = ((__funnelshift_r(x, x, 6) & 0x09C009C0u) * 17u) & kKeep;
-}
-
 // Step j's A fragment: a[0] = row r, K 2c, 2c + 1 (byte c of word 2j); a[1] = row r + 8, same K;
 // a[2], a[3] = K 2c + 8, 2c + 9 (byte c of word 2j + 1). Exact 16-bit values.
 template <class Cfg>
 __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperands& o, int j, uint32_t sel) {
-  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
   const uint32_t m[4] = {o.mr[j], o.mv[j], o.mr[j], o.mv[j]};
   uint32_t x[4];
   if constexpr (Cfg::kPacked) {
-    decode_packed_bf16(o.w[j], x);
-    if constexpr (Cfg::kFp16) {  // bf16 placement -> fp16 placement: magnitude bits 3 places up
-#pragma unroll
-      for (int e = 0; e < 4; ++e) x[e] = ((x[e] & 0x01C001C0u) << 3) | (x[e] & 0x80008000u);
+    if constexpr (Cfg::kFp16) {
+      small_m::place_sm90_f16(o.w[j], x);
+    } else {
+      small_m::place_sm90_bf16(o.w[j], x);
     }
   } else {
     const uint32_t in[4] = {o.w[2 * j], o.v[2 * j], o.w[2 * j + 1], o.v[2 * j + 1]};
@@ -291,10 +276,7 @@ __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperand
     for (int e = 0; e < 4; ++e) x[e] = decode_pair<Cfg::kFp16>(in[e], sel);
   }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) {
-    a[e] = Cfg::kFold ? small_m::mul2<Cfg::kFp16>(x[e], m[e])
-                      : small_m::mul2<Cfg::kFp16>(small_m::mul2<Cfg::kFp16>(x[e], kUnit), m[e]);
-  }
+  for (int e = 0; e < 4; ++e) a[e] = small_m::apply_scale<Cfg>(x[e], m[e]);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 

@@ -14,10 +14,9 @@ namespace torch_fp4 {
 
 // The operands (mm_operands.h; act rows 16-byte aligned with k % 32 == 0, w and w_scale 16-byte
 // aligned) and the tactic: block_m (activation rows per CTA: 64, 128 or 256; 128 weight rows per
-// CTA), stages (3..12), split_k (1..8, a thread-block cluster along K). packed: w is in the "sm90"
-// fragment layout (docs/NUMERICS.md; n % 128 == 0, k % 64 == 0), else row-major.
+// CTA), stages (3..12), split_k (1..8, a thread-block cluster along K).
 struct WgmmaMmArgs : MmOperands {
-  int block_m, stages, split_k, packed;
+  int block_m, stages, split_k;
 };
 
 // Enqueues the kernel on `stream`; false when the configuration is not compiled for this device

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .. import formats as F
+from ..tuning import HOPPER_MM
 from . import _checks as C
 from ._registry import define
 
@@ -59,3 +60,15 @@ def unprepack_weight(w: torch.Tensor, layout: F.WeightLayout | str = "sm90") -> 
     """Inverse of `prepack_weight`: a weight [N, K/2] in `layout` as a new row-major uint8 tensor."""
     C.tensor("unprepack_weight", "w", w)
     return unprepack_op(w, F.WeightLayout.parse(layout, "unprepack_weight: layout").value)
+
+
+def preferred_weight_layout(device: torch.device | str, out_features: int, in_features: int) -> F.WeightLayout:
+    """The layout in which `mm_fp4`'s `auto` backend runs a weight [out_features, in_features]
+    (K = in_features) kept on `device` fastest: "sm90" on an sm_90 GPU when the shape fits
+    (N % 128 == 0, K % 64 == 0; both cuda GEMMs read it, BENCHMARKS.md), "row" everywhere else.
+    FP4Linear's weight_layout="auto" follows it."""
+    device = torch.device(device)
+    if (device.type == "cuda" and torch.cuda.get_device_capability(device) == HOPPER_MM
+            and F.sm90_layout_reason(out_features, in_features) is None):
+        return F.WeightLayout.SM90
+    return F.WeightLayout.ROW

@@ -1,7 +1,7 @@
 """mm_fp4 on the cuda backend (same signature as torch_fp4/reference/gemm.py, plus the tactic):
 the small-M FP4 GEMM of torch_fp4/csrc/mm_small_m.cu (M <= 64) or the Hopper wgmma GEMM of
-torch_fp4/csrc/mm_wgmma.cu (sm_90, any M), whichever family the tactic belongs to. Weights in the
-"sm90" layout (torch_fp4.prepack_weight) run on the Hopper GEMM only.
+torch_fp4/csrc/mm_wgmma.cu (sm_90, any M), whichever family the tactic belongs to. Both read
+weights in the "sm90" layout (torch_fp4.prepack_weight); the small-M GEMM for M <= 16.
 
 W4A16 feeds the bf16/fp16 activations to the kernel as they are. W4A4 first dequantizes the FP4
 activations to bf16 with the backend's dequantize kernel (exact: every NVFP4/MXFP4 value is a bf16
@@ -42,11 +42,12 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
                        _LAYOUT_CODES[layout], pdl)
     else:
         act = a
+    packed = wlayout is F.WeightLayout.SM90
     if isinstance(t, WgmmaMmTactic):
         ext.mm_fp4_wgmma(act, b.T.view(torch.uint8), b_scale.T.view(torch.uint8), alpha, out,
-                         fmt.block_size, t.block_m, t.stages, t.split_k,
-                         wlayout is F.WeightLayout.SM90, pdl)
+                         fmt.block_size, t.block_m, t.stages, t.split_k, packed, pdl)
     else:
         ext.mm_fp4_small_m(act, b.T.view(torch.uint8), b_scale.T.view(torch.uint8), alpha, out,
-                           fmt.block_size, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k, pdl)
+                           fmt.block_size, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k,
+                           packed, pdl)
     return out

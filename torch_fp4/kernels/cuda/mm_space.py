@@ -2,8 +2,8 @@
 wgmma GEMM (mm_wgmma_tactics, any M on sm_90) as one space. Cheap to import.
 
 Heuristic, from `bench mm` on H100: the small-M kernel up to M = SMALL_M_MAX (its cp.async +
-mma.sync decode reads the weights at 0.8 of copy bandwidth there), the wgmma kernel above and for
-weights in the "sm90" layout (which only it reads).
+mma.sync decode reads the weights at 0.8 of copy bandwidth there; row-major and "sm90" weights),
+the wgmma kernel above.
 """
 from __future__ import annotations
 

@@ -21,6 +21,7 @@ from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, larges
                        mm_problem, mm_weight_layout, smem_reason)
 
 MAX_M = 64
+PACKED_MAX_M = 16         # M range compiled for "sm90" weights (packed_compiled in mm_small_m.cuh)
 MAX_MM_OPERAND = 2**31 - 1   # the kernel indexes its operands with 32-bit offsets
 MAX_SPLIT = 8             # a portable cluster size
 STAGES = (2, 3, 4, 5, 6)  # cp.async.wait_group takes stages - 2 as an immediate (0..4)
@@ -63,13 +64,14 @@ class CudaMmTactic(Tactic):
         return 16 * self.warps * self.tiles_per_warp
 
 
-def smem_bytes(t: CudaMmTactic, nb: int, block: int) -> int:
+def smem_bytes(t: CudaMmTactic, nb: int, block: int, packed: bool = False) -> int:
     """Dynamic shared memory of a launch (mirror of smem_bytes in mm_small_m.cuh): a 1 KiB scale
-    table, then `stages` stages of weights, activations (one 16-byte pad per 8 units) and scale
-    words; the epilogue's fp32 partial tile reuses the stages."""
+    table, then `stages` stages of weights, activations (one 16-byte pad per 8 units; "sm90"
+    weights (`packed`): one per row) and scale words; the epilogue's fp32 partial tile reuses the
+    stages."""
     bn, bk = t.block_n, t.block_k
     act_rows = 8 * nb
-    act_pitch = bk // 8 + bk // 64
+    act_pitch = bk // 8 + (1 if packed else bk // 64)
     kw = bk // (4 * block)
     scale_pitch = {4: 20, 2: 12, 1: 5}[kw]
     stage = bn * bk // 2 + act_rows * act_pitch * 16 + (32 * scale_pitch * 4 + 15) // 16 * 16
@@ -85,9 +87,9 @@ def _warps_per_sm_by_registers(t: CudaMmTactic, nb: int) -> int:
     return 12 if acc <= 8 else 8
 
 
-def ctas_per_sm(t: CudaMmTactic, nb: int, block: int) -> int:
+def ctas_per_sm(t: CudaMmTactic, nb: int, block: int, packed: bool = False) -> int:
     """Resident CTAs per SM (shared memory, registers, 64 warps) on sm_90."""
-    by_smem = SM90_SMEM_PER_SM // (smem_bytes(t, nb, block) + 1024)
+    by_smem = SM90_SMEM_PER_SM // (smem_bytes(t, nb, block, packed) + 1024)
     by_regs = max(1, _warps_per_sm_by_registers(t, nb) // t.warps)
     return max(0, min(by_smem, by_regs, 64 // t.warps))
 
@@ -112,6 +114,10 @@ def half_mx_reason(args) -> Optional[str]:
     return None
 
 
+def _packed(args) -> bool:
+    return mm_weight_layout(args) is F.WeightLayout.SM90
+
+
 def operand_reason(args) -> Optional[str]:
     """Why the kernel cannot address these operands (sizes, alignment), or None."""
     m, n, k = problem(args)
@@ -120,8 +126,8 @@ def operand_reason(args) -> Optional[str]:
         return f"operands beyond 2^31 elements (M={m}, N={n}, K={k}) need 64-bit offsets"
     if a_scale is None and a.data_ptr() % 16:
         return "the activations a must be 16-byte aligned"
-    if b.data_ptr() % 8 or b_scale.data_ptr() % 4:
-        return "b must be 8-byte and b_scale 4-byte aligned"
+    if b.data_ptr() % (16 if _packed(args) else 8) or b_scale.data_ptr() % 4:
+        return (f"b must be {16 if _packed(args) else 8}-byte and b_scale 4-byte aligned")
     return None
 
 
@@ -132,8 +138,10 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     fmt = args[6]
     if m > MAX_M:
         return f"the cuda mm_fp4 kernel is for M <= {MAX_M} (decode); larger M uses triton"
-    if mm_weight_layout(args) is not F.WeightLayout.ROW:
-        return "the small-M kernel reads row-major weights only (the Hopper GEMM reads 'sm90')"
+    packed = _packed(args)
+    if packed and m > PACKED_MAX_M:
+        return (f"the small-M kernel reads 'sm90' weights for M <= {PACKED_MAX_M} (the Hopper GEMM "
+                f"reads them at every M)")
     reason = half_mx_reason(args)
     if reason is not None:
         return reason
@@ -155,15 +163,16 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     steps = _steps(k, t.block_k)
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={k} with block_k={t.block_k}"
-    return smem_reason(smem_bytes(t, nb, fmt.block_size), _smem_limit(args))
+    return smem_reason(smem_bytes(t, nb, fmt.block_size, packed), _smem_limit(args))
 
 
-def _split_for(t: CudaMmTactic, m: int, n: int, k: int, block: int, sms: int,
-               per_sm: Optional[int] = None) -> int:
+def _split_for(t: CudaMmTactic, args, per_sm: Optional[int] = None) -> int:
     """The largest split (any cluster size up to 8) whose grid fits one wave of `per_sm` CTAs
     per SM (default: as many as are resident), keeping at least two stages per split."""
+    m, n, k = problem(args)
     tiles = -(-n // t.block_n)
-    slots = sms * (per_sm or max(1, ctas_per_sm(t, n_blocks(m), block)))
+    per_sm = per_sm or max(1, ctas_per_sm(t, n_blocks(m), args[6].block_size, _packed(args)))
+    slots = args_sm_count(args) * per_sm
     steps = _steps(k, t.block_k)
     split = max(1, min(MAX_SPLIT, slots // tiles, steps // 2))
     return largest_split(split, steps)
@@ -177,9 +186,7 @@ def default(*args) -> Tactic:
     tile with 3 stages of 256; M <= 64: 8 warps x 1 tile with 4 stages of 128 (the activation
     tile is 4x wider; HMMA-bound, 0.85x bf16 at M = 64 where Triton reaches 1.6x, so `auto` uses
     this backend only up to M = 16)."""
-    m, n, k = problem(args)
-    fmt = args[6]
-    nb = n_blocks(m)
+    nb = n_blocks(problem(args)[0])
     if nb == 1:
         t = CudaMmTactic(4, 2, 256, 4, 1)
     elif nb == 2:
@@ -188,24 +195,21 @@ def default(*args) -> Tactic:
         t = CudaMmTactic(8, 1, 256, 3, 1)
     else:
         t = CudaMmTactic(8, 1, 128, 4, 1)
-    split = _split_for(t, m, n, k, fmt.block_size, args_sm_count(args), per_sm=1)
-    return dataclasses.replace(t, split_k=split)
+    return dataclasses.replace(t, split_k=_split_for(t, args, per_sm=1))
 
 
 def candidates(*args) -> list[Tactic]:
-    m, n, k = problem(args)
-    fmt = args[6]
+    m = problem(args)[0]
     if m > MAX_M:
         return []
     nb = n_blocks(m)
-    sms = args_sm_count(args)
     out: list[Tactic] = [default(*args)]
     for warps, tiles, bk in TILE_SHAPES:
         if not tile_compiled(nb, warps, tiles, bk):
             continue
         for stages in (2, 3, 4):
             t = CudaMmTactic(warps, tiles, bk, stages, 1)
-            base = _split_for(t, m, n, k, fmt.block_size, sms)
+            base = _split_for(t, args)
             for split in sorted({max(1, base // 2), base, min(MAX_SPLIT, 2 * base)}):
                 out.append(CudaMmTactic(warps, tiles, bk, stages, split))
     return valid_unique(out, why_not, *args)
