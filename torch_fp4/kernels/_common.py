@@ -153,3 +153,15 @@ def smem_reason(smem: int, limit: int):
         return (f"needs {smem / 1024:.1f} KiB of shared memory (more than the {limit // 1024} KiB "
                 f"per block of this GPU)")
     return None
+
+
+def tactic_or_default(tactic, space, args, op: str = "mm_fp4"):
+    """A launcher's tactic: the one it was given (dispatch checked it), else the space's
+    heuristic, checked (a direct call)."""
+    if tactic is not None:
+        return tactic
+    t = space.default(*args)
+    reason = space.why_not(t, *args)
+    if reason is not None:
+        raise ValueError(f"{op}: tactic {t.label()} cannot run this problem: {reason}")
+    return t

@@ -101,22 +101,59 @@ def resolve_backend(op: str, backend: Backend, *args) -> Backend:
     return backend
 
 
-def resolve(op: str, backend: Backend, *args) -> Callable:
-    """The implementation of `op` for `backend` (see resolve_backend)."""
-    return _IMPLS[op][resolve_backend(op, backend, *args)].fn
+def _arg_key(a):
+    """What the requirement functions and tactic spaces may look at in one launcher argument:
+    a tensor's dtype, device, shape, strides and 16-byte alignment; any other argument itself."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.device, tuple(a.shape), a.stride(), a.data_ptr() % 16)
+    return a
 
 
-def run_tuned(op: str, backend: Backend, *args):
-    """Run `op` on `args` with `backend` (AUTO resolved); a backend with a tactic space for the
-    op gets the tactic torch_fp4.tactics chooses (a forced tactic also picks the backend)."""
+_DECISIONS: dict[tuple, tuple[Backend, Optional[tactics.Tactic]]] = {}
+_MAX_DECISIONS = 4096
+
+
+def clear_decisions() -> None:
+    """Forget every cached dispatch decision (tests that patch requirement tables call this)."""
+    _DECISIONS.clear()
+
+
+def decide(op: str, backend: Backend, args: tuple) -> tuple[Backend, Optional[tactics.Tactic]]:
+    """The backend (AUTO resolved, see resolve_backend) and the tactic (None for a backend
+    without a tactic space for `op`) that run `op` on the launcher arguments `args`. The decision
+    is cached per problem (`_arg_key` of every argument and the tactic cache's generation), so a
+    repeated call is one dict lookup; inside `use_tactic` or `autotune` it is made afresh."""
     forced = tactics.forced()
+    fresh = forced is not None or tactics.tuning()
+    key = None
+    if not fresh:
+        try:
+            key = (op, backend, tactics.generation(), *map(_arg_key, args))
+            hit = _DECISIONS.get(key)
+        except TypeError:  # an unhashable argument: decide without the cache
+            key, hit = None, None
+        if hit is not None:
+            return hit
     if backend is Backend.AUTO and forced is not None:
         backend = forced.backend
     b = resolve_backend(op, backend, *args)
+    t = None
+    if tactics.space(op, b) is not None:
+        t = tactics.choose(op, b, args, _IMPLS[op][b].fn)
+    if key is not None:
+        if len(_DECISIONS) >= _MAX_DECISIONS:
+            _DECISIONS.clear()
+        _DECISIONS[key] = (b, t)
+    return b, t
+
+
+def dispatch(op: str, backend: Backend, *args):
+    """Run `op` on the launcher arguments `args` with `backend`: the one way every public op
+    reaches a kernel (decide, then the backend's implementation, with its tactic if it has a
+    tactic space; a forced tactic also picks the backend)."""
+    b, t = decide(op, backend, args)
     fn = _IMPLS[op][b].fn
-    if tactics.space(op, b) is None:
-        return fn(*args)
-    return fn(*args, tactic=tactics.choose(op, b, args, fn))
+    return fn(*args) if t is None else fn(*args, tactic=t)
 
 
 INFERENCE_ONLY = ("torch_fp4 ops are inference-only: {op} has no backward. Run it under "

@@ -9,7 +9,7 @@ from .. import formats as F
 from .. import meta, reference
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, run_tuned, supported_backends
+from ._registry import define, dispatch, register_impl, supported_backends
 from .. import tactics as T
 from .quantize import check_scale
 
@@ -65,7 +65,7 @@ def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b
             backend: int, weight_layout: str = "row") -> torch.Tensor:
     fmt, layout, wlayout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout,
                                          backend, weight_layout)
-    return run_tuned(OP, bk, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
+    return dispatch(OP, bk, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
 
 
 def _mm_fp4_fake(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout="row"):

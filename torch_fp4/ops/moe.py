@@ -9,7 +9,7 @@ from .. import formats as F
 from .. import meta, reference
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, resolve
+from ._registry import define, dispatch, register_impl
 from .quantize import check_scale
 
 ROUTING_METHODS = ("softmax", "renormalize", "deepseek_v3", "llama4")
@@ -65,7 +65,7 @@ def _route(logits: torch.Tensor, top_k: int, method: str, renormalize: bool,
            routed_scaling_factor: float, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
     args = (logits, top_k, method, renormalize, bias, n_group, topk_group, routed_scaling_factor)
     b = _validate_route(*args, backend)
-    return resolve("route", b, *args)(*args)
+    return dispatch("route", b, *args)
 
 
 def _route_fake(logits, top_k, method, renormalize, bias, n_group, topk_group,
@@ -171,7 +171,7 @@ def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glo
                                  local_expert_offset, num_local_experts, out_dtype, backend)
     args = (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
             topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype)
-    return resolve("fused_moe", b, *args)(*args)
+    return dispatch("fused_moe", b, *args)
 
 
 def _fused_moe_fake(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,

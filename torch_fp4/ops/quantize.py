@@ -9,7 +9,7 @@ from .. import formats as F
 from .. import meta, reference
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, resolve
+from ._registry import define, dispatch, register_impl
 
 FP4_DATA = F.FP4_DATA_DTYPES
 _BATCH_DIMS = "a 2-D [M, K] or 3-D [E, M, K] tensor"
@@ -89,7 +89,7 @@ def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_d
 # ---------------------------------------------------------------------------------------------
 def _compute_global_scale(x: torch.Tensor, backend: int) -> torch.Tensor:
     b = _validate_global_scale(x, backend)
-    return resolve("compute_global_scale", b, x)(x)
+    return dispatch("compute_global_scale", b, x)
 
 
 def _compute_global_scale_fake(x: torch.Tensor, backend: int) -> torch.Tensor:
@@ -100,7 +100,7 @@ def _compute_global_scale_fake(x: torch.Tensor, backend: int) -> torch.Tensor:
 def _nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: str,
                     backend: int) -> tuple[torch.Tensor, torch.Tensor]:
     layout, b = _validate_nvfp4(x, global_scale, sf_layout, backend)
-    return resolve("nvfp4_quantize", b, x, global_scale, layout)(x, global_scale, layout)
+    return dispatch("nvfp4_quantize", b, x, global_scale, layout)
 
 
 def _nvfp4_quantize_fake(x, global_scale, sf_layout, backend):
@@ -110,7 +110,7 @@ def _nvfp4_quantize_fake(x, global_scale, sf_layout, backend):
 
 def _mxfp4_quantize(x: torch.Tensor, sf_layout: str, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
     layout, b = _validate_mxfp4(x, sf_layout, backend)
-    return resolve("mxfp4_quantize", b, x, layout)(x, layout)
+    return dispatch("mxfp4_quantize", b, x, layout)
 
 
 def _mxfp4_quantize_fake(x, sf_layout, backend):
@@ -124,7 +124,7 @@ def _fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Optio
     fmt, layout, b = _validate_dequantize(data, scale, global_scale, block_size, sf_layout,
                                           out_dtype, backend)
     args = (data, scale, global_scale, fmt, layout, out_dtype)
-    return resolve("fp4_dequantize", b, *args)(*args)
+    return dispatch("fp4_dequantize", b, *args)
 
 
 def _fp4_dequantize_fake(data, scale, global_scale, block_size, sf_layout, out_dtype, backend):

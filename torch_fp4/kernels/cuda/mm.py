@@ -13,7 +13,7 @@ import torch
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs, use_pdl
+from .._common import prepare_outputs, tactic_or_default, use_pdl
 from .build import extension
 from .mm_space import MM_SPACE
 from .mm_tactics import CudaMmTactic
@@ -26,10 +26,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
            tactic: CudaMmTactic | WgmmaMmTactic | None = None) -> torch.Tensor:
     args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
-    t = tactic if tactic is not None else MM_SPACE.default(*args)
-    reason = MM_SPACE.why_not(t, *args)
-    if reason is not None:
-        raise ValueError(f"mm_fp4: tactic {t.label()} cannot run this problem: {reason}")
+    t = tactic_or_default(tactic, MM_SPACE, args)
     out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
     m, n, k = a.shape[0], b.shape[1], 2 * b.shape[0]
     if m == 0 or n == 0:

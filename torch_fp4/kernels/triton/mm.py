@@ -21,7 +21,7 @@ import triton.language as tl
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs, use_pdl
+from .._common import prepare_outputs, tactic_or_default, use_pdl
 from .mm_dot_scaled_tactics import DotScaledMmTactic
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
 from .numerics import LAYOUT_128x4, LAYOUT_LINEAR, grouped_tile, scale_offsets, scale_word_offsets
@@ -213,10 +213,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     if wlayout is not F.WeightLayout.ROW:
         raise ValueError(f"mm_fp4: the triton backend reads row-major weights, got {wlayout.value!r}")
     args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
-    t = tactic if tactic is not None else MM_SPACE.default(*args)
-    reason = MM_SPACE.why_not(t, *args)
-    if reason is not None:
-        raise ValueError(f"mm_fp4: tactic {t.label()} cannot run this problem: {reason}")
+    t = tactic_or_default(tactic, MM_SPACE, args)
     if isinstance(t, DotScaledMmTactic):
         from .mm_dot_scaled import mm_fp4_dot_scaled
         return mm_fp4_dot_scaled(*args, tactic=t)

@@ -1,0 +1,76 @@
+"""One dispatch path for every op (ops._registry.dispatch): a repeated call on the same problem is
+decided once (no requirement, tactic-space or cache work after the first call), a new problem, a
+forced tactic, autotuning or a changed tactic cache decide afresh. Counted, not timed."""
+import torch
+
+import torch_fp4 as t4
+from torch_fp4 import tactics
+from torch_fp4 import testing as T
+from torch_fp4.ops import _registry
+
+
+def _count(monkeypatch):
+    calls = []
+    real = _registry.unsupported_reason
+
+    def counted(op, backend, *args):
+        calls.append(op)
+        return real(op, backend, *args)
+
+    monkeypatch.setattr(_registry, "unsupported_reason", counted)
+    return calls
+
+
+def test_a_repeated_call_is_decided_once(monkeypatch):
+    wq, ws, gs = T.quantized_weight(128, 64)
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    calls = _count(monkeypatch)
+    first = t4.mm_fp4(x, wq.T, None, ws.T)
+    decided = len(calls)
+    assert decided >= 1
+    for _ in range(3):
+        assert torch.equal(t4.mm_fp4(x, wq.T, None, ws.T), first)
+        t4.mm_fp4(torch.randn(2, 64, dtype=torch.bfloat16), wq.T, None, ws.T)   # same problem, new values
+    assert len(calls) == decided
+    t4.mm_fp4(torch.randn(3, 64, dtype=torch.bfloat16), wq.T, None, ws.T)       # a new M
+    assert len(calls) == 2 * decided
+    tactics.forget()                                                            # the cache changed
+    t4.mm_fp4(x, wq.T, None, ws.T)
+    assert len(calls) == 3 * decided
+
+
+def test_every_op_goes_through_the_decision_cache(monkeypatch):
+    x = torch.randn(4, 64)
+    kw = T.moe_problem()
+    _registry.clear_decisions()   # moe_problem routed and quantized already
+    calls = _count(monkeypatch)
+
+    def every_op():
+        gs = t4.compute_global_scale(x)
+        d, s = t4.nvfp4_quantize(x, gs)
+        t4.fp4_dequantize(d, s, gs)
+        t4.mxfp4_quantize(x)
+        t4.route(torch.randn(6, 4), 2)
+        t4.fused_moe(**kw)
+
+    every_op()
+    first = list(calls)
+    assert {"compute_global_scale", "nvfp4_quantize", "fp4_dequantize", "mxfp4_quantize", "route",
+            "fused_moe"} <= set(first)
+    every_op()
+    assert calls == first, "the second round made decisions again"
+
+
+def test_forced_tactics_are_checked_on_every_call():
+    from torch_fp4.kernels.cuda.mm_tactics import CudaMmTactic
+
+    wq, ws, _ = T.quantized_weight(128, 64)
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    t4.mm_fp4(x, wq.T, None, ws.T)
+    with t4.use_tactic(CudaMmTactic()):
+        try:
+            t4.mm_fp4(x, wq.T, None, ws.T)
+        except (ValueError, RuntimeError) as exc:   # the cuda backend cannot run CPU tensors
+            assert "cuda" in str(exc)
+        else:
+            raise AssertionError("a forced cuda tactic ran on CPU tensors")
