@@ -124,14 +124,13 @@ def decide(op: str, backend: Backend, args: tuple) -> tuple[Backend, Optional[ta
     is cached per problem (`_arg_key` of every argument and the tactic cache's generation), so a
     repeated call is one dict lookup; inside `use_tactic` or `autotune` it is made afresh."""
     forced = tactics.forced()
-    fresh = forced is not None or tactics.tuning()
-    key = None
-    if not fresh:
+    problem = None
+    if forced is None and not tactics.tuning():
         try:
-            key = (op, backend, tactics.generation(), *map(_arg_key, args))
-            hit = _DECISIONS.get(key)
+            problem = (op, backend, *map(_arg_key, args))
+            hit = _DECISIONS.get((tactics.generation(), problem))
         except TypeError:  # an unhashable argument: decide without the cache
-            key, hit = None, None
+            problem, hit = None, None
         if hit is not None:
             return hit
     if backend is Backend.AUTO and forced is not None:
@@ -140,10 +139,11 @@ def decide(op: str, backend: Backend, args: tuple) -> tuple[Backend, Optional[ta
     t = None
     if tactics.space(op, b) is not None:
         t = tactics.choose(op, b, args, _IMPLS[op][b].fn)
-    if key is not None:
+    if problem is not None:
         if len(_DECISIONS) >= _MAX_DECISIONS:
             _DECISIONS.clear()
-        _DECISIONS[key] = (b, t)
+        # The generation after choosing: a first lookup that loaded the tactic cache counts.
+        _DECISIONS[(tactics.generation(), problem)] = (b, t)
     return b, t
 
 
