@@ -1,11 +1,12 @@
 """One mm_fp4 call (W4A16, NVFP4, heuristic tactic) for profiling: `ncu -k regex:_mm_kernel
-python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K]`
-(wgmma: the Hopper GEMM for any M > 16; with values: that tactic)."""
+python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K[,PERSISTENT]] [sm90]`
+(wgmma: the Hopper GEMM for any M > 16; with values: that tactic; sm90: weights prepacked)."""
 import contextlib
 import sys
 
 import torch
 
+import torch_fp4
 import torch_fp4.tuning as tuning
 from torch_fp4.bench.mm import Problem, nvfp4_weight
 
@@ -18,10 +19,12 @@ for arg in sys.argv[4:]:
     if arg.startswith("wgmma"):
         tuning.HOPPER_MM_MS = (17, 1 << 30)
     if arg.startswith("wgmma="):
-        forced = tactics.use_tactic(WgmmaMmTactic(*(int(v) for v in arg[6:].split(","))))
+        v = [int(x) for x in arg[6:].split(",")]
+        forced = tactics.use_tactic(WgmmaMmTactic(*v[:3], *(bool(x) for x in v[3:])))
 dev = torch.device("cuda")
 p = Problem(m, n, k, nvfp4_weight(n, k, dev), dev)
+packed = torch_fp4.prepack_weight(p.w_data) if "sm90" in sys.argv[4:] else None
 with forced:
     for _ in range(2):
-        p.w4a16()
+        p.w4a16() if packed is None else p.w4a16_sm90(packed)
 torch.cuda.synchronize()

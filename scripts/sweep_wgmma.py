@@ -1,6 +1,12 @@
-"""Times every tactic of the Hopper wgmma GEMM (csrc/mm_wgmma.cu) on one or more problems, with
-torch bf16 matmul in the same run: `python scripts/sweep_wgmma.py M[,M...] [N K]` on an sm_90 GPU."""
-import sys
+"""Times tactics of the Hopper wgmma GEMM (csrc/mm_wgmma.cu) on one or more problems, with torch bf16
+matmul in the same run, on an sm_90 GPU:
+
+    python scripts/sweep_wgmma.py M[,M...] [N K] [--layout row|sm90] [--near-default]
+
+--layout: the weight layout ("sm90", the FP4Linear default on sm_90, unless N or K do not fit it);
+--near-default: only the tactics with the heuristic's block_m or half of it at the most stages
+(every split and persistence), instead of every candidate."""
+import argparse
 
 import torch
 
@@ -11,21 +17,35 @@ from torch_fp4.bench.timing import graph_time_us
 from torch_fp4.bench.tune import time_tactics
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
-ms = [int(v) for v in sys.argv[1].split(",")]
-n, k = (int(v) for v in sys.argv[2:4]) if len(sys.argv) > 3 else (8192, 28672)
+ap = argparse.ArgumentParser()
+ap.add_argument("ms")
+ap.add_argument("n", nargs="?", type=int, default=8192)
+ap.add_argument("k", nargs="?", type=int, default=28672)
+ap.add_argument("--layout", choices=("row", "sm90"), default="sm90")
+ap.add_argument("--near-default", action="store_true")
+opt = ap.parse_args()
+n, k = opt.n, opt.k
 dev = torch.device("cuda")
 w = nvfp4_weight(n, k, dev)
+layout = F.WeightLayout(opt.layout) if F.sm90_layout_reason(n, k) is None else F.WeightLayout.ROW
+w_data = ops.prepack_weight(w[0]) if layout is F.WeightLayout.SM90 else w[0]
 w16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-for m in ms:
+for m in (int(v) for v in opt.ms.split(",")):
     p = Problem(m, n, k, w, dev)
-    args = (p.a, p.w_data.T, None, p.w_scale.T, p.alpha)
+    args = (p.a, w_data.T, None, p.w_scale.T, p.alpha)
     bf16 = graph_time_us(lambda: torch.matmul(p.a, w16.T), [()])
-    launcher = (*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4)
+    launcher = (*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, layout)
+    default = WT.default(*launcher)
+    cands = WT.candidates(*launcher)
+    if opt.near_default:
+        keep = {default.block_m, default.block_m // 2}
+        cands = [t for t in cands if t == default or (t.block_m in keep and t.stages == WT.max_stages(t.block_m, persistent=t.persistent))]
 
     def launch(*a, tactic):
         with tactics.use_tactic(tactic):
-            return ops.mm_fp4(*a, backend="cuda")
-    res = sorted(time_tactics(WT.candidates(*launcher), launch, args), key=lambda r: r[1])
-    print(f"== M={m} N={n} K={k} bf16 {bf16:.1f} us; default {WT.default(*launcher).label()}")
+            return ops.mm_fp4(*a, backend="cuda", weight_layout=layout.value)
+    res = sorted(time_tactics(cands, launch, args), key=lambda r: r[1])
+    print(f"== M={m} N={n} K={k} {layout.value} bf16 {bf16:.1f} us; default {default.label()}")
     for t, us in res:
-        print(f"{t.label():<80} {us:9.1f} us  x bf16 {bf16 / us:5.2f}", flush=True)
+        print(f"{t.label():<80} {us:9.1f} us  x bf16 {bf16 / us:5.2f}{'  <- default' if t == default else ''}",
+              flush=True)

@@ -37,7 +37,7 @@ def test_sm90a_register_a_hgmma_no_spills_no_serialization(tmp_path):
     sass = disassemble(cubin)
     # fp16 inputs print without a type suffix (HGMMA.64xNx16.F32), bf16 as .F32.BF16.
     hgmma = re.findall(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)? R\d+, (\S+), (\S+), ", sass)
-    assert {(n, t) for n, t, _, _ in hgmma} == {(n, t) for n in ("64", "128", "256") for t in (".BF16", "")}
+    assert {(n, t) for n, t, _, _ in hgmma} == {(n, t) for n in ("32", "64", "128", "256") for t in (".BF16", "")}
     assert all(re.fullmatch(r"R\d+", a) for _, _, a, _ in hgmma), "A operand must come from registers"
     assert all(b.startswith("gdesc[") for _, _, _, b in hgmma), "B operand must come from shared memory"
     # Every wait keeps three k16 steps in flight (no wgmma is waited for right after its issue).

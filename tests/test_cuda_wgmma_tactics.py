@@ -19,14 +19,17 @@ def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4):
     return (a, b, None, bs, None, torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4)
 
 
-@pytest.mark.parametrize("m,want", [(17, (64, 2)), (64, (64, 2)), (128, (128, 2)), (256, (256, 2)),
-                                    (1024, (256, 1)), (4096, (256, 1))])
-def test_heuristic_from_h100_sweeps(m, want):
-    """Smallest block_m covering M (up to 256), split-K up to about one CTA per SM, most stages."""
-    t = WT.default(*_args(m))
+@pytest.mark.parametrize("m,n,want", [(17, 8192, (32, 2)), (32, 8192, (32, 2)), (33, 8192, (64, 2)),
+                                      (64, 8192, (64, 2)), (128, 8192, (128, 2)), (256, 8192, (256, 2)),
+                                      (1024, 8192, (256, 1)), (4096, 8192, (256, 1)), (64, 28672, (64, 1))])
+def test_heuristic_from_h100_sweeps(m, n, want):
+    """Smallest block_m covering M (up to 256), split-K up to about one CTA per SM, persistent
+    without split-K, most stages."""
+    t = WT.default(*_args(m, n))
     assert (t.block_m, t.split_k) == want
-    assert t.stages == WT.max_stages(t.block_m)
-    assert WT.why_not(t, *_args(m)) is None
+    assert t.persistent == (t.split_k == 1)
+    assert t.stages == WT.max_stages(t.block_m, persistent=t.persistent)
+    assert WT.why_not(t, *_args(m, n)) is None
 
 
 def test_candidates_valid_unique_default_first():
@@ -43,9 +46,11 @@ def test_candidates_valid_unique_default_first():
 @pytest.mark.parametrize("change,msg", [
     (dict(block_m=96), "block_m=96 must be one of"),
     (dict(stages=2), "stages=2 must be between 3 and 12"),
-    (dict(split_k=9), "split_k=9 must be between 1 and 8"),
-    (dict(split_k=8), "leaves an empty K slice"),
+    (dict(split_k=9, persistent=False), "split_k=9 must be between 1 and 8"),
+    (dict(split_k=8, persistent=False), "leaves an empty K slice"),
     (dict(block_m=256, stages=7), "KiB of shared memory"),
+    (dict(split_k=2, persistent=True), "persistent=True needs split_k=1"),
+    (dict(block_m=256, stages=6, split_k=1, persistent=True), "KiB of shared memory"),
 ])
 def test_why_not_names_the_problem(change, msg):
     args = _args(300, k=384)
@@ -65,8 +70,13 @@ def test_smem_mirror_of_the_kernel():
     assert WT.stage_bytes(256) == 256 * 128 + 128 * 32 + 1024
     assert WT.smem_bytes(64, 3) == 3 * 1024 + 3 * WT.stage_bytes(64)
     assert WT.smem_bytes(256, 2) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger
+    # Persistent: the stages plus two warpgroups' staging areas [min(32, block_m)][68] fp32.
+    assert WT.smem_bytes(256, 2, persistent=True) == 3 * 1024 + 2 * WT.stage_bytes(256) + 2 * 32 * 68 * 4
     for bm in WT.BLOCK_MS:
-        assert WT.smem_bytes(bm, WT.max_stages(bm)) <= WT.SM90_SMEM_PER_BLOCK
+        for persistent in (False, True):
+            most = WT.max_stages(bm, persistent=persistent)
+            assert WT.smem_bytes(bm, most, persistent) <= WT.SM90_SMEM_PER_BLOCK
+            assert most == WT.MAX_STAGES or WT.smem_bytes(bm, most + 1, persistent) > WT.SM90_SMEM_PER_BLOCK
 
 
 def test_joined_space_picks_the_family_by_m():

@@ -49,8 +49,9 @@ def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
     assert torch.equal(packed.cpu(), t4.prepack_weight(wd.cpu()))
     want = (ahat.double() @ what.double().T).float()
     launcher = (a, packed.T, as_, ws.T, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
-    tactics = [WT.WgmmaMmTactic(bm, stages, split) for bm in WT.BLOCK_MS
-               for stages in (WT.MIN_STAGES, WT.max_stages(bm)) for split in (1, 3)]
+    tactics = [WT.WgmmaMmTactic(bm, stages, split, persistent) for bm in WT.BLOCK_MS
+               for split, persistent in ((1, False), (1, True), (3, False))
+               for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent))]
     if m <= MT.PACKED_MAX_M:
         tactics += [MT.CudaMmTactic(w, r, bk, stages, split) for w, r, bk in MT.TILE_SHAPES
                     for stages, split in ((2, 1), (4, 3))]

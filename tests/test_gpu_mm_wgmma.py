@@ -1,7 +1,7 @@
 """The cuda backend's Hopper wgmma GEMM (csrc/mm_wgmma.cu) against the spec, on sm_90 only.
 
-Every compiled tile (block_m 64/128/256) with and without split-K, few
-and many stages: exact on
+Every compiled tile (block_m 32/64/128/256) with and without split-K, persistent or one tile per
+CTA, few and many stages: exact on
 grid-exact operands, within the spec's bound on random quantized data; M = 1, 33, 129, 4097; N
 and K not multiples of the tiles (K a multiple of 32); NVFP4 and MXFP4; bf16, fp16 and FP4
 activations; outputs NaN-poisoned at allocation; identical bits run to run; CUDA-graph replay.
@@ -53,9 +53,9 @@ def _tactics(args, fmt):
     launcher = (a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
     out = []
     for bm in WT.BLOCK_MS:
-        for stages in (WT.MIN_STAGES, WT.max_stages(bm)):
-            for split in (1, 3):
-                t = WT.WgmmaMmTactic(bm, stages, split)
+        for split, persistent in ((1, False), (1, True), (3, False)):
+            for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent)):
+                t = WT.WgmmaMmTactic(bm, stages, split, persistent)
                 if WT.why_not(t, *launcher) is None:
                     out.append(t)
     return out
@@ -124,3 +124,23 @@ def test_inf_nan_activations_propagate_like_the_reference():
     got = _call(args, fmt)
     want = t4.mm_fp4(a.cpu(), args[1].cpu(), None, args[3].cpu(), out_dtype=torch.float32, backend="reference")
     assert torch.equal(got.isnan().cpu(), want.isnan()) and torch.equal(got.isinf().cpu(), want.isinf())
+
+
+@pytest.mark.parametrize("n", [1000, 999])
+def test_persistent_ctas_take_many_tiles(n):
+    """More output tiles than SMs, so each persistent CTA runs the stage ring on across several
+    tiles (and an odd N makes the pair stores fall back to single outputs): exact, in every output
+    dtype, and bit-identical to one tile per CTA."""
+    fmt, k = F.NVFP4, 704
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for bm in WT.BLOCK_MS:
+        m = 3 * sms * bm // -(-n // WT.ROWS) + 5        # about three tiles per SM, a partial last row tile
+        args, ahat, what = _operands(m, n, k, fmt, "bf16", True, seed=bm)
+        want = (ahat.double() @ what.double().T).float()
+        for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+            got = {}
+            for persistent in (True, False):
+                with t4.use_tactic(WT.WgmmaMmTactic(bm, 4, 1, persistent)):
+                    got[persistent] = _call(args, fmt, out_dtype)
+            assert torch.equal(got[True], want.to(out_dtype)), (bm, out_dtype)
+            assert torch.equal(got[True], got[False]), (bm, out_dtype)

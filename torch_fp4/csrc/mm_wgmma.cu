@@ -2,7 +2,7 @@
 //
 // Swap-AB warpgroup MMA with the FP4 weights decoded into wgmma's register A operand: the weight
 // rows are the wgmma's M side (64 per MMA warpgroup, two warpgroups: 128 per CTA), the
-// activation rows its N side (block_m = 64, 128 or 256 per CTA), K in stages of 64, one ring of
+// activation rows its N side (block_m = 32, 64, 128 or 256 per CTA), K in stages of 64, one ring of
 // `stages` stages:
 // - a producer warpgroup (one thread) loads, per stage, the activation tile [block_m, 64]
 //   bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [rows, 32 bytes] by TMA
@@ -23,10 +23,17 @@
 //   registers untouched while its wgmma may read them, so ptxas keeps the wgmmas asynchronous
 //   and the decode of step j + 1 overlaps the wgmmas of steps j - 2 .. j. A stage goes back to the
 //   producer once all four of its wgmmas completed (two steps into the next stage).
-// Epilogue: fp32 tile to shared memory ([block_m][rows + 4], conflict-free), then every MMA thread
-// stores 4 outputs at a time (undo the 2^-7 fold, alpha, one rounding). Split-K: the CTAs of one
-// output tile form a cluster along K; each reduces a share of the rows by reading ranks 0, 1, ...
-// in order through distributed shared memory (deterministic, no atomics).
+// Tiles: 128 weight rows x block_m activation rows, numbered weight-tile fastest. A persistent
+// launch runs one CTA per SM, each taking tiles blockIdx.x, + gridDim.x, ...: the stage ring runs
+// on across tiles, so the producer loads the next tile while the MMA warpgroups store this one,
+// and the last stage's lookahead reads the next tile's first operands. Its epilogue leaves the
+// stages alone: each MMA warpgroup passes its rows through its own small staging area, 32
+// activation rows at a time (store_staged). A one-tile-per-CTA launch (split-K, or `persistent`
+// off) puts the whole fp32 tile ([block_m][rows + 4], conflict-free) over the drained pipeline.
+// Either way every thread then stores 4 outputs at a time (undo the 2^-7 fold, alpha, one
+// rounding). Split-K: the CTAs of one output tile form a cluster along K; each reduces
+// a share of the rows by reading ranks 0, 1, ... in order through distributed shared memory
+// (deterministic, no atomics).
 // Numerics are those of mm_small_m (exact products, fp32 accumulation in the tensor core).
 #include <algorithm>
 #include <cstdint>
@@ -57,14 +64,18 @@ constexpr int kMaxDevices = 64;
 // Shared-memory geometry of a tile: block_m activation rows, 64 * wg weight rows (wg MMA
 // warpgroups). Stage: [activations (128-byte swizzle, 1 KiB aligned)][FP4 weights][scale words
 // (512 bytes per 128 rows, in a 1 KiB slot)]. Smem: [1 KiB alignment slack][1 KiB scale table]
-// [1 KiB barriers][stages | epilogue tile [block_m][rows + 4] fp32].
+// [1 KiB barriers][stages | epilogue tile [block_m][rows + 4] fp32], or for persistent launches
+// [stages][per MMA warpgroup: epilogue staging [32][64 + 4] fp32].
 __host__ __device__ constexpr int act_stage_bytes(int bm) { return bm * kBK * 2; }
 __host__ __device__ constexpr int w_stage_bytes(int wg) { return 64 * wg * kBK / 2; }
 __host__ __device__ constexpr int stage_bytes(int bm, int wg) {
   return act_stage_bytes(bm) + w_stage_bytes(wg) + 1024;
 }
-__host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages) {
+constexpr int kStagePitch = 64 + 4;  // fp32 words per row of a warpgroup's epilogue staging area
+__host__ __device__ constexpr int chunk_m(int bm) { return bm < 32 ? bm : 32; }
+__host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages, bool persistent) {
   const int pipe = stages * stage_bytes(bm, wg), tile = bm * (64 * wg + 4) * 4;
+  if (persistent) return 3 * 1024 + pipe + wg * chunk_m(bm) * kStagePitch * 4;
   return 3 * 1024 + (pipe > tile ? pipe : tile);
 }
 
@@ -83,6 +94,7 @@ struct Config {
   static constexpr bool kPacked = kPacked_;  // weights in the "sm90" fragment layout, else rows
   static constexpr bool kFold = !kMx;
   static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
+  static constexpr int kChunkM = chunk_m(kBM);  // activation rows per persistent epilogue chunk
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -280,10 +292,57 @@ __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperand
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The persistent epilogue, per MMA warpgroup (its 64 weight rows), in chunks of kChunkM activation
+// rows through the warpgroup's own fp32 staging area [kChunkM][64 + 4] after the pipeline (the
+// stages stay the producer's): write the chunk's accumulators (conflict-free: rows 2c apart land
+// 8c banks apart), sync the warpgroup, then a compact loop stores 4 outputs per thread and access
+// (a warp covers two full 128-byte rows), sync again before the next chunk. The chunk loop is
+// unrolled (accumulators are registers), the store loop is not: the code stays small.
+template <class Cfg>
+__device__ __forceinline__ void store_staged(const Params& p, const float (&acc)[Cfg::kAcc], uint32_t stage, int m0,
+                                             int n0, int mwg, int wct, int rw, int c, float alpha, bool has_alpha) {
+  constexpr int kChunk = Cfg::kChunkM, kP = kStagePitch, kPerRow = 64 / 4;
+  const int rows = min(Cfg::kBM, p.m - m0);
+  const int n_base = n0 + 64 * mwg;
+#pragma unroll
+  for (int ch = 0; ch < Cfg::kBM / kChunk; ++ch) {
+    if (ch * kChunk < rows) {  // uniform over the warpgroup
+#pragma unroll
+      for (int jj = 0; jj < kChunk / 8; ++jj)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          asm volatile("st.shared.f32 [%0], %1;" ::"r"(stage + 4u * ((8 * jj + 2 * c + (e & 1)) * kP + rw + 8 * (e >> 1))),
+                       "f"(acc[4 * (ch * kChunk / 8 + jj) + e])
+                       : "memory");
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");
+      const int here = min(kChunk, rows - ch * kChunk);
+#pragma unroll 1
+      for (int q = wct; q < here * kPerRow; q += 128) {
+        const int m = q / kPerRow, r4 = q % kPerRow;
+        if (n_base + 4 * r4 >= p.n) continue;
+        const U128 w = lds128(stage + 4u * (m * kP + 4 * r4));
+        F4 v{__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w)};
+        if (Cfg::kFold) {  // undo the 2^-7 of the folded NVFP4 operands (exact)
+          v = F4{small_m::mul_rn(v.x, 128.0f), small_m::mul_rn(v.y, 128.0f), small_m::mul_rn(v.z, 128.0f),
+                 small_m::mul_rn(v.w, 128.0f)};
+        }
+        if (has_alpha) {
+          v = F4{small_m::mul_rn(v.x, alpha), small_m::mul_rn(v.y, alpha), small_m::mul_rn(v.z, alpha),
+                 small_m::mul_rn(v.w, alpha)};
+        }
+        small_m::store_out(p, m0 + ch * kChunk + m, n_base + 4 * r4, v);
+      }
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");
+    }
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
-                    const Params p, int stages) {
+                    const Params p, int stages, int persistent) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -292,8 +351,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   uint64_t* empty = full + stages;
   char* pipe = smem + 2048;
   const int tid = static_cast<int>(threadIdx.x);
-  const int n0 = static_cast<int>(blockIdx.x) * Cfg::kRows;
-  const int m0 = static_cast<int>(blockIdx.y) * Cfg::kBM;
+  const int n_tiles = (p.n + Cfg::kRows - 1) / Cfg::kRows;
+  const int total = n_tiles * ((p.m + Cfg::kBM - 1) / Cfg::kBM);  // output tiles, weight tile fastest
+  const int first = static_cast<int>(blockIdx.x), stride = static_cast<int>(gridDim.x);
   const int rank = static_cast<int>(blockIdx.z), splits = static_cast<int>(gridDim.z);
   const int tiles = (p.k + kBK - 1) / kBK;
   const int kt0 = rank * p.steps_per_split;
@@ -316,25 +376,29 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     if (tid == 0) {
       asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
       if (!Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
-      const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
-      // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
-      // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
-      const int groups = max(0, min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128));
-      // Stage slot s and the parity of its use, kept incrementally (no division in the loop).
-      for (int kt = kt0, s = 0, phase = 0; kt < kt1; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
-        mbar_wait(smem_u32(empty + s), phase ^ 1);
-        char* st = pipe + s * kStage;
-        char* wt = st + act_stage_bytes(Cfg::kBM);
-        mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
-        tma_2d(st, &act_map, full + s, kt * kBK, m0);
-        if constexpr (Cfg::kPacked)  // "sm90": the tile's 4 KiB are contiguous
-          bulk_copy(wt, p.w + (static_cast<int64_t>(n0 / 128) * tiles + kt) * Cfg::kW, Cfg::kW, full + s);
-        else
-          tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
-        const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
-        for (int gr = 0; gr < groups; ++gr)
-          bulk_copy(wt + Cfg::kW + 512 * gr, scale_row + (static_cast<int64_t>(gr) * (p.kp / 4) + block) * 512, 512,
-                    full + s);
+      // Stage slot s and the parity of its use, kept incrementally across tiles (no division).
+      int s = 0, phase = 0;
+      for (int t = first; t < total; t += stride) {
+        const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
+        const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
+        // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
+        // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
+        const int groups = max(0, min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128));
+        for (int kt = kt0; kt < kt1; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
+          mbar_wait(smem_u32(empty + s), phase ^ 1);
+          char* st = pipe + s * kStage;
+          char* wt = st + act_stage_bytes(Cfg::kBM);
+          mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
+          tma_2d(st, &act_map, full + s, kt * kBK, m0);
+          if constexpr (Cfg::kPacked)  // "sm90": the tile's 4 KiB are contiguous
+            bulk_copy(wt, p.w + (static_cast<int64_t>(n0 / 128) * tiles + kt) * Cfg::kW, Cfg::kW, full + s);
+          else
+            tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
+          const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
+          for (int gr = 0; gr < groups; ++gr)
+            bulk_copy(wt + Cfg::kW + 512 * gr, scale_row + (static_cast<int64_t>(gr) * (p.kp / 4) + block) * 512,
+                      512, full + s);
+        }
       }
     }
     __syncwarp();  // lane 0 rejoins its warp: the cluster barriers are warp-aligned
@@ -352,99 +416,117 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const int r0 = (ct >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
   const FragmentSlot<Cfg> slot(ct, 64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
   const uint32_t lut_addr = smem_u32(lut);
+  const bool has_alpha = p.alpha != nullptr;
+  const float alpha = has_alpha ? small_m::load_alpha(p.alpha) : 1.0f;
   float acc[Cfg::kAcc];
-#pragma unroll
-  for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
-  fence_regs(acc);
   const uint32_t pipe_addr = smem_u32(pipe);
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
   StageOperands ops;
   const uint32_t full_addr = small_m::opaque(smem_u32(full)), empty_addr = small_m::opaque(smem_u32(empty));
-  if (kt0 < kt1) {
+  if (first < total && kt0 < kt1) {
     mbar_wait(full_addr, 0);
     load_half<Cfg, 0>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
     load_half<Cfg, 1>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
   }
-  for (int kt = kt0, s = 0, phase = 0, prev = -1; kt < kt1; prev = s, ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
-    const uint32_t st = pipe_addr + s * kStage;
-    const uint64_t desc = desc_sw128(st);
-    // The next stage, whose operands are read during this one's steps: wait for it here (a
-    // wait between the wgmmas would make ptxas serialize them). After the last stage: wait for
-    // the phase before, long complete, so the wait falls through (the loads are harmless).
-    const int ns = s + 1 == stages ? 0 : s + 1;
-    const uint32_t nst = pipe_addr + ns * kStage;
-    mbar_wait(full_addr + 8 * ns, phase ^ (ns == 0) ^ (kt + 1 >= kt1));
+  int s = 0, phase = 0;  // the ring position runs on across tiles, as in the producer
+  for (int t = first; t < total; t += stride) {
+    const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
+    const bool more = t + stride < total;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      // At most three steps are in flight here (j - 1 .. j - 3), so frag[j]'s last reader (four
-      // steps back) has completed.
-      decode_step<Cfg>(frag[j], ops, j, slot.sel);
-      wgmma_fence();
-      WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, frag[j], desc + 2 * j);  // K 16 j.. of the stage
-      wgmma_commit();
-      // Once a half's operands are spent (after steps 1 and 3), read the next stage's.
-      if (j == 1) load_half<Cfg, 0>(ops, nst, lut_addr, kt + 1, p.k, slot);
-      if (j == 3) load_half<Cfg, 1>(ops, nst, lut_addr, kt + 1, p.k, slot);
-      wgmma_wait<3>();
-      // Steps 0..2 of this stage are the only ones left in flight: the previous stage is done.
-      if (j == 2) {
-        __syncwarp();
-        release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
+    for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
+    fence_regs(acc);
+    int prev = -1;
+    for (int kt = kt0; kt < kt1; prev = s, ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
+      const uint32_t st = pipe_addr + s * kStage;
+      const uint64_t desc = desc_sw128(st);
+      // The next stage (this tile's next, or the next tile's first), whose operands are read
+      // during this one's steps: wait for it here (a wait between the wgmmas would make ptxas
+      // serialize them). After the CTA's last stage: wait for the phase before, long complete,
+      // so the wait falls through (the loads are harmless).
+      const bool tile_end = kt + 1 >= kt1;
+      const int nkt = tile_end ? kt0 : kt + 1;
+      const int ns = s + 1 == stages ? 0 : s + 1;
+      const uint32_t nst = pipe_addr + ns * kStage;
+      mbar_wait(full_addr + 8 * ns, phase ^ (ns == 0) ^ (tile_end && !more));
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        // At most three steps are in flight here (j - 1 .. j - 3), so frag[j]'s last reader (four
+        // steps back) has completed.
+        decode_step<Cfg>(frag[j], ops, j, slot.sel);
+        wgmma_fence();
+        WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, frag[j], desc + 2 * j);  // K 16 j.. of the stage
+        wgmma_commit();
+        // Once a half's operands are spent (after steps 1 and 3), read the next stage's.
+        if (j == 1) load_half<Cfg, 0>(ops, nst, lut_addr, nkt, p.k, slot);
+        if (j == 3) load_half<Cfg, 1>(ops, nst, lut_addr, nkt, p.k, slot);
+        wgmma_wait<3>();
+        // Steps 0..2 of this stage are the only ones left in flight: the previous stage is done.
+        if (j == 2) {
+          __syncwarp();
+          release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
+        }
       }
     }
-  }
-  wgmma_wait<0>();
-  fence_regs(acc);
+    wgmma_wait<0>();
+    fence_regs(acc);
 
-  // Epilogue: every consumer is past the pipeline before the tile overwrites it.
-  consumer_sync<Cfg>();
-  float* part = reinterpret_cast<float*>(pipe);
-#pragma unroll
-  for (int j = 0; j < Cfg::kAcc / 4; ++j)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) part[(8 * j + 2 * c + (e & 1)) * Cfg::kPitch + r0 + 8 * (e >> 1)] = acc[4 * j + e];
-  if (splits > 1) {
-    cluster_sync_all();
-  } else {
+    if (persistent) {
+      // The tile's last stage goes back now: the producer refills it during the stores.
+      __syncwarp();
+      release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
+      const uint32_t stage = pipe_addr + stages * kStage + 4u * mwg * Cfg::kChunkM * kStagePitch;
+      store_staged<Cfg>(p, acc, stage, m0, n0, mwg, ct & 127, r0 - 64 * mwg, c, alpha, has_alpha);
+      continue;
+    }
+
+    // One tile per CTA: every consumer is past the pipeline before the tile overwrites it.
     consumer_sync<Cfg>();
-  }
-  const bool has_alpha = p.alpha != nullptr;
-  const float alpha = has_alpha ? small_m::load_alpha(p.alpha) : 1.0f;
-  constexpr int kPerRow = Cfg::kRows / 4;
-  const int rows = min(Cfg::kBM, p.m - m0);
-  const int chunks = rows * kPerRow;
-  for (int q = rank * Cfg::kMma + ct; q < chunks; q += splits * Cfg::kMma) {
-    const int m = q / kPerRow, r4 = q % kPerRow;
-    if (n0 + 4 * r4 >= p.n) continue;
-    const float* local = part + m * Cfg::kPitch + 4 * r4;
-    F4 s = *reinterpret_cast<const F4*>(local);
+    float* part = reinterpret_cast<float*>(pipe);
+#pragma unroll
+    for (int j = 0; j < Cfg::kAcc / 4; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) part[(8 * j + 2 * c + (e & 1)) * Cfg::kPitch + r0 + 8 * (e >> 1)] = acc[4 * j + e];
     if (splits > 1) {
-      uint32_t remote;
-      asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(0));
-      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                   : "=f"(s.x), "=f"(s.y), "=f"(s.z), "=f"(s.w)
-                   : "r"(remote));
-      for (int r = 1; r < splits; ++r) {
-        F4 v;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(r));
+      cluster_sync_all();
+    } else {
+      consumer_sync<Cfg>();
+    }
+    constexpr int kPerRow = Cfg::kRows / 4;
+    const int rows = min(Cfg::kBM, p.m - m0);
+    const int chunks = rows * kPerRow;
+    for (int q = rank * Cfg::kMma + ct; q < chunks; q += splits * Cfg::kMma) {
+      const int m = q / kPerRow, r4 = q % kPerRow;
+      if (n0 + 4 * r4 >= p.n) continue;
+      const float* local = part + m * Cfg::kPitch + 4 * r4;
+      F4 v4 = *reinterpret_cast<const F4*>(local);
+      if (splits > 1) {
+        uint32_t remote;
+        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(0));
         asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                     : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                     : "=f"(v4.x), "=f"(v4.y), "=f"(v4.z), "=f"(v4.w)
                      : "r"(remote));
-        s = F4{small_m::add_rn(s.x, v.x), small_m::add_rn(s.y, v.y), small_m::add_rn(s.z, v.z),
-               small_m::add_rn(s.w, v.w)};
+        for (int r = 1; r < splits; ++r) {
+          F4 v;
+          asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(r));
+          asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                       : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                       : "r"(remote));
+          v4 = F4{small_m::add_rn(v4.x, v.x), small_m::add_rn(v4.y, v.y), small_m::add_rn(v4.z, v.z),
+                  small_m::add_rn(v4.w, v.w)};
+        }
       }
+      if (Cfg::kFold) {  // undo the 2^-7 of the folded NVFP4 operands (exact)
+        v4 = F4{small_m::mul_rn(v4.x, 128.0f), small_m::mul_rn(v4.y, 128.0f), small_m::mul_rn(v4.z, 128.0f),
+                small_m::mul_rn(v4.w, 128.0f)};
+      }
+      if (has_alpha) {
+        v4 = F4{small_m::mul_rn(v4.x, alpha), small_m::mul_rn(v4.y, alpha), small_m::mul_rn(v4.z, alpha),
+                small_m::mul_rn(v4.w, alpha)};
+      }
+      small_m::store_out(p, m0 + m, n0 + 4 * r4, v4);
     }
-    if (Cfg::kFold) {  // undo the 2^-7 of the folded NVFP4 operands (exact)
-      s = F4{small_m::mul_rn(s.x, 128.0f), small_m::mul_rn(s.y, 128.0f), small_m::mul_rn(s.z, 128.0f),
-             small_m::mul_rn(s.w, 128.0f)};
-    }
-    if (has_alpha) {
-      s = F4{small_m::mul_rn(s.x, alpha), small_m::mul_rn(s.y, alpha), small_m::mul_rn(s.z, alpha),
-             small_m::mul_rn(s.w, alpha)};
-    }
-    small_m::store_out(p, m0 + m, n0 + 4 * r4, s);
+    if (splits > 1) cluster_sync_all();  // keep this CTA's partials alive until every rank read them
   }
-  if (splits > 1) cluster_sync_all();  // keep this CTA's partials alive until every rank read them
 #else
   pdl_wait();  // every kernel waits for the previous grid (not compiled for this architecture)
 #endif
@@ -484,6 +566,24 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, int
             swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+// SMs of the current device, read once per device.
+int sm_count() {
+  static int counts[kMaxDevices] = {};
+  int device = 0;
+  (void)cudaGetDevice(&device);
+  if (device >= kMaxDevices) {
+    int n = 1;
+    (void)cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    return std::max(n, 1);
+  }
+  if (counts[device] == 0) {
+    int n = 1;
+    (void)cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device);
+    counts[device] = std::max(n, 1);
+  }
+  return counts[device];
+}
+
 template <class Cfg>
 bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   CUtensorMap act_map, w_map{};
@@ -497,21 +597,25 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   const int split = std::max(1, std::min(a.split_k, tiles));
   Params p = operand_params(a, (tiles + split - 1) / split);
 
-  const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages);
+  const bool persistent = a.persistent && split == 1;
+  const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages, persistent);
   auto kernel = wgmma_mm_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
   reserve_smem(kernel, smem, configured);
-  const dim3 grid(static_cast<unsigned>((a.n + Cfg::kRows - 1) / Cfg::kRows),
-                  static_cast<unsigned>((a.m + Cfg::kBM - 1) / Cfg::kBM), static_cast<unsigned>(split));
+  const int64_t total = ((a.n + Cfg::kRows - 1) / Cfg::kRows) * ((a.m + Cfg::kBM - 1) / Cfg::kBM);
+  int ctas = static_cast<int>(std::min<int64_t>(total, INT32_MAX));
+  if (persistent) ctas = std::min(ctas, sm_count());  // one CTA per SM (launch bounds: 1 per SM)
+  const dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(split));
   // The splits of one output tile form a cluster along z (reduced through distributed smem).
   launch_cluster(kernel, grid, dim3(Cfg::kThreads, 1, 1), smem, dim3(1, 1, static_cast<unsigned>(split)), stream,
-                 pdl, act_map, w_map, p, a.stages);
+                 pdl, act_map, w_map, p, a.stages, static_cast<int>(persistent));
   return true;
 }
 
 template <bool kFp16, bool kMx, bool kPacked>
 bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.block_m) {
+    case 32: return launch_cfg<Config<32, kFp16, kMx, kPacked>>(a, stream, pdl);
     case 64: return launch_cfg<Config<64, kFp16, kMx, kPacked>>(a, stream, pdl);
     case 128: return launch_cfg<Config<128, kFp16, kMx, kPacked>>(a, stream, pdl);
     case 256: return launch_cfg<Config<256, kFp16, kMx, kPacked>>(a, stream, pdl);
@@ -527,13 +631,14 @@ bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 }  // namespace
 }  // namespace wgmma_mm
 
-int wgmma_mm_smem_bytes(int block_m, int stages) {
-  return wgmma_mm::smem_bytes(block_m, 2, stages);
+int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent) {
+  return wgmma_mm::smem_bytes(block_m, 2, stages, persistent);
 }
 
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   using namespace wgmma_mm;
   if (args.stages < 3 || args.stages > kMaxStages || args.split_k < 1 || args.split_k > kMaxSplit) return false;
+  if (args.persistent && args.split_k != 1) return false;  // split-K tiles are one per CTA
   if (args.k % 32 != 0) return false;
   if (args.packed && (args.k % 64 != 0 || args.n % 128 != 0)) return false;  // whole "sm90" tiles
   if (args.m <= 0 || args.n <= 0) return true;

@@ -13,10 +13,12 @@
 namespace torch_fp4 {
 
 // The operands (mm_operands.h; act rows 16-byte aligned with k % 32 == 0, w and w_scale 16-byte
-// aligned) and the tactic: block_m (activation rows per CTA: 64, 128 or 256; 128 weight rows per
-// CTA), stages (3..12), split_k (1..8, a thread-block cluster along K).
+// aligned) and the tactic: block_m (activation rows per CTA: 32, 64, 128 or 256; 128 weight rows
+// per CTA), stages (3..12), split_k (1..8, a thread-block cluster along K), persistent (with
+// split_k 1: one CTA per SM looping over the output tiles, epilogue from registers).
 struct WgmmaMmArgs : MmOperands {
   int block_m, stages, split_k;
+  bool persistent;
 };
 
 // Enqueues the kernel on `stream`; false when the configuration is not compiled for this device
@@ -24,6 +26,6 @@ struct WgmmaMmArgs : MmOperands {
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl);
 
 // Dynamic shared memory of a launch (mirror of smem_bytes in kernels/cuda/mm_tactics.py).
-int wgmma_mm_smem_bytes(int block_m, int stages);
+int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent);
 
 }  // namespace torch_fp4

@@ -2,10 +2,13 @@
 import: no toolchain, no extension build.
 
 A CTA computes 128 weight rows (two MMA warpgroups of 64). A tactic picks block_m (activation rows
-per CTA, the wgmma's N: 64, 128 or 256), the number of shared-memory stages of 64 K elements, and
+per CTA, the wgmma's N: 32, 64, 128 or 256), the number of shared-memory stages of 64 K elements,
 split_k: CTAs along K per output tile, launched as a thread-block cluster whose partial tiles are
-added in rank order through distributed shared memory (deterministic). (Four MMA warpgroups of
-256 rows per CTA were slower at every M measured and are not compiled.)
+added in rank order through distributed shared memory (deterministic), and persistent (split_k 1
+only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
+the next tile loads while this one is stored, the epilogue straight from the accumulators (no
+shared-memory tile, so more stages fit). (Four MMA warpgroups of 256 rows per CTA were slower at
+every M measured and are not compiled.)
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, larges
                        mm_problem, mm_weight_layout, smem_reason)
 from .mm_tactics import half_mx_reason
 
-BLOCK_MS = (64, 128, 256)
+BLOCK_MS = (32, 64, 128, 256)
 ROWS = 128                    # weight rows per CTA
 BLOCK_K = 64                  # K elements per stage
 MAX_STAGES = 12
@@ -35,6 +38,7 @@ class WgmmaMmTactic(Tactic):
     block_m: int = 128       # activation rows per CTA (wgmma N)
     stages: int = 6          # shared-memory stages of 64 K elements
     split_k: int = 1         # CTAs along K (a cluster; 1..8)
+    persistent: bool = False  # one CTA per SM over all tiles (split_k 1)
 
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
@@ -49,14 +53,24 @@ def stage_bytes(block_m: int) -> int:
     return block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2 + 1024
 
 
-def smem_bytes(block_m: int, stages: int) -> int:
+def staging_bytes(block_m: int) -> int:
+    """A persistent launch's epilogue staging: per MMA warpgroup [min(32, block_m)][64 + 4] fp32."""
+    return 2 * min(32, block_m) * (64 + 4) * 4
+
+
+def smem_bytes(block_m: int, stages: int, persistent: bool = False) -> int:
     """Dynamic shared memory of a launch (mirror of smem_bytes in mm_wgmma.cu): 1 KiB of alignment
-    slack, the scale table, the barriers, then the stages or the fp32 epilogue tile."""
-    return 3 * 1024 + max(stages * stage_bytes(block_m), block_m * (ROWS + 4) * 4)
+    slack, the scale table, the barriers, then the stages and the epilogue staging (persistent) or
+    the larger of the stages and the fp32 epilogue tile (one tile per CTA)."""
+    pipe = stages * stage_bytes(block_m)
+    if persistent:
+        return 3 * 1024 + pipe + staging_bytes(block_m)
+    return 3 * 1024 + max(pipe, block_m * (ROWS + 4) * 4)
 
 
-def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK) -> int:
-    return min(MAX_STAGES, (limit - 3 * 1024) // stage_bytes(block_m))
+def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK, persistent: bool = False) -> int:
+    extra = staging_bytes(block_m) if persistent else 0
+    return min(MAX_STAGES, (limit - 3 * 1024 - extra) // stage_bytes(block_m))
 
 
 def problem_reason(args) -> Optional[str]:
@@ -101,11 +115,13 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return f"stages={t.stages} must be between {MIN_STAGES} and {MAX_STAGES}"
     if not 1 <= t.split_k <= MAX_SPLIT:
         return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
+    if t.persistent and t.split_k != 1:
+        return f"persistent=True needs split_k=1 (split-K CTAs take one tile each), got split_k={t.split_k}"
 
     steps = _steps(mm_problem(args)[2])
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={mm_problem(args)[2]}"
-    return smem_reason(smem_bytes(t.block_m, t.stages), _smem_limit(args))
+    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent), _smem_limit(args))
 
 
 def _split_for(ctas: int, k: int, sms: int) -> int:
@@ -118,11 +134,12 @@ def _split_for(ctas: int, k: int, sms: int) -> int:
 def default(*args) -> Tactic:
     """The smallest block_m covering M (up to 256: more activation rows per weight decode won every
     H100 sweep, e.g. M = 128, N = 8192, K = 28672: block_m 128 with split 2 153 us, block_m 64
-    266 us), split-K up to one wave, as many stages as fit."""
+    266 us), split-K up to one wave, as many stages as fit, persistent without split-K."""
     m, n, k = mm_problem(args)
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
     split = _split_for(-(-m // bm) * -(-n // ROWS), k, args_sm_count(args))
-    return WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args)), split)
+    persistent = split == 1
+    return WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args), persistent), split, persistent)
 
 
 def candidates(*args) -> list[Tactic]:
@@ -138,10 +155,11 @@ def candidates(*args) -> list[Tactic]:
         for stages in sorted({4, max_stages(bm, _smem_limit(args))}):
             for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
                 out.append(WgmmaMmTactic(bm, stages, split))
+        out.append(WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args), True), 1, persistent=True))
     return valid_unique(out, why_not, *args)
 
 
 def key(*args) -> str:
     m = mm_problem(args)[0]
-    return mm_key(args, max(64, 1 << (m - 1).bit_length()))
+    return mm_key(args, max(32, 1 << (m - 1).bit_length()))
 
