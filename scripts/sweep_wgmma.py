@@ -4,8 +4,7 @@ matmul in the same run, on an sm_90 GPU:
     python scripts/sweep_wgmma.py M[,M...] [N K] [--layout row|sm90] [--near-default]
 
 --layout: the weight layout ("sm90", the FP4Linear default on sm_90, unless N or K do not fit it);
---near-default: only the tactics with the heuristic's block_m or half of it at the most stages
-(every split and persistence), instead of every candidate."""
+--near-default: only the candidates with the heuristic's block_m or half of it, instead of all."""
 import argparse
 
 import torch
@@ -39,7 +38,7 @@ for m in (int(v) for v in opt.ms.split(",")):
     cands = WT.candidates(*launcher)
     if opt.near_default:
         keep = {default.block_m, default.block_m // 2}
-        cands = [t for t in cands if t == default or (t.block_m in keep and t.stages == WT.max_stages(t.block_m, persistent=t.persistent))]
+        cands = [t for t in cands if t.block_m in keep]
 
     def launch(*a, tactic):
         with tactics.use_tactic(tactic):

@@ -21,14 +21,19 @@ def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4):
 
 @pytest.mark.parametrize("m,n,want", [(17, 8192, (32, 2)), (32, 8192, (32, 2)), (33, 8192, (64, 2)),
                                       (64, 8192, (64, 2)), (128, 8192, (128, 2)), (256, 8192, (256, 2)),
-                                      (1024, 8192, (256, 1)), (4096, 8192, (256, 1)), (64, 28672, (64, 1))])
+                                      (1024, 8192, (256, 1)), (4096, 8192, (256, 1)), (64, 28672, (64, 1)),
+                                      (32, 28672, (32, 1)), (128, 28672, (128, 1)), (64, 12288, (64, 1))])
 def test_heuristic_from_h100_sweeps(m, n, want):
     """Smallest block_m covering M (up to 256), split-K up to about one CTA per SM, persistent
-    without split-K, most stages."""
+    without split-K, two CTAs per SM at block_m <= 64 once the tiles outnumber the SMs, most
+    stages."""
     t = WT.default(*_args(m, n))
     assert (t.block_m, t.split_k) == want
     assert t.persistent == (t.split_k == 1)
-    assert t.stages == WT.max_stages(t.block_m, persistent=t.persistent)
+    tiles = -(-m // t.block_m) * -(-n // WT.ROWS)
+    assert t.ctas_per_sm == (2 if t.block_m <= 64 and tiles > 132 else 1)
+    limit = WT.SM90_SMEM_PER_BLOCK if t.ctas_per_sm == 1 else (WT.SM90_SMEM_PER_SM - 2048) // 2
+    assert t.stages == WT.max_stages(t.block_m, limit, t.persistent)
     assert WT.why_not(t, *_args(m, n)) is None
 
 
@@ -51,6 +56,8 @@ def test_candidates_valid_unique_default_first():
     (dict(block_m=256, stages=7), "KiB of shared memory"),
     (dict(split_k=2, persistent=True), "persistent=True needs split_k=1"),
     (dict(block_m=256, stages=6, split_k=1, persistent=True), "KiB of shared memory"),
+    (dict(block_m=128, ctas_per_sm=2), "ctas_per_sm=2 must be 1, or 2 with block_m <= 64"),
+    (dict(block_m=64, stages=12, ctas_per_sm=2), "KiB of shared memory"),
 ])
 def test_why_not_names_the_problem(change, msg):
     args = _args(300, k=384)

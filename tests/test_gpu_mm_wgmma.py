@@ -58,6 +58,9 @@ def _tactics(args, fmt):
                 t = WT.WgmmaMmTactic(bm, stages, split, persistent)
                 if WT.why_not(t, *launcher) is None:
                     out.append(t)
+            two = WT.WgmmaMmTactic(bm, WT.MIN_STAGES, split, persistent, ctas_per_sm=2)
+            if WT.why_not(two, *launcher) is None:
+                out.append(two)
     return out
 
 
@@ -139,8 +142,11 @@ def test_persistent_ctas_take_many_tiles(n):
         want = (ahat.double() @ what.double().T).float()
         for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
             got = {}
-            for persistent in (True, False):
-                with t4.use_tactic(WT.WgmmaMmTactic(bm, 4, 1, persistent)):
-                    got[persistent] = _call(args, fmt, out_dtype)
-            assert torch.equal(got[True], want.to(out_dtype)), (bm, out_dtype)
-            assert torch.equal(got[True], got[False]), (bm, out_dtype)
+            for persistent, ctas in ((True, 1), (False, 1), (True, 2)):
+                if ctas == 2 and bm > WT.TWO_CTA_MAX_BLOCK_M:
+                    continue
+                with t4.use_tactic(WT.WgmmaMmTactic(bm, 4, 1, persistent, ctas)):
+                    got[persistent, ctas] = _call(args, fmt, out_dtype)
+            assert torch.equal(got[True, 1], want.to(out_dtype)), (bm, out_dtype)
+            for key, value in got.items():
+                assert torch.equal(value, got[True, 1]), (bm, out_dtype, key)

@@ -23,8 +23,10 @@
 //   registers untouched while its wgmma may read them, so ptxas keeps the wgmmas asynchronous
 //   and the decode of step j + 1 overlaps the wgmmas of steps j - 2 .. j. A stage goes back to the
 //   producer once all four of its wgmmas completed (two steps into the next stage).
-// Tiles: 128 weight rows x block_m activation rows, numbered weight-tile fastest. A persistent
-// launch runs one CTA per SM, each taking tiles blockIdx.x, + gridDim.x, ...: the stage ring runs
+// Tiles: 128 weight rows x block_m activation rows, numbered weight-tile fastest. block_m <= 64
+// also compiles for two CTAs per SM (Config::kCtas: 80 registers per thread at launch, 96 per MMA
+// thread after setmaxnreg, half the shared memory each). A persistent launch runs as many CTAs as
+// fit at once (one or two per SM), each taking tiles blockIdx.x, + gridDim.x, ...: the stage ring runs
 // on across tiles, so the producer loads the next tile while the MMA warpgroups store this one,
 // and the last stage's lookahead reads the next tile's first operands. Its epilogue leaves the
 // stages alone: each MMA warpgroup passes its rows through its own small staging area, 32
@@ -79,9 +81,13 @@ __host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages, bool pe
   return 3 * 1024 + (pipe > tile ? pipe : tile);
 }
 
-template <int kBM_, bool kFp16_, bool kMx_, bool kPacked_>
+template <int kBM_, bool kFp16_, bool kMx_, bool kPacked_, int kCtas_ = 1>
 struct Config {
   static constexpr int kBM = kBM_;
+  static constexpr int kCtas = kCtas_;             // CTAs per SM (launch bounds, register split)
+  // Registers per thread after setmaxnreg: one CTA per SM gives its MMA threads 232 (the launch
+  // leaves 168 each); two CTAs leave 80 each, so the MMA threads get (80 * 384 - 40 * 128) / 256.
+  static constexpr int kMmaRegs = kCtas_ == 1 ? 232 : 96;
   static constexpr int kWG = 2;                    // MMA warpgroups, 64 weight rows each
   static constexpr int kRows = 64 * kWG;           // weight rows per CTA
   static constexpr int kMma = 128 * kWG;           // MMA threads
@@ -340,7 +346,7 @@ __device__ __forceinline__ void store_staged(const Params& p, const float (&acc)
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1)
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
                     const Params p, int stages, int persistent) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -409,7 +415,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     return;
   }
 
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kMmaRegs));
   const int ct = tid - 128;  // MMA threads; warpgroup mwg holds weight rows 64 mwg..
   const int mwg = ct >> 7;
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
@@ -602,9 +608,14 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   auto kernel = wgmma_mm_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
   reserve_smem(kernel, smem, configured);
+  if (Cfg::kCtas > 1) {  // two CTAs' shared memory on one SM: ask for the largest carveout
+    static bool carved = false;
+    if (!carved) carved = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                               cudaSharedmemCarveoutMaxShared) == cudaSuccess;
+  }
   const int64_t total = ((a.n + Cfg::kRows - 1) / Cfg::kRows) * ((a.m + Cfg::kBM - 1) / Cfg::kBM);
   int ctas = static_cast<int>(std::min<int64_t>(total, INT32_MAX));
-  if (persistent) ctas = std::min(ctas, sm_count());  // one CTA per SM (launch bounds: 1 per SM)
+  if (persistent) ctas = std::min(ctas, Cfg::kCtas * sm_count());  // every CTA resident at once
   const dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(split));
   // The splits of one output tile form a cluster along z (reduced through distributed smem).
   launch_cluster(kernel, grid, dim3(Cfg::kThreads, 1, 1), smem, dim3(1, 1, static_cast<unsigned>(split)), stream,
@@ -615,8 +626,12 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 template <bool kFp16, bool kMx, bool kPacked>
 bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.block_m) {
-    case 32: return launch_cfg<Config<32, kFp16, kMx, kPacked>>(a, stream, pdl);
-    case 64: return launch_cfg<Config<64, kFp16, kMx, kPacked>>(a, stream, pdl);
+    case 32:
+      return a.ctas_per_sm == 2 ? launch_cfg<Config<32, kFp16, kMx, kPacked, 2>>(a, stream, pdl)
+                                : launch_cfg<Config<32, kFp16, kMx, kPacked>>(a, stream, pdl);
+    case 64:
+      return a.ctas_per_sm == 2 ? launch_cfg<Config<64, kFp16, kMx, kPacked, 2>>(a, stream, pdl)
+                                : launch_cfg<Config<64, kFp16, kMx, kPacked>>(a, stream, pdl);
     case 128: return launch_cfg<Config<128, kFp16, kMx, kPacked>>(a, stream, pdl);
     case 256: return launch_cfg<Config<256, kFp16, kMx, kPacked>>(a, stream, pdl);
     default: return false;
@@ -639,6 +654,7 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   using namespace wgmma_mm;
   if (args.stages < 3 || args.stages > kMaxStages || args.split_k < 1 || args.split_k > kMaxSplit) return false;
   if (args.persistent && args.split_k != 1) return false;  // split-K tiles are one per CTA
+  if (args.ctas_per_sm != 1 && (args.ctas_per_sm != 2 || args.block_m > 64)) return false;
   if (args.k % 32 != 0) return false;
   if (args.packed && (args.k % 64 != 0 || args.n % 128 != 0)) return false;  // whole "sm90" tiles
   if (args.m <= 0 || args.n <= 0) return true;

@@ -19,6 +19,7 @@ namespace torch_fp4 {
 struct WgmmaMmArgs : MmOperands {
   int block_m, stages, split_k;
   bool persistent;
+  int ctas_per_sm;  // 1, or 2 with block_m <= 64 (96 registers per MMA thread)
 };
 
 // Enqueues the kernel on `stream`; false when the configuration is not compiled for this device

@@ -135,6 +135,14 @@ def args_smem_per_block(args, default: int) -> int:
     return default
 
 
+def args_smem_per_sm(args, default: int) -> int:
+    """Shared memory per SM of the first argument's device (`default` off CUDA)."""
+    a = args[0]
+    if isinstance(a, torch.Tensor) and a.is_cuda:
+        return torch.cuda.get_device_properties(a.device).shared_memory_per_multiprocessor
+    return default
+
+
 def empty_k_slice(split: int, steps: int) -> bool:
     """Whether splitting `steps` K steps into slices of ceil(steps / split) leaves one empty."""
     return split > 1 and (split - 1) * -(-steps // split) >= steps

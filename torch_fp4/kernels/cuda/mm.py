@@ -42,7 +42,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     packed = wlayout is F.WeightLayout.SM90
     if isinstance(t, WgmmaMmTactic):
         ext.mm_fp4_wgmma(act, b.T.view(torch.uint8), b_scale.T.view(torch.uint8), alpha, out,
-                         fmt.block_size, t.block_m, t.stages, t.split_k, t.persistent, packed, pdl)
+                         fmt.block_size, t.block_m, t.stages, t.split_k, t.persistent,
+                         t.ctas_per_sm, packed, pdl)
     else:
         ext.mm_fp4_small_m(act, b.T.view(torch.uint8), b_scale.T.view(torch.uint8), alpha, out,
                            fmt.block_size, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k,

@@ -3,6 +3,8 @@ import: no toolchain, no extension build.
 
 A CTA computes 128 weight rows (two MMA warpgroups of 64). A tactic picks block_m (activation rows
 per CTA, the wgmma's N: 32, 64, 128 or 256), the number of shared-memory stages of 64 K elements,
+ctas_per_sm (2 at block_m <= 64: two CTAs share an SM, each with half its shared memory and 96
+registers per MMA thread, for more loads and decodes in flight),
 split_k: CTAs along K per output tile, launched as a thread-block cluster whose partial tiles are
 added in rank order through distributed shared memory (deterministic), and persistent (split_k 1
 only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
@@ -20,8 +22,8 @@ import torch
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, register_family, valid_unique
-from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, largest_split, mm_key,
-                       mm_problem, mm_weight_layout, smem_reason)
+from .._common import (args_sm_count, args_smem_per_block, args_smem_per_sm, empty_k_slice, largest_split,
+                       mm_key, mm_problem, mm_weight_layout, smem_reason)
 from .mm_tactics import half_mx_reason
 
 BLOCK_MS = (32, 64, 128, 256)
@@ -30,6 +32,8 @@ BLOCK_K = 64                  # K elements per stage
 MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
 SM90_SMEM_PER_BLOCK = 227 * 1024
+SM90_SMEM_PER_SM = 228 * 1024
+TWO_CTA_MAX_BLOCK_M = 64      # 96 registers per MMA thread hold block_m <= 64 accumulators
 
 
 @register_family
@@ -39,6 +43,7 @@ class WgmmaMmTactic(Tactic):
     stages: int = 6          # shared-memory stages of 64 K elements
     split_k: int = 1         # CTAs along K (a cluster; 1..8)
     persistent: bool = False  # one CTA per SM over all tiles (split_k 1)
+    ctas_per_sm: int = 1     # 2: two CTAs share an SM (block_m <= 64; half the shared memory each)
 
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
@@ -99,8 +104,13 @@ def _steps(k: int) -> int:
     return -(-k // BLOCK_K)
 
 
-def _smem_limit(args) -> int:
-    return args_smem_per_block(args, SM90_SMEM_PER_BLOCK)
+def _smem_limit(args, ctas_per_sm: int = 1) -> int:
+    """Shared memory one CTA may take: the per-block opt-in limit, or with two CTAs per SM half of
+    the SM's shared memory less the 1 KiB the hardware reserves per CTA."""
+    per_block = args_smem_per_block(args, SM90_SMEM_PER_BLOCK)
+    if ctas_per_sm == 1:
+        return per_block
+    return min(per_block, (args_smem_per_sm(args, SM90_SMEM_PER_SM) - ctas_per_sm * 1024) // ctas_per_sm)
 
 
 def why_not(t: Tactic, *args) -> Optional[str]:
@@ -117,11 +127,14 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
     if t.persistent and t.split_k != 1:
         return f"persistent=True needs split_k=1 (split-K CTAs take one tile each), got split_k={t.split_k}"
+    if t.ctas_per_sm not in (1, 2) or (t.ctas_per_sm == 2 and t.block_m > TWO_CTA_MAX_BLOCK_M):
+        return (f"ctas_per_sm={t.ctas_per_sm} must be 1, or 2 with block_m <= {TWO_CTA_MAX_BLOCK_M} "
+                f"(got block_m={t.block_m})")
 
     steps = _steps(mm_problem(args)[2])
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={mm_problem(args)[2]}"
-    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent), _smem_limit(args))
+    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent), _smem_limit(args, t.ctas_per_sm))
 
 
 def _split_for(ctas: int, k: int, sms: int) -> int:
@@ -134,12 +147,19 @@ def _split_for(ctas: int, k: int, sms: int) -> int:
 def default(*args) -> Tactic:
     """The smallest block_m covering M (up to 256: more activation rows per weight decode won every
     H100 sweep, e.g. M = 128, N = 8192, K = 28672: block_m 128 with split 2 153 us, block_m 64
-    266 us), split-K up to one wave, as many stages as fit, persistent without split-K."""
+    266 us), split-K up to one wave, as many stages as fit, persistent without split-K; two CTAs
+    per SM at block_m <= 64 once the tiles outnumber the SMs (H100, N = 28672, K = 8192, sm90
+    weights: M = 32 79.2 -> 68.1 us, M = 64 86.5 -> 77.1 us; with fewer tiles the split-K
+    launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2)."""
     m, n, k = mm_problem(args)
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
-    split = _split_for(-(-m // bm) * -(-n // ROWS), k, args_sm_count(args))
+    tiles = -(-m // bm) * -(-n // ROWS)
+    sms = args_sm_count(args)
+    split = _split_for(tiles, k, sms)
     persistent = split == 1
-    return WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args), persistent), split, persistent)
+    ctas = 2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1
+    stages = max_stages(bm, _smem_limit(args, ctas), persistent)
+    return WgmmaMmTactic(bm, stages, split, persistent, ctas)
 
 
 def candidates(*args) -> list[Tactic]:
@@ -156,6 +176,12 @@ def candidates(*args) -> list[Tactic]:
             for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
                 out.append(WgmmaMmTactic(bm, stages, split))
         out.append(WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args), True), 1, persistent=True))
+        if bm <= TWO_CTA_MAX_BLOCK_M:
+            two = _smem_limit(args, 2)
+            base2 = _split_for(-(-m // bm) * -(-n // ROWS), k, 2 * sms)
+            for split in sorted({1, base2}):
+                out.append(WgmmaMmTactic(bm, max_stages(bm, two), split, ctas_per_sm=2))
+            out.append(WgmmaMmTactic(bm, max_stages(bm, two, True), 1, persistent=True, ctas_per_sm=2))
     return valid_unique(out, why_not, *args)
 
 
