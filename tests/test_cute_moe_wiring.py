@@ -233,7 +233,7 @@ def test_glue_kernels_compile(arch):
                                                 out_ptr="*bf16", top_k="i32", H="i32", P="i32",
                                                 lo="i32", E="i32", gsa_stride="i32"),
                       dict(KP=8, SPLIT=1, A_FP4=False, INDIRECT=True, OUT=tl.bfloat16, BT=4,
-                           BH=256, PORTABLE=False, USE_GDC=False))
+                           BH=256, PORTABLE=False, STRICT=True, USE_GDC=False))
     for ptx in (inv, fin):
         assert f".target sm_{arch}" in ptx and "atom." not in ptx
     assert "fma." not in fin

@@ -463,7 +463,15 @@ def test_bad_inputs():
         w = list(p.weights())
         w[3] = w[3].cpu()
         t4.fused_moe(p.x, *w, ids, tw, backend="triton")
-    with pytest.raises(ValueError, match="fused_moe: topk_ids: expected expert ids in"):
-        t4.fused_moe(p.x, *p.weights(), ids + 4, tw, backend="triton")
+    # an id outside [0, E) without expert parallelism: NaN rows, checked on the device
+    bad = ids.clone()
+    bad[1, 0] = 4
+    bad[2, 1] = -1
+    torch.cuda.set_sync_debug_mode("error")   # and the call never synchronizes with the host
+    try:
+        out = t4.fused_moe(p.x, *p.weights(), bad, tw, backend="triton")
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out[1:].isnan().all() and not out[0].isnan().any()
     with pytest.raises(ValueError, match="fused_moe: backend: 'triton' cannot run here"):
         t4.fused_moe(p.x.cpu(), *[t.cpu() for t in p.weights()], ids.cpu(), tw.cpu(), backend="triton")

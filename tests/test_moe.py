@@ -434,10 +434,21 @@ def test_fused_moe_expert_parallel_rank0(w4a4):
     full = torch_fp4.fused_moe(x, *moe.weights(), ids, tw, a1_global_scale=a1, a2_global_scale=a2,
                                out_dtype=torch.float32)
     torch.testing.assert_close(sum(parts), full, rtol=1e-6, atol=1e-6)
-    # without expert parallelism (neither offset nor num_local_experts), ids outside [0, E)
-    # are an error in eager mode
-    with pytest.raises(ValueError, match="topk_ids"):
-        torch_fp4.fused_moe(x, *moe.sliced(0, 2), ids, tw)
+    # without expert parallelism (neither offset nor num_local_experts), a token with an id
+    # outside [0, E) gets NaN in every column; the other tokens equal rank 0's expert-parallel
+    # result with the same two experts
+    ids2 = ids.clone()
+    ids2[0] = torch.tensor([1, 0], dtype=ids.dtype)
+    ids2[1, 1] = -1
+    a2_0 = None if a2 is None else a2[0:2].contiguous()
+    got = torch_fp4.fused_moe(x, *moe.sliced(0, 2), ids2, tw, a1_global_scale=a1, a2_global_scale=a2_0,
+                              out_dtype=torch.float32)
+    ep = torch_fp4.fused_moe(x, *moe.sliced(0, 2), ids2, tw, a1_global_scale=a1, a2_global_scale=a2_0,
+                             local_expert_offset=0, num_local_experts=2, out_dtype=torch.float32)
+    stray = ((ids2 < 0) | (ids2 >= 2)).any(dim=1)
+    assert stray[1] and not stray[0]
+    assert got[stray].isnan().all() and not got[~stray].isnan().any()
+    assert torch.equal(got[~stray], ep[~stray])
 
 
 def test_fused_moe_deterministic():

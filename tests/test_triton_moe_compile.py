@@ -59,7 +59,7 @@ def _fc1(w4a4, swap, bm, bn, bk, warps=4, stages=3, x="bf16", even_k=True, arch=
                     warps, stages, arch)
 
 
-def _fc2(w4a4, swap, bm, bn, bk, split=1, warps=4, stages=3, fused=True, top_k=8):
+def _fc2(w4a4, swap, bm, bn, bk, split=1, warps=4, stages=3, fused=True, top_k=8, strict=True):
     sig = dict(a_ptr="*u8" if w4a4 else "*bf16", as_ptr="*u8", w_ptr="*u8", ws_ptr="*u8",
                gsw_ptr="*fp32", gsa_ptr="*fp32", y_ptr="*bf16" if split == 1 else "*fp32",
                sorted_ptr="*i32", block_expert_ptr="*i32", expert_end_ptr="*i32", ids_ptr="*i32",
@@ -68,7 +68,7 @@ def _fc2(w4a4, swap, bm, bn, bk, split=1, warps=4, stages=3, fused=True, top_k=8
                kh_per_split="i32", top_k="i32", T="i32", lo="i32", E="i32", n_gemm="i32")
     consts = dict(A_FP4=w4a4, SPLIT=split, SWAP=swap, DOT=tl.bfloat16, BM=bm, BN=bn, BK=bk,
                   EVEN_K=True, FUSED=fused, OUT=tl.bfloat16, KP=triton.next_power_of_2(top_k),
-                  ZB=MG.ZERO_TOKENS, PORTABLE=False,
+                  ZB=MG.ZERO_TOKENS, PORTABLE=False, STRICT=strict,
                   FIN_N=MG._finalize_columns(MG.MoeConfig(bm, swap, MG.GemmTile(64, 64),
                                                           MG.GemmTile(bn, bk, warps)), top_k), USE_GDC=False)
     return _compile(MG._fc2_kernel, sig, consts, {"N", "KH", "w_kp", "w_stride", "ws_stride"},
@@ -160,7 +160,7 @@ def test_finalize_kernel_ptx(split):
                tw_ptr="*fp32", gsw_ptr="*fp32", gsa_ptr="*fp32", out_ptr="*bf16", top_k="i32",
                H="i32", P="i32", lo="i32", E="i32", gsa_stride="i32")
     consts = dict(KP=8, SPLIT=split, A_FP4=True, INDIRECT=False, OUT=tl.bfloat16, BT=4, BH=256,
-                  PORTABLE=False, USE_GDC=False)
+                  PORTABLE=False, STRICT=split == 1, USE_GDC=False)
     ptx = _compile(MF._finalize_kernel, sig, consts, {"H"}).asm["ptx"]
     assert _no_compiler_fma(ptx), "w * y + acc must round twice, as the reference"
     assert "atom." not in ptx, "the top-k sum must be deterministic"
@@ -424,6 +424,20 @@ def check_fused_moe_interpreted():
         out = same(big, xe, ie, te, weights=local, lo=2, cfg=cfg, what="EP w4a16")
         assert (out[0] == 0).all()
         same(big, xe, ie, te, a1, a2, weights=local, lo=2, cfg=cfg, what="EP w4a4")
+    # no expert parallelism (strict ids): a token with an id outside [0, E) is NaN in every
+    # column, in the fused finalize, its zero-fill of unrouted tokens and the finalize kernel
+    bad = ie.clone()
+    bad[1, 0] = 6
+    bad[2, 1] = -3
+    bad[3] = torch.tensor([7, 9], dtype=torch.int32)
+    stray = torch.zeros(9, dtype=torch.bool)
+    stray[1:4] = True
+    for cfg in (tiles[0], tiles[1], tiles[4]):
+        for a1s, a2s in ((None, None), (a1, torch.tensor([96.0, 150.0, 200.0, 310.0, 64.0, 128.0]))):
+            got = MF.fused_moe(xe, *big.weights(), bad, te, a1s, a2s, 0, bf16, True, config=cfg)
+            want = reference.fused_moe(xe, *big.weights(), bad, te, a1s, a2s, 0, bf16, True)
+            assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isnan().all(1), stray)
+            assert torch.equal(got[~stray], want[~stray]), cfg and cfg.label()
     # empty experts; every pair on one expert over several blocks and align chunks; T = 1; k = 1
     many = Moe(e=8, h=32, inter=32, seed=41)
     xm = torch.randn(70, many.h, generator=_gen(42)).to(bf16)

@@ -71,9 +71,11 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: torch.Tensor | None, a2_global_scale: torch.Tensor | None,
-              local_expert_offset: int, out_dtype: torch.dtype) -> torch.Tensor:
+              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False) -> torch.Tensor:
     """Every local expert runs densely over all tokens (simple, no host sync, capturable); each
-    (t, j) then picks the output of its expert, or zero when that expert is not local."""
+    (t, j) then picks the output of its expert, or zero when that expert is not local.
+    strict_ids (no expert parallelism): a token with an id outside [offset, offset + E) gets NaN
+    in every column instead."""
     tokens, hidden = x.shape
     lay = F.SfLayout.LAYOUT_128x4
     picked = torch.zeros(tokens, topk_ids.shape[1], hidden, dtype=torch.float32, device=x.device)
@@ -101,4 +103,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     out = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)
     for j in range(topk_ids.shape[1]):
         out = out + topk_weights[:, j:j + 1].float() * picked[:, j]
+    if strict_ids:
+        experts = w1.shape[0]
+        stray = ((topk_ids < local_expert_offset) | (topk_ids >= local_expert_offset + experts)).any(dim=1)
+        out = torch.where(stray[:, None], torch.full_like(out, float("nan")), out)
     return out.to(out_dtype)

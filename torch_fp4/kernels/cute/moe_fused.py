@@ -130,7 +130,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
-              local_expert_offset: int, out_dtype: torch.dtype) -> torch.Tensor:
+              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False) -> torch.Tensor:
     """Launcher with torch_fp4.reference.fused_moe's signature (W4A4 only). Launches only; reads
     nothing back."""
     if a1_global_scale is None or a2_global_scale is None:
@@ -159,5 +159,5 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     _inverse_kernel[(triton.cdiv(blocks.rows, _ROWS_PER_PROGRAM),)](
         blocks.sorted_pairs, blocks.block_expert, blocks.expert_end, inv, blocks.rows,
         BM=BLOCK_M, BR=_ROWS_PER_PROGRAM, **launch)
-    finalize(y, ids, tw, out, experts, local_expert_offset, portable, inv=inv)
+    finalize(y, ids, tw, out, experts, local_expert_offset, portable, inv=inv, strict=strict_ids)
     return out

@@ -39,7 +39,8 @@ _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl
 def _finalize_kernel(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, top_k, H, P, lo,
                      E, gsa_stride, KP: tl.constexpr, SPLIT: tl.constexpr, A_FP4: tl.constexpr,
                      INDIRECT: tl.constexpr, OUT: tl.constexpr, BT: tl.constexpr,
-                     BH: tl.constexpr, PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+                     BH: tl.constexpr, PORTABLE: tl.constexpr, STRICT: tl.constexpr,
+                     USE_GDC: tl.constexpr):
     """out[t] = RN_out(topk_sum) for BT tokens x BH columns per program."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
@@ -48,7 +49,7 @@ def _finalize_kernel(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr,
     col_ok = cols < H
     t_ok = t < P // top_k
     acc = topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, t, t_ok, cols,
-                   col_ok, top_k, H, P, lo, E, KP, SPLIT, A_FP4, INDIRECT, PORTABLE)
+                   col_ok, top_k, H, P, lo, E, KP, SPLIT, A_FP4, INDIRECT, PORTABLE, STRICT)
     if PORTABLE and OUT == tl.bfloat16:
         acc = rn_bf16(acc, PORTABLE)
     tl.store(out_ptr + t[:, None] * H + cols[None, :], acc.to(OUT),
@@ -67,7 +68,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: torch.Tensor | None, a2_global_scale: torch.Tensor | None,
-              local_expert_offset: int, out_dtype: torch.dtype,
+              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
               config: MoeConfig | None = None) -> torch.Tensor:
     """Launcher with torch_fp4.reference.fused_moe's signature; `config` overrides the tiles."""
     out = prepare_outputs(meta.fused_moe(x, out_dtype))
@@ -95,10 +96,10 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
         inter = fc1(x, None, w1, w1_scale, w1_global_scale, None, None, blocks, top_k, config,
                     portable)
     y = fc2(inter, w2, w2_scale, w2_global_scale, a2_global_scale, blocks, ids, tw, out,
-            local_expert_offset, config, portable, counters)
+            local_expert_offset, config, portable, counters, strict_ids)
     if not config.fused_finalize:
         finalize(y, ids, tw, out, experts, local_expert_offset, portable, config.fc2_split,
-                 w2_global_scale, a2_global_scale if w4a4 else None)
+                 w2_global_scale, a2_global_scale if w4a4 else None, strict=strict_ids)
     return out
 
 
@@ -106,10 +107,11 @@ def finalize(y: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, out: torch.Te
              local_expert_offset: int, portable: bool, split: int = 1,
              w2_global_scale: Optional[torch.Tensor] = None,
              a2_global_scale: Optional[torch.Tensor] = None,
-             inv: Optional[torch.Tensor] = None) -> None:
+             inv: Optional[torch.Tensor] = None, strict: bool = False) -> None:
     """The top-k sum into out [T, H] as a kernel of its own: y rows per pair (or per sorted row
     through `inv`); with split > 1, y holds `split` unscaled fp32 partial sums per pair and
-    alpha2 comes from the global scales."""
+    alpha2 comes from the global scales. `strict`: NaN rows for tokens with an id outside
+    [local_expert_offset, local_expert_offset + experts)."""
     tokens, hidden = out.shape
     top_k, pairs = ids.shape[1], ids.numel()
     w4a4 = a2_global_scale is not None
@@ -122,4 +124,5 @@ def finalize(y: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, out: torch.Te
         top_k, hidden, pairs, local_expert_offset, experts,
         1 if (w4a4 and a2_global_scale.numel() > 1) else 0, KP=triton.next_power_of_2(top_k),
         SPLIT=split, A_FP4=w4a4, INDIRECT=inv is not None, OUT=_TL[out.dtype], BT=bt, BH=bh,
-        PORTABLE=portable, USE_GDC=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
+        PORTABLE=portable, STRICT=strict, USE_GDC=pdl, launch_pdl=pdl, num_warps=4,
+        enable_fp_fusion=False)

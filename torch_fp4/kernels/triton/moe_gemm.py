@@ -252,16 +252,17 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
 
 @triton.jit
 def _zero_unrouted(ids_ptr, out_ptr, z, T, N, top_k, lo, E, OUT: tl.constexpr, KP: tl.constexpr,
-                   ZB: tl.constexpr, BN: tl.constexpr):
+                   ZB: tl.constexpr, BN: tl.constexpr, STRICT: tl.constexpr):
     """Tokens [z ZB, z ZB + ZB) with no pair on a local expert: out rows of zeros (no GEMM
-    program arrives for them)."""
+    program arrives for them), or of NaN when STRICT (every id of the token is out of range)."""
     tok = z.to(tl.int64) * ZB + tl.arange(0, ZB)
     ok = tok < T
     ids_t, _ = slot_tiles(ids_ptr, ids_ptr, tok, ok, top_k, KP)
     none = ok & (_local_slots(ids_t, lo, E) == 0)
     for n0 in range(0, N, BN):
         cols = n0 + tl.arange(0, BN)
-        tl.store(out_ptr + tok[:, None] * N + cols[None, :], tl.zeros([ZB, BN], OUT),
+        fill = tl.full([ZB, BN], float("nan") if STRICT else 0.0, tl.float32)
+        tl.store(out_ptr + tok[:, None] * N + cols[None, :], fill.to(OUT),
                  mask=none[:, None] & (cols < N)[None, :])
 
 
@@ -274,14 +275,15 @@ def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
                 DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 EVEN_K: tl.constexpr, FUSED: tl.constexpr, OUT: tl.constexpr, KP: tl.constexpr,
                 ZB: tl.constexpr, FIN_N: tl.constexpr, PORTABLE: tl.constexpr,
-                USE_GDC: tl.constexpr):
+                STRICT: tl.constexpr, USE_GDC: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     pid, pid_k = tl.program_id(0), tl.program_id(1)
     if FUSED:
         if pid >= n_gemm:
             if pid_k == 0:
-                _zero_unrouted(ids_ptr, out_ptr, pid - n_gemm, T, N, top_k, lo, E, OUT, KP, ZB, BN)
+                _zero_unrouted(ids_ptr, out_ptr, pid - n_gemm, T, N, top_k, lo, E, OUT, KP, ZB, BN,
+                               STRICT)
             return
     b, pid_n, e, rows, row_ok, pairs, rn, w_e, ws_e = _program_tile(
         pid, N, w_ptr, ws_ptr, w_stride, ws_stride, block_expert_ptr, expert_end_ptr, sorted_ptr,
@@ -320,7 +322,7 @@ def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
     if FUSED:
         _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt_ptr, pairs64,
                               row_ok, pid_n, gsa_stride, top_k, N, P, lo, E, A_FP4, SPLIT, OUT,
-                              BM, BN, KP, FIN_N, PORTABLE)
+                              BM, BN, KP, FIN_N, PORTABLE, STRICT)
 
 
 @triton.jit
@@ -328,7 +330,7 @@ def _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt
                           row_ok, pid_n, gsa_stride, top_k, N, P, lo, E, A_FP4: tl.constexpr,
                           SPLIT: tl.constexpr, OUT: tl.constexpr, BM: tl.constexpr,
                           BN: tl.constexpr, KP: tl.constexpr, FIN_N: tl.constexpr,
-                          PORTABLE: tl.constexpr):
+                          PORTABLE: tl.constexpr, STRICT: tl.constexpr):
     """FC2's fused finalize, after this program stored its rows of y: every (pair, split) program
     of a token's column tile counts itself in (CTA barrier, then an acq_rel atomic: the stores
     are released before the count), and the program whose count completes the token's local
@@ -346,7 +348,7 @@ def _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt
             cols = pid_n * BN + c0 + tl.arange(0, FIN_N)
             ok = cols < N
             out = topk_sum(y_ptr, y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, tok, last,
-                           cols, ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, False, PORTABLE)
+                           cols, ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, False, PORTABLE, STRICT)
             if PORTABLE and OUT == tl.bfloat16:
                 out = rn_bf16(out, PORTABLE)
             tl.store(out_ptr + tok[:, None] * N + cols[None, :], out.to(OUT),
@@ -420,12 +422,13 @@ def fc2_counters(tokens: int, hidden: int, cfg: MoeConfig) -> int:
 
 def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, ids: torch.Tensor,
         tw: torch.Tensor, out: torch.Tensor, lo: int, cfg: MoeConfig, portable: bool,
-        counters: Optional[torch.Tensor]) -> torch.Tensor:
+        counters: Optional[torch.Tensor], strict: bool = False) -> torch.Tensor:
     """FC2 over the sorted rows of `inter` (fc1's result). Returns y: bf16 [pairs, H] (rows of
     pairs routed to no local expert are not written), or with split-K the fp32 partial sums
     [split, pairs, H]. With cfg.fused_finalize it also writes out [T, H] (bf16/fp16/fp32): per
     token the top-k weighted sum of its pairs' rows, zeros for tokens with no local pair
-    (`counters`: fc2_counters of them, int32, zero; None without the fused finalize)."""
+    (`counters`: fc2_counters of them, int32, zero; None without the fused finalize); `strict`
+    (no expert parallelism): NaN rows for tokens with an id outside [lo, lo + E)."""
     experts, hidden, half_i = w2.shape
     tokens, top_k = ids.shape
     pairs = ids.numel()
@@ -454,5 +457,6 @@ def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, ids: torch.Tens
         A_FP4=w4a4, SPLIT=split, SWAP=cfg.swap_ab, DOT=tl.float32 if portable else tl.bfloat16,
         BM=cfg.block_m, BN=t.block_n, BK=bk, EVEN_K=2 * half_i % bk == 0, FUSED=fused,
         OUT=_TL[out.dtype], KP=triton.next_power_of_2(top_k), ZB=ZERO_TOKENS,
-        FIN_N=_finalize_columns(cfg, top_k), PORTABLE=portable, **_launch_options(dev, t))
+        FIN_N=_finalize_columns(cfg, top_k), PORTABLE=portable, STRICT=strict,
+        **_launch_options(dev, t))
     return y

@@ -176,14 +176,17 @@ def _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, t
 @triton.jit
 def topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, tok, sel, cols,
              col_ok, top_k, N, P, lo, E, KP: tl.constexpr, SPLIT: tl.constexpr,
-             A_FP4: tl.constexpr, INDIRECT: tl.constexpr, PORTABLE: tl.constexpr):
+             A_FP4: tl.constexpr, INDIRECT: tl.constexpr, PORTABLE: tl.constexpr,
+             STRICT: tl.constexpr):
     """The finalize rule for tokens `tok` [R] (where `sel`) x columns `cols` [C]: fp32
     sum_j w[t, j] * y[t, j], j = 0, 1, ... in order from 0 as the reference adds, pairs routed to
     no local expert adding w * 0. y[t, j] is row t k + j of y [*, N] bf16 (row inv[t k + j] when
     INDIRECT), or, with SPLIT > 1, RN_bf16(alpha2[e] * (sum of the SPLIT fp32 partial rows
     t k + j of y [SPLIT, P, N], in split order)). KP >= top_k (a power of two); without split
     partials the slot loop is unrolled so that every slot's rows load at once. Rows are read
-    past L1 (.cg): other programs of the same kernel may have written them."""
+    past L1 (.cg): other programs of the same kernel may have written them. STRICT (no expert
+    parallelism): a token with an id outside [lo, lo + E) in one of its top_k slots sums to NaN
+    in every column (spec section 6)."""
     ids_t, w_t = slot_tiles(ids_ptr, tw_ptr, tok, sel, top_k, KP)
     w_bits = w_t.to(tl.int32, bitcast=True)
     acc = tl.zeros([tok.shape[0], cols.shape[0]], tl.float32)
@@ -199,4 +202,8 @@ def topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, tok,
                               sel, cols, col_ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, INDIRECT,
                               PORTABLE)
             acc = acc + w[:, None] * y   # slots past top_k add +0 (acc is never -0)
+    if STRICT:
+        jj = tl.arange(0, KP)[None, :]
+        stray = (jj < top_k) & ((ids_t < lo) | (ids_t >= lo + E))
+        acc = tl.where((tl.max(stray.to(tl.int32), axis=1) > 0)[:, None], float("nan"), acc)
     return acc
