@@ -299,6 +299,21 @@ __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperand
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Four finished sums before their one rounding: undo the 2^-7 of the folded NVFP4 operands
+// (exact), then alpha.
+template <class Cfg>
+__device__ __forceinline__ F4 finish(F4 v, float alpha, bool has_alpha) {
+  if (Cfg::kFold) {
+    v = F4{small_m::mul_rn(v.x, 128.0f), small_m::mul_rn(v.y, 128.0f), small_m::mul_rn(v.z, 128.0f),
+           small_m::mul_rn(v.w, 128.0f)};
+  }
+  if (has_alpha) {
+    v = F4{small_m::mul_rn(v.x, alpha), small_m::mul_rn(v.y, alpha), small_m::mul_rn(v.z, alpha),
+           small_m::mul_rn(v.w, alpha)};
+  }
+  return v;
+}
+
 // The persistent epilogue, per MMA warpgroup (its 64 weight rows), in chunks of kChunkM activation
 // rows through the warpgroup's own fp32 staging area [kChunkM][64 + 4] after the pipeline (the
 // stages stay the producer's): write the chunk's accumulators (conflict-free: rows 2c apart land
@@ -328,16 +343,8 @@ __device__ __forceinline__ void store_staged(const Params& p, const float (&acc)
         const int m = q / kPerRow, r4 = q % kPerRow;
         if (n_base + 4 * r4 >= p.n) continue;
         const U128 w = lds128(stage + 4u * (m * kP + 4 * r4));
-        F4 v{__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w)};
-        if (Cfg::kFold) {  // undo the 2^-7 of the folded NVFP4 operands (exact)
-          v = F4{small_m::mul_rn(v.x, 128.0f), small_m::mul_rn(v.y, 128.0f), small_m::mul_rn(v.z, 128.0f),
-                 small_m::mul_rn(v.w, 128.0f)};
-        }
-        if (has_alpha) {
-          v = F4{small_m::mul_rn(v.x, alpha), small_m::mul_rn(v.y, alpha), small_m::mul_rn(v.z, alpha),
-                 small_m::mul_rn(v.w, alpha)};
-        }
-        small_m::store_out(p, m0 + ch * kChunk + m, n_base + 4 * r4, v);
+        const F4 v{__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w)};
+        small_m::store_out(p, m0 + ch * kChunk + m, n_base + 4 * r4, finish<Cfg>(v, alpha, has_alpha));
       }
       asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");
     }
@@ -521,15 +528,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
                   small_m::add_rn(v4.w, v.w)};
         }
       }
-      if (Cfg::kFold) {  // undo the 2^-7 of the folded NVFP4 operands (exact)
-        v4 = F4{small_m::mul_rn(v4.x, 128.0f), small_m::mul_rn(v4.y, 128.0f), small_m::mul_rn(v4.z, 128.0f),
-                small_m::mul_rn(v4.w, 128.0f)};
-      }
-      if (has_alpha) {
-        v4 = F4{small_m::mul_rn(v4.x, alpha), small_m::mul_rn(v4.y, alpha), small_m::mul_rn(v4.z, alpha),
-                small_m::mul_rn(v4.w, alpha)};
-      }
-      small_m::store_out(p, m0 + m, n0 + 4 * r4, v4);
+      small_m::store_out(p, m0 + m, n0 + 4 * r4, finish<Cfg>(v4, alpha, has_alpha));
     }
     if (splits > 1) cluster_sync_all();  // keep this CTA's partials alive until every rank read them
   }
