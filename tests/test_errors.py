@@ -214,11 +214,12 @@ def _moe(**changes):
     return t4.fused_moe(**kw)
 
 
-def test_moe_ids_out_of_range():
+def test_moe_ids_out_of_range_are_nan_rows():
+    # Not an error (checking would read the ids back to the host): docs/NUMERICS.md section 6.
     ids = MOE["topk_ids"].clone()
     ids[0, 0] = 4
-    with raises(ValueError, "fused_moe", "topk_ids", "[0, 4)", "[", "4]"):
-        _moe(topk_ids=ids)
+    out = _moe(topk_ids=ids)
+    assert out[0].isnan().all() and not out[1:].isnan().any()
 
 
 def test_moe_ids_dtype():
