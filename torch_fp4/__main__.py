@@ -3,7 +3,8 @@
 `python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]` and
 `python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--tactics [--m M --n N --k K]]`
 `python -m torch_fp4 bench moe [--quick] [--csv FILE]` and
-`python -m torch_fp4 bench overhead [--device cpu|cuda] [--csv FILE] [--profile OP]`."""
+`python -m torch_fp4 bench overhead [--device cpu|cuda] [--csv FILE] [--profile OP]` and
+`python -m torch_fp4 precompile [--shapes FILE.json] [--device cuda|cpu] [--autotune]`."""
 from __future__ import annotations
 
 import argparse
@@ -59,8 +60,25 @@ def main(argv: list[str] | None = None) -> int:
     bov.add_argument("--csv", default=None, help="write every measurement to this CSV file")
     bov.add_argument("--profile", default=None, metavar="OP",
                      help="instead, print a cProfile of one row (e.g. 'mm_fp4 W4A16')")
+    pre = sub.add_parser("precompile", help="build and load every kernel this GPU would run for "
+                                            "model shapes (CUDA extension, Triton kernels, optionally "
+                                            "the tactic cache), so a new process starts without JIT waits")
+    pre.add_argument("--shapes", default=None, metavar="FILE.json",
+                     help='{"linear": [[N, K], ...], "moe": [[E, H, I, top_k], ...], "batches": [M, ...]} '
+                          "(default: Llama-3.1-70B linears, Mixtral-8x7B and Qwen3-30B-A3B experts, "
+                          "M = 1..1024)")
+    pre.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    pre.add_argument("--autotune", action="store_true",
+                     help="also measure every problem's tactics and save them in the tactic cache")
     args = parser.parse_args(argv)
-    if args.command == "demo":
+    if args.command == "precompile":
+        from . import precompile as precompile_mod
+        try:
+            shapes = precompile_mod.load_shapes(args.shapes)
+        except ValueError as exc:
+            parser.error(str(exc))
+        precompile_mod.run(shapes, args.device, args.autotune)
+    elif args.command == "demo":
         from . import demo as demo_mod
         if args.plot is not None and not demo_mod.plot_available():
             parser.error("--plot needs matplotlib, which is not installed (pip install matplotlib)")
