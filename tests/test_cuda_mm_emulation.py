@@ -888,6 +888,22 @@ def test_heuristic_splits_for_about_one_cta_per_sm():
     assert MT.default(*_args(1, n=1024, k=512)).split_k == 1  # two stages of 256 per split at least
 
 
+def test_heuristic_for_sm90_weights():
+    """'sm90' weights (H100 sweeps): 8 warps x 1 tile of K 256 from M = 1; at M <= 16 with more
+    128-row tiles than SMs, 4 warps x 2 tiles of K 128."""
+    sm90 = F.WeightLayout.SM90
+    for m in (1, 8, 16):
+        t = MT.default(*_args(m, wlayout=sm90))
+        assert (t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k) == (8, 1, 256, 4, 2)
+    t = MT.default(*_args(16, n=28672, k=8192, wlayout=sm90))
+    assert (t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k) == (4, 2, 128, 4, 1)
+    t = MT.default(*_args(8, n=28672, k=8192, wlayout=sm90))
+    assert (t.warps, t.tiles_per_warp, t.block_k) == (8, 1, 256)
+    for m in (1, 16):
+        args = _args(m, n=28672, k=8192, wlayout=sm90)
+        assert MT.why_not(MT.default(*args), *args) is None
+
+
 @pytest.mark.parametrize("change,msg", [
     (dict(block_k=48), "block_k=48 is not a multiple of the MXFP4 block (32)"),
     (dict(block_k=512), "block_k=512 must be 128 or 256"),

@@ -185,12 +185,21 @@ def default(*args) -> Tactic:
     (2 there; the split 8 that fills every resident slot was 14% slower). M <= 32: 8 warps x 1
     tile with 3 stages of 256; M <= 64: 8 warps x 1 tile with 4 stages of 128 (the activation
     tile is 4x wider; HMMA-bound, 0.85x bf16 at M = 64 where Triton reaches 1.6x, so `auto` uses
-    this backend only up to M = 16)."""
-    nb = n_blocks(problem(args)[0])
+    this backend only up to M = 16).
+    "sm90" weights (H100 sweep over every candidate, N x K = 8192 x 8192, 28672 x 8192, 8192 x
+    28672): M <= 8 runs 8 warps of one tile, 4 stages of 256, 5-6% faster there than two tiles
+    per warp (8192 x 28672 M = 1: 49.8 against 52.3 us); at M <= 16, once the 128-row tiles
+    outnumber the SMs (no split), 4 warps of two tiles with 4 stages of K = 128 (28672 x 8192:
+    56.0 against 61.7 us; with fewer tiles the 8 x 1 tile of 256 stays best)."""
+    m, n, _ = problem(args)
+    nb = n_blocks(m)
+    packed = _packed(args)
     if nb == 1:
-        t = CudaMmTactic(4, 2, 256, 4, 1)
+        t = CudaMmTactic(8, 1, 256, 4, 1) if packed else CudaMmTactic(4, 2, 256, 4, 1)
     elif nb == 2:
         t = CudaMmTactic(8, 1, 256, 4, 1)
+        if packed and -(-n // t.block_n) > args_sm_count(args):
+            t = CudaMmTactic(4, 2, 128, 4, 1)
     elif nb == 4:
         t = CudaMmTactic(8, 1, 256, 3, 1)
     else:
