@@ -935,14 +935,15 @@ def test_key_buckets_m_by_n_blocks():
 
 def test_sm90_weights_take_the_small_m_kernel_up_to_m_16():
     """"sm90" weights: the small-M kernel up to PACKED_MAX_M (first in the cuda space's order, with
-    the row-major heuristic's tile), the Hopper GEMM above; the refusal names the limit."""
+    the small-M heuristic's tile for those weights), the Hopper GEMM above; the refusal names the
+    limit."""
     from torch_fp4.kernels.cuda import mm_space
     from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
     for m in (1, 16):
         args = _args(m, wlayout=F.WeightLayout.SM90)
         t = mm_space.MM_SPACE.default(*args)
-        assert isinstance(t, MT.CudaMmTactic) and t == MT.default(*_args(m))
+        assert isinstance(t, MT.CudaMmTactic) and t == MT.default(*args)
         assert all(MT.why_not(c, *args) is None for c in MT.candidates(*args))
         assert MT.key(*args) != MT.key(*_args(m))
     args = _args(17, wlayout=F.WeightLayout.SM90)
