@@ -74,3 +74,41 @@ def test_forced_tactics_are_checked_on_every_call():
             assert "cuda" in str(exc)
         else:
             raise AssertionError("a forced cuda tactic ran on CPU tensors")
+
+
+def test_a_repeated_problem_is_validated_once(monkeypatch):
+    """ops._registry.validated: the op's validation runs once per (dtypes, devices, shapes,
+    strides, other arguments); bad inputs still fail on every call; fakes validate afresh."""
+    from torch_fp4.ops import gemm
+
+    calls = []
+    real = gemm._validate
+
+    def counted(*args):
+        calls.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(gemm, "_validate", counted)
+    wq, ws, gs = T.quantized_weight(128, 64)
+    for _ in range(3):
+        t4.mm_fp4(torch.randn(2, 64, dtype=torch.bfloat16), wq.T, None, ws.T)
+    assert len(calls) == 1
+    t4.mm_fp4(torch.randn(5, 64, dtype=torch.bfloat16), wq.T, None, ws.T)        # a new M
+    t4.mm_fp4(torch.randn(5, 64, dtype=torch.float16), wq.T, None, ws.T)         # a new dtype
+    t4.mm_fp4(torch.randn(5, 64, dtype=torch.float16), wq.T, None, ws.T, out_dtype=torch.float32)
+    assert len(calls) == 4
+    bad = torch.randn(5, 65, dtype=torch.bfloat16)
+    for _ in range(2):
+        try:
+            t4.mm_fp4(bad, wq.T, None, ws.T)
+        except ValueError as exc:
+            assert "mm_fp4: a: expected shape [M, 64]" in str(exc)
+        else:
+            raise AssertionError("a bad shape passed")
+    assert len(calls) == 6
+    with torch._subclasses.fake_tensor.FakeTensorMode():   # the fake implementation
+        a = torch.empty(2, 64, dtype=torch.bfloat16)
+        b, b_scale = torch.empty(128, 32, dtype=torch.uint8).T, torch.empty(128, 4, dtype=torch.uint8).T
+        for _ in range(2):
+            gemm.mm_fp4_op(a, b, None, b_scale, None, torch.bfloat16, 16, "128x4", 0, "row")
+    assert len(calls) == 8

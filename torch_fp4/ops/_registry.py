@@ -114,8 +114,41 @@ _MAX_DECISIONS = 4096
 
 
 def clear_decisions() -> None:
-    """Forget every cached dispatch decision (tests that patch requirement tables call this)."""
+    """Forget every cached dispatch decision and validation (tests that patch requirement tables
+    call this)."""
     _DECISIONS.clear()
+    _VALIDATED.clear()
+
+
+def _meta_key(a):
+    """What an op's validation may look at in one argument: a tensor's dtype, device, shape and
+    strides (never its values or address); any other argument itself."""
+    if isinstance(a, torch.Tensor):
+        return (a.dtype, a.device, tuple(a.shape), a.stride())
+    return a
+
+
+_VALIDATED: dict[tuple, object] = {}
+
+
+def validated(op: str, validate: Callable, *args):
+    """validate(*args), run once per problem: its result is cached under the `_meta_key` of every
+    argument, so a repeated call with tensors of the same dtypes, devices, shapes and strides is
+    one dict lookup. An input that fails raises every time (failures are not cached). For the
+    real implementations only: fake implementations validate afresh."""
+    try:
+        key = (op, validate, *map(_meta_key, args))
+        hit = _VALIDATED.get(key)
+    except TypeError:  # an unhashable argument: validate without the cache
+        key, hit = None, None
+    if hit is not None:
+        return hit
+    result = validate(*args)
+    if key is not None:
+        if len(_VALIDATED) >= _MAX_DECISIONS:
+            _VALIDATED.clear()
+        _VALIDATED[key] = result
+    return result
 
 
 def decide(op: str, backend: Backend, args: tuple) -> tuple[Backend, Optional[tactics.Tactic]]:

@@ -9,7 +9,7 @@ from .. import formats as F
 from .. import meta, reference
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, dispatch, register_impl, supported_backends
+from ._registry import define, dispatch, register_impl, supported_backends, validated
 from .. import tactics as T
 from .quantize import check_scale
 
@@ -63,8 +63,8 @@ def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, b
 def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_scale: torch.Tensor,
             alpha: Optional[torch.Tensor], out_dtype: torch.dtype, block_size: int, sf_layout: str,
             backend: int, weight_layout: str = "row") -> torch.Tensor:
-    fmt, layout, wlayout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout,
-                                         backend, weight_layout)
+    fmt, layout, wlayout, bk = validated(OP, _validate, a, b, a_scale, b_scale, alpha, out_dtype, block_size,
+                                         sf_layout, backend, weight_layout)
     return dispatch(OP, bk, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
 
 
