@@ -74,10 +74,10 @@ __host__ __device__ constexpr int stage_bytes(int bm, int wg) {
   return act_stage_bytes(bm) + w_stage_bytes(wg) + 1024;
 }
 constexpr int kStagePitch = 64 + 4;  // fp32 words per row of a warpgroup's epilogue staging area
-__host__ __device__ constexpr int chunk_m(int bm) { return bm < 32 ? bm : 32; }
+constexpr int kChunkM = 32;          // activation rows per persistent epilogue chunk (block_m >= 32)
 __host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages, bool persistent) {
   const int pipe = stages * stage_bytes(bm, wg), tile = bm * (64 * wg + 4) * 4;
-  if (persistent) return 3 * 1024 + pipe + wg * chunk_m(bm) * kStagePitch * 4;
+  if (persistent) return 3 * 1024 + pipe + wg * kChunkM * kStagePitch * 4;
   return 3 * 1024 + (pipe > tile ? pipe : tile);
 }
 
@@ -100,7 +100,7 @@ struct Config {
   static constexpr bool kPacked = kPacked_;  // weights in the "sm90" fragment layout, else rows
   static constexpr bool kFold = !kMx;
   static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
-  static constexpr int kChunkM = chunk_m(kBM);  // activation rows per persistent epilogue chunk
+  static_assert(kBM_ % kChunkM == 0, "the persistent epilogue stores whole 32-row chunks");
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -323,7 +323,7 @@ __device__ __forceinline__ F4 finish(F4 v, float alpha, bool has_alpha) {
 template <class Cfg>
 __device__ __forceinline__ void store_staged(const Params& p, const float (&acc)[Cfg::kAcc], uint32_t stage, int m0,
                                              int n0, int mwg, int wct, int rw, int c, float alpha, bool has_alpha) {
-  constexpr int kChunk = Cfg::kChunkM, kP = kStagePitch, kPerRow = 64 / 4;
+  constexpr int kChunk = kChunkM, kP = kStagePitch, kPerRow = 64 / 4;
   const int rows = min(Cfg::kBM, p.m - m0);
   const int n_base = n0 + 64 * mwg;
 #pragma unroll
@@ -487,7 +487,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       // The tile's last stage goes back now: the producer refills it during the stores.
       __syncwarp();
       release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
-      const uint32_t stage = pipe_addr + stages * kStage + 4u * mwg * Cfg::kChunkM * kStagePitch;
+      const uint32_t stage = pipe_addr + stages * kStage + 4u * mwg * kChunkM * kStagePitch;
       store_staged<Cfg>(p, acc, stage, m0, n0, mwg, ct & 127, r0 - 64 * mwg, c, alpha, has_alpha);
       continue;
     }

@@ -131,13 +131,13 @@ def _meta_key(a):
 _VALIDATED: dict[tuple, object] = {}
 
 
-def validated(op: str, validate: Callable, *args):
+def validated(validate: Callable, *args):
     """validate(*args), run once per problem: its result is cached under the `_meta_key` of every
     argument, so a repeated call with tensors of the same dtypes, devices, shapes and strides is
     one dict lookup. An input that fails raises every time (failures are not cached). For the
     real implementations only: fake implementations validate afresh."""
     try:
-        key = (op, validate, *map(_meta_key, args))
+        key = (validate, *map(_meta_key, args))
         hit = _VALIDATED.get(key)
     except TypeError:  # an unhashable argument: validate without the cache
         key, hit = None, None

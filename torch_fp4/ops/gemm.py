@@ -63,7 +63,7 @@ def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, b
 def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_scale: torch.Tensor,
             alpha: Optional[torch.Tensor], out_dtype: torch.dtype, block_size: int, sf_layout: str,
             backend: int, weight_layout: str = "row") -> torch.Tensor:
-    fmt, layout, wlayout, bk = validated(OP, _validate, a, b, a_scale, b_scale, alpha, out_dtype, block_size,
+    fmt, layout, wlayout, bk = validated(_validate, a, b, a_scale, b_scale, alpha, out_dtype, block_size,
                                          sf_layout, backend, weight_layout)
     return dispatch(OP, bk, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
 

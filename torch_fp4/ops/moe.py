@@ -166,7 +166,7 @@ def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glo
                a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
                local_expert_offset: int, num_local_experts: Optional[int],
                out_dtype: Optional[torch.dtype], backend: int) -> torch.Tensor:
-    out_dtype, b = validated("fused_moe", _validate_moe, x, w1, w1_scale, w1_global_scale, w2, w2_scale,
+    out_dtype, b = validated(_validate_moe, x, w1, w1_scale, w1_global_scale, w2, w2_scale,
                              w2_global_scale, topk_ids, topk_weights, a1_global_scale, a2_global_scale,
                              local_expert_offset, num_local_experts, out_dtype, backend)
     # Without expert parallelism every id must name an expert of w1: the kernels check it on the

@@ -88,7 +88,7 @@ def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_d
 # Ops
 # ---------------------------------------------------------------------------------------------
 def _compute_global_scale(x: torch.Tensor, backend: int) -> torch.Tensor:
-    b = validated("compute_global_scale", _validate_global_scale, x, backend)
+    b = validated(_validate_global_scale, x, backend)
     return dispatch("compute_global_scale", b, x)
 
 
@@ -99,7 +99,7 @@ def _compute_global_scale_fake(x: torch.Tensor, backend: int) -> torch.Tensor:
 
 def _nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: str,
                     backend: int) -> tuple[torch.Tensor, torch.Tensor]:
-    layout, b = validated("nvfp4_quantize", _validate_nvfp4, x, global_scale, sf_layout, backend)
+    layout, b = validated(_validate_nvfp4, x, global_scale, sf_layout, backend)
     return dispatch("nvfp4_quantize", b, x, global_scale, layout)
 
 
@@ -109,7 +109,7 @@ def _nvfp4_quantize_fake(x, global_scale, sf_layout, backend):
 
 
 def _mxfp4_quantize(x: torch.Tensor, sf_layout: str, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
-    layout, b = validated("mxfp4_quantize", _validate_mxfp4, x, sf_layout, backend)
+    layout, b = validated(_validate_mxfp4, x, sf_layout, backend)
     return dispatch("mxfp4_quantize", b, x, layout)
 
 
@@ -121,7 +121,7 @@ def _mxfp4_quantize_fake(x, sf_layout, backend):
 def _fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Optional[torch.Tensor],
                     block_size: int, sf_layout: str, out_dtype: torch.dtype,
                     backend: int) -> torch.Tensor:
-    fmt, layout, b = validated("fp4_dequantize", _validate_dequantize, data, scale, global_scale,
+    fmt, layout, b = validated(_validate_dequantize, data, scale, global_scale,
                                block_size, sf_layout, out_dtype, backend)
     args = (data, scale, global_scale, fmt, layout, out_dtype)
     return dispatch("fp4_dequantize", b, *args)

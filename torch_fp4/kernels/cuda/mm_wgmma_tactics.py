@@ -8,8 +8,8 @@ registers per MMA thread, for more loads and decodes in flight),
 split_k: CTAs along K per output tile, launched as a thread-block cluster whose partial tiles are
 added in rank order through distributed shared memory (deterministic), and persistent (split_k 1
 only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
-the next tile loads while this one is stored, the epilogue straight from the accumulators (no
-shared-memory tile, so more stages fit). (Four MMA warpgroups of 256 rows per CTA were slower at
+the next tile loads while this one is stored through a small per-warpgroup staging area (no
+whole-tile epilogue over the stages). (Four MMA warpgroups of 256 rows per CTA were slower at
 every M measured and are not compiled.)
 """
 from __future__ import annotations
@@ -24,15 +24,13 @@ from ...backends import Backend
 from ...tactics import Tactic, register_family, valid_unique
 from .._common import (args_sm_count, args_smem_per_block, args_smem_per_sm, empty_k_slice, largest_split,
                        mm_key, mm_problem, mm_weight_layout, smem_reason)
-from .mm_tactics import half_mx_reason
+from .mm_tactics import SM90_SMEM_PER_BLOCK, SM90_SMEM_PER_SM, half_mx_reason
 
 BLOCK_MS = (32, 64, 128, 256)
 ROWS = 128                    # weight rows per CTA
 BLOCK_K = 64                  # K elements per stage
 MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
-SM90_SMEM_PER_BLOCK = 227 * 1024
-SM90_SMEM_PER_SM = 228 * 1024
 TWO_CTA_MAX_BLOCK_M = 64      # 96 registers per MMA thread hold block_m <= 64 accumulators
 
 
@@ -58,9 +56,12 @@ def stage_bytes(block_m: int) -> int:
     return block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2 + 1024
 
 
+STAGING_ROWS = 32            # activation rows per chunk of the persistent epilogue
+
+
 def staging_bytes(block_m: int) -> int:
-    """A persistent launch's epilogue staging: per MMA warpgroup [min(32, block_m)][64 + 4] fp32."""
-    return 2 * min(32, block_m) * (64 + 4) * 4
+    """A persistent launch's epilogue staging: per MMA warpgroup [32][64 + 4] fp32 (any block_m)."""
+    return 2 * STAGING_ROWS * (64 + 4) * 4
 
 
 def smem_bytes(block_m: int, stages: int, persistent: bool = False) -> int:
@@ -171,14 +172,15 @@ def candidates(*args) -> list[Tactic]:
     for bm in BLOCK_MS:
         if bm > max(64, 2 * m):
             continue
-        base = _split_for(-(-m // bm) * -(-n // ROWS), k, sms)
+        tiles = -(-m // bm) * -(-n // ROWS)
+        base = _split_for(tiles, k, sms)
         for stages in sorted({4, max_stages(bm, _smem_limit(args))}):
             for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
                 out.append(WgmmaMmTactic(bm, stages, split))
         out.append(WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args), True), 1, persistent=True))
         if bm <= TWO_CTA_MAX_BLOCK_M:
             two = _smem_limit(args, 2)
-            base2 = _split_for(-(-m // bm) * -(-n // ROWS), k, 2 * sms)
+            base2 = _split_for(tiles, k, 2 * sms)
             for split in sorted({1, base2}):
                 out.append(WgmmaMmTactic(bm, max_stages(bm, two), split, ctas_per_sm=2))
             out.append(WgmmaMmTactic(bm, max_stages(bm, two, True), 1, persistent=True, ctas_per_sm=2))
