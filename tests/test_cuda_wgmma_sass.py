@@ -44,6 +44,9 @@ def test_sm90a_register_a_hgmma_no_spills_no_serialization(tmp_path):
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
     assert waits and set(waits) <= {"0x3", "0x0"} and waits.count("0x3") >= 4 * waits.count("0x0"), waits
     assert "UTMALDG" in sass and "UBLKCP" in sass   # TMA tiles and the bulk scale copy
+    # The persistent epilogue of 16-bit outputs: transposed stmatrix into the swizzled buffer, then
+    # a TMA tensor store.
+    assert re.search(r"STSM\.16\.MT88\.4", sass) and "UTMASTG" in sass
 
 
 def test_sm100a_compiles_to_a_stub(tmp_path):

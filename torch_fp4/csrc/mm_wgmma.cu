@@ -30,10 +30,12 @@
 // on across tiles, so the producer loads the next tile while the MMA warpgroups store this one,
 // and the last stage's lookahead reads the next tile's first operands. Its epilogue leaves the
 // stages alone: each MMA warpgroup passes its rows through its own small staging area, 32
-// activation rows at a time (store_staged). A one-tile-per-CTA launch (split-K, or `persistent`
-// off) puts the whole fp32 tile ([block_m][rows + 4], conflict-free) over the drained pipeline.
-// Either way every thread then stores 4 outputs at a time (undo the 2^-7 fold, alpha, one
-// rounding). Split-K: the CTAs of one output tile form a cluster along K; each reduces
+// activation rows at a time: for 16-bit outputs with 16-byte rows (N % 8 == 0) rounded in
+// registers, written by transposed stmatrix and stored by TMA tensor stores that run on behind
+// the next chunk and the next tile (store_tma); otherwise as fp32 that every thread stores 4
+// outputs at a time (store_staged). A one-tile-per-CTA launch (split-K, or `persistent` off) puts
+// the whole fp32 tile ([block_m][rows + 4], conflict-free) over the drained pipeline and stores 4
+// outputs per thread at a time. Every path undoes the 2^-7 fold, applies alpha and rounds once. Split-K: the CTAs of one output tile form a cluster along K; each reduces
 // a share of the rows by reading ranks 0, 1, ... in order through distributed shared memory
 // (deterministic, no atomics).
 // Numerics are those of mm_small_m (exact products, fp32 accumulation in the tensor core).
@@ -67,7 +69,8 @@ constexpr int kMaxDevices = 64;
 // warpgroups). Stage: [activations (128-byte swizzle, 1 KiB aligned)][FP4 weights][scale words
 // (512 bytes per 128 rows, in a 1 KiB slot)]. Smem: [1 KiB alignment slack][1 KiB scale table]
 // [1 KiB barriers][stages | epilogue tile [block_m][rows + 4] fp32], or for persistent launches
-// [stages][per MMA warpgroup: epilogue staging [32][64 + 4] fp32].
+// [stages][per MMA warpgroup: epilogue staging [32][64 + 4] fp32, or two 4 KiB buffers of
+// [32][64] 16-bit outputs for the TMA stores (1 KiB aligned: the stages are whole KiB)].
 __host__ __device__ constexpr int act_stage_bytes(int bm) { return bm * kBK * 2; }
 __host__ __device__ constexpr int w_stage_bytes(int wg) { return 64 * wg * kBK / 2; }
 __host__ __device__ constexpr int stage_bytes(int bm, int wg) {
@@ -101,6 +104,8 @@ struct Config {
   static constexpr bool kFold = !kMx;
   static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
   static_assert(kBM_ % kChunkM == 0, "the persistent epilogue stores whole 32-row chunks");
+  static_assert(kWG * 2 * kChunkM * 64 * 2 <= kWG * kChunkM * kStagePitch * 4,
+                "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
 };
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
@@ -350,12 +355,76 @@ __device__ __forceinline__ void store_staged(const Params& p, const float (&acc)
     }
   }
 }
+
+// Two outputs of one weight row (activation rows m, m + 1) rounded to the 16-bit output type and
+// packed low-first: one register of a transposed stmatrix fragment.
+template <class Cfg>
+__device__ __forceinline__ uint32_t pack_out(float x, float y, float alpha, bool has_alpha, bool fp16) {
+  const F4 v = finish<Cfg>(F4{x, y, 0.0f, 0.0f}, alpha, has_alpha);
+  const uint32_t lo = fp16 ? small_m::round_out<small_m::kOutF16>(v.x) : small_m::round_out<small_m::kOutBf16>(v.x);
+  const uint32_t hi = fp16 ? small_m::round_out<small_m::kOutF16>(v.y) : small_m::round_out<small_m::kOutBf16>(v.y);
+  return lo | (hi << 16);
+}
+
+// The persistent epilogue for 16-bit outputs with 16-byte output rows (N % 8 == 0), per MMA
+// warpgroup in chunks of kChunkM activation rows: the warpgroup's 64 weight rows x 32 activation
+// rows, rounded in registers, go by two transposed stmatrix.x4 per warp into one of its two 4 KiB
+// buffers ([32 activation rows][64 outputs], the 128-byte swizzle of TMA: conflict-free), and one
+// thread stores the buffer by a TMA tensor store that runs on while the next chunk (or the next
+// tile's main loop) proceeds. One warpgroup barrier per chunk: before it, the storing thread waits
+// until every earlier store has read its buffer, so the buffer the next chunk writes is free.
+// `chunk` counts the warpgroup's chunks across tiles (the buffer parity).
+template <class Cfg>
+__device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* out_map, const float (&acc)[Cfg::kAcc],
+                                          uint32_t buffers, int& chunk, int m0, int n0, int mwg, int wct, float alpha,
+                                          bool has_alpha) {
+  const int rows = min(Cfg::kBM, p.m - m0);
+  const int n_base = n0 + 64 * mwg;
+  const bool fp16 = p.out_dtype == small_m::kOutF16;
+  const int lane = wct & 31, w = wct >> 5;
+  const int j = lane & 7, mat = lane >> 3;  // this lane addresses row j of matrix `mat`
+#pragma unroll
+  for (int ch = 0; ch < Cfg::kBM / kChunkM; ++ch) {
+    if (ch * kChunkM < rows) {  // uniform over the warpgroup
+      const uint32_t buf = buffers + 4096u * (chunk & 1);
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        // Matrix i of this stmatrix: activation rows 8 (2u + i / 2).. of the chunk, weight rows
+        // 16 w + 8 (i % 2)..: accumulators 4 (ch * 4 + 2u + i / 2) + 2 (i % 2), + 1.
+        uint32_t r[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int a = 4 * (ch * (kChunkM / 8) + 2 * u + (i >> 1)) + 2 * (i & 1);
+          r[i] = pack_out<Cfg>(acc[a], acc[a + 1], alpha, has_alpha, fp16);
+        }
+        const int m = 8 * (2 * u + (mat >> 1)) + j, blk = 2 * w + (mat & 1);
+        const uint32_t addr = buf + 128u * m + (static_cast<uint32_t>(blk ^ j) << 4);
+        asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r[0]),
+                     "r"(r[1]), "r"(r[2]), "r"(r[3])
+                     : "memory");
+      }
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      if (wct == 0) asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+      asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");
+      if (wct == 0) {
+        if (n_base < p.n)
+          asm volatile(
+            "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];" ::"l"(out_map),
+            "r"(n_base), "r"(m0 + ch * kChunkM), "r"(buf)
+            : "memory");
+        asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+      }
+      ++chunk;
+    }
+  }
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
-                    const Params p, int stages, int persistent) {
+                    const __grid_constant__ CUtensorMap out_map, const Params p, int stages, int persistent,
+                    int out_tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -442,6 +511,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     load_half<Cfg, 1>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
   }
   int s = 0, phase = 0;  // the ring position runs on across tiles, as in the producer
+  int chunk = 0;         // the warpgroup's TMA-store epilogue chunks so far (buffer parity)
   for (int t = first; t < total; t += stride) {
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
     const bool more = t + stride < total;
@@ -487,8 +557,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       // The tile's last stage goes back now: the producer refills it during the stores.
       __syncwarp();
       release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
-      const uint32_t stage = pipe_addr + stages * kStage + 4u * mwg * kChunkM * kStagePitch;
-      store_staged<Cfg>(p, acc, stage, m0, n0, mwg, ct & 127, r0 - 64 * mwg, c, alpha, has_alpha);
+      if (out_tma) {
+        store_tma<Cfg>(p, &out_map, acc, pipe_addr + stages * kStage + 8192u * mwg, chunk, m0, n0, mwg, ct & 127,
+                       alpha, has_alpha);
+      } else {
+        const uint32_t stage = pipe_addr + stages * kStage + 4u * mwg * kChunkM * kStagePitch;
+        store_staged<Cfg>(p, acc, stage, m0, n0, mwg, ct & 127, r0 - 64 * mwg, c, alpha, has_alpha);
+      }
       continue;
     }
 
@@ -532,6 +607,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     }
     if (splits > 1) cluster_sync_all();  // keep this CTA's partials alive until every rank read them
   }
+  // The last tensor stores read shared memory and write global memory after the loop: wait for them.
+  if (out_tma && (ct & 127) == 0) asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #else
   pdl_wait();  // every kernel waits for the previous grid (not compiled for this architecture)
 #endif
@@ -603,6 +680,13 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   Params p = operand_params(a, (tiles + split - 1) / split);
 
   const bool persistent = a.persistent && split == 1;
+  // 16-bit outputs with 16-byte rows leave a persistent launch by TMA tensor stores.
+  CUtensorMap out_map{};
+  const bool out_tma = persistent && a.out_dtype != small_m::kOutF32 && a.n % 8 == 0 &&
+                       reinterpret_cast<uintptr_t>(a.out) % 16 == 0 &&
+                       encode_2d(&out_map, a.out_dtype == small_m::kOutF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                                                           : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                                 a.out, a.m, a.n, a.n * 2, kChunkM, 64, CU_TENSOR_MAP_SWIZZLE_128B);
   const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages, persistent);
   auto kernel = wgmma_mm_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
@@ -618,7 +702,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   const dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(split));
   // The splits of one output tile form a cluster along z (reduced through distributed smem).
   launch_cluster(kernel, grid, dim3(Cfg::kThreads, 1, 1), smem, dim3(1, 1, static_cast<unsigned>(split)), stream,
-                 pdl, act_map, w_map, p, a.stages, static_cast<int>(persistent));
+                 pdl, act_map, w_map, out_map, p, a.stages, static_cast<int>(persistent), static_cast<int>(out_tma));
   return true;
 }
 

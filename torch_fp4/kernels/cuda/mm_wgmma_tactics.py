@@ -9,7 +9,8 @@ split_k: CTAs along K per output tile, launched as a thread-block cluster whose 
 added in rank order through distributed shared memory (deterministic), and persistent (split_k 1
 only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
 the next tile loads while this one is stored through a small per-warpgroup staging area (no
-whole-tile epilogue over the stages). (Four MMA warpgroups of 256 rows per CTA were slower at
+whole-tile epilogue over the stages; 16-bit outputs with N % 8 == 0 leave it by TMA tensor stores
+that overlap the next chunk and tile). (Four MMA warpgroups of 256 rows per CTA were slower at
 every M measured and are not compiled.)
 """
 from __future__ import annotations
@@ -60,7 +61,8 @@ STAGING_ROWS = 32            # activation rows per chunk of the persistent epilo
 
 
 def staging_bytes(block_m: int) -> int:
-    """A persistent launch's epilogue staging: per MMA warpgroup [32][64 + 4] fp32 (any block_m)."""
+    """A persistent launch's epilogue staging: per MMA warpgroup [32][64 + 4] fp32 (any block_m;
+    the TMA-store epilogue's two [32][64] 16-bit buffers per warpgroup fit in it)."""
     return 2 * STAGING_ROWS * (64 + 4) * 4
 
 
