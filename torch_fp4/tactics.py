@@ -118,9 +118,13 @@ def tuning() -> bool:
     return _STATE.tuning
 
 
+def cache_dir() -> Path:
+    """torch_fp4's cache folder: $TORCH_FP4_CACHE_DIR, default ~/.cache/torch_fp4."""
+    return Path(os.environ.get("TORCH_FP4_CACHE_DIR") or os.path.join(Path.home(), ".cache", "torch_fp4"))
+
+
 def cache_path() -> Path:
-    root = os.environ.get("TORCH_FP4_CACHE_DIR") or os.path.join(Path.home(), ".cache", "torch_fp4")
-    return Path(root) / "tactics.json"
+    return cache_dir() / "tactics.json"
 
 
 def _load() -> None:

@@ -4,10 +4,11 @@
 // sm_90+): launch with programmatic dependent launch (pdl.cuh).
 #include <optional>
 
+#include <ATen/core/Tensor.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>  // the Tensor caster of pybind11, without torch/extension.h's whole API
 
 #include "launch.h"
 #include "mm_small_m.cuh"

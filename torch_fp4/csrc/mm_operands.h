@@ -20,4 +20,43 @@ struct MmOperands {
   int act_fp16, mx, out_dtype, packed;
 };
 
+// The kernel variants of each GEMM, by index: (fp16 activations ? 2 : MXFP4 ? 4 : 0) + "sm90"
+// weights (fp16 activations with MXFP4 are not compiled: fp16 cannot hold every MXFP4 value).
+// The extension build compiles each GEMM source once per variant (-DTORCH_FP4_PART=index: that
+// variant's kernels only) and once for its dispatch (-DTORCH_FP4_PART=-1: no kernels), so that a
+// parallel build's longest unit is one variant (torch_fp4/kernels/cuda/build.py); without
+// TORCH_FP4_PART a source holds everything.
+struct MmVariant {
+  bool fp16, mx, packed;
+};
+constexpr MmVariant kMmVariants[] = {{false, false, false}, {false, false, true}, {true, false, false},
+                                     {true, false, true},   {false, true, false}, {false, true, true}};
+constexpr int kNumMmVariants = sizeof(kMmVariants) / sizeof(kMmVariants[0]);
+
+// The variant index of a launch, or -1 when none is compiled for it.
+constexpr int mm_variant(const MmOperands& a) {
+  return a.act_fp16 && a.mx ? -1 : (a.act_fp16 ? 2 : a.mx ? 4 : 0) + (a.packed ? 1 : 0);
+}
+
+template <int kV>
+struct MmVariantIndex {
+  static constexpr int value = kV;
+  static constexpr MmVariant variant = kMmVariants[kV];
+};
+
+// f(MmVariantIndex<v>{}) for the runtime index v (false for an index with no variant).
+template <class F>
+bool with_mm_variant(int v, F&& f) {
+  switch (v) {
+    case 0: return f(MmVariantIndex<0>{});
+    case 1: return f(MmVariantIndex<1>{});
+    case 2: return f(MmVariantIndex<2>{});
+    case 3: return f(MmVariantIndex<3>{});
+    case 4: return f(MmVariantIndex<4>{});
+    case 5: return f(MmVariantIndex<5>{});
+    default: return false;
+  }
+}
+static_assert(kNumMmVariants == 6, "with_mm_variant covers every variant");
+
 }  // namespace torch_fp4

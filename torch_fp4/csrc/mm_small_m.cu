@@ -12,7 +12,6 @@
 
 namespace torch_fp4 {
 namespace small_m {
-namespace {
 
 static_assert(kOutBf16 == kBFloat16 && kOutF16 == kFloat16 && kOutF32 == kFloat32,
               "output dtype codes must match launch.h");
@@ -164,34 +163,49 @@ bool launch_nb(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
   return false;
 }
 
-template <bool kFp16, bool kMx>
+template <bool kFp16, bool kMx, bool kPacked>
 bool launch_format(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
   const int64_t nb = (a.m + 7) / 8;
-  if (a.packed) {  // "sm90" weights: whole 128 x 64 tiles, compiled for packed_compiled(nb)
+  if constexpr (kPacked) {  // "sm90" weights: whole 128 x 64 tiles, compiled for packed_compiled(nb)
     if (a.n % 128 != 0 || a.k % 64 != 0 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
     static_assert(packed_compiled(2) && !packed_compiled(3), "the dispatch below");
     if (nb <= 1) return launch_nb<1, kFp16, kMx, true>(a, stream, pdl);
     if (nb <= 2) return launch_nb<2, kFp16, kMx, true>(a, stream, pdl);
     return false;
+  } else {
+    if (nb <= 1) return launch_nb<1, kFp16, kMx, false>(a, stream, pdl);
+    if (nb <= 2) return launch_nb<2, kFp16, kMx, false>(a, stream, pdl);
+    if (nb <= 4) return launch_nb<4, kFp16, kMx, false>(a, stream, pdl);
+    if (nb <= 8) return launch_nb<8, kFp16, kMx, false>(a, stream, pdl);
+    return false;
   }
-  if (nb <= 1) return launch_nb<1, kFp16, kMx, false>(a, stream, pdl);
-  if (nb <= 2) return launch_nb<2, kFp16, kMx, false>(a, stream, pdl);
-  if (nb <= 4) return launch_nb<4, kFp16, kMx, false>(a, stream, pdl);
-  if (nb <= 8) return launch_nb<8, kFp16, kMx, false>(a, stream, pdl);
-  return false;
 }
 
-}  // namespace
+// Variant kV's kernels (mm_operands.h), defined where TORCH_FP4_PART allows.
+template <int kV>
+bool launch_variant(const SmallMMmArgs& a, cudaStream_t stream, bool pdl);
+
+#if !defined(TORCH_FP4_PART) || TORCH_FP4_PART >= 0
+template <int kV>
+bool launch_variant(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
+  constexpr MmVariant v = kMmVariants[kV];
+  return launch_format<v.fp16, v.mx, v.packed>(a, stream, pdl);
+}
+#endif
+#if defined(TORCH_FP4_PART) && TORCH_FP4_PART >= 0
+template bool launch_variant<TORCH_FP4_PART>(const SmallMMmArgs&, cudaStream_t, bool);
+#endif
+
 }  // namespace small_m
 
+#if !defined(TORCH_FP4_PART) || TORCH_FP4_PART < 0
 bool launch_small_m_mm(const SmallMMmArgs& args, cudaStream_t stream, bool pdl) {
-  using namespace small_m;
-  if (args.stages < 2 || args.stages > 6 || args.split_k < 1 || args.split_k > kMaxSplit) return false;
+  if (args.stages < 2 || args.stages > 6 || args.split_k < 1 || args.split_k > small_m::kMaxSplit) return false;
   if (args.m <= 0 || args.n <= 0) return true;
-  if (args.act_fp16 && args.mx) return false;  // fp16 cannot hold every MXFP4 value
-  if (args.act_fp16) return launch_format<true, false>(args, stream, pdl);
-  if (args.mx) return launch_format<false, true>(args, stream, pdl);
-  return launch_format<false, false>(args, stream, pdl);
+  return with_mm_variant(mm_variant(args), [&](auto v) {
+    return small_m::launch_variant<decltype(v)::value>(args, stream, pdl);
+  });
 }
+#endif
 
 }  // namespace torch_fp4

@@ -53,7 +53,6 @@
 
 namespace torch_fp4 {
 namespace wgmma_mm {
-namespace {
 
 using small_m::F4;
 using small_m::operand_params;
@@ -618,7 +617,7 @@ using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, 
                                  const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
                                  CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 
-EncodeTiled encode_fn() {
+inline EncodeTiled encode_fn() {
   static EncodeTiled fn = [] {
     void* f = nullptr;
     cudaDriverEntryPointQueryResult status{};
@@ -636,7 +635,7 @@ EncodeTiled encode_fn() {
 
 // A 2-D row-major tensor [rows, cols] of `type` with `row_bytes` between rows, read in boxes of
 // [box_rows, box_cols]; out-of-bounds elements read as zero.
-bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, int64_t rows, int64_t cols,
+inline bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, int64_t rows, int64_t cols,
                int64_t row_bytes, int box_rows, int box_cols, CUtensorMapSwizzle swizzle) {
   EncodeTiled fn = encode_fn();
   if (fn == nullptr) return false;
@@ -649,7 +648,7 @@ bool encode_2d(CUtensorMap* map, CUtensorMapDataType type, const void* base, int
 }
 
 // SMs of the current device, read once per device.
-int sm_count() {
+inline int sm_count() {
   static int counts[kMaxDevices] = {};
   int device = 0;
   (void)cudaGetDevice(&device);
@@ -721,14 +720,24 @@ bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   }
 }
 
-template <bool kFp16, bool kMx>
-bool launch_format(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
-  return a.packed ? launch_tile<kFp16, kMx, true>(a, stream, pdl) : launch_tile<kFp16, kMx, false>(a, stream, pdl);
-}
+// Variant kV's kernels (mm_operands.h), defined where TORCH_FP4_PART allows.
+template <int kV>
+bool launch_variant(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl);
 
-}  // namespace
+#if !defined(TORCH_FP4_PART) || TORCH_FP4_PART >= 0
+template <int kV>
+bool launch_variant(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+  constexpr MmVariant v = kMmVariants[kV];
+  return launch_tile<v.fp16, v.mx, v.packed>(a, stream, pdl);
+}
+#endif
+#if defined(TORCH_FP4_PART) && TORCH_FP4_PART >= 0
+template bool launch_variant<TORCH_FP4_PART>(const WgmmaMmArgs&, cudaStream_t, bool);
+#endif
+
 }  // namespace wgmma_mm
 
+#if !defined(TORCH_FP4_PART) || TORCH_FP4_PART < 0
 int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent) {
   return wgmma_mm::smem_bytes(block_m, 2, stages, persistent);
 }
@@ -741,16 +750,16 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   if (args.k % 32 != 0) return false;
   if (args.packed && (args.k % 64 != 0 || args.n % 128 != 0)) return false;  // whole "sm90" tiles
   if (args.m <= 0 || args.n <= 0) return true;
-  if (args.act_fp16 && args.mx) return false;  // fp16 cannot hold every MXFP4 value
   int device = 0, major = 0, minor = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess ||
       major != 9 || minor != 0)
     return false;  // wgmma and setmaxnreg are sm_90a instructions
-  if (args.act_fp16) return launch_format<true, false>(args, stream, pdl);
-  if (args.mx) return launch_format<false, true>(args, stream, pdl);
-  return launch_format<false, false>(args, stream, pdl);
+  return with_mm_variant(mm_variant(args), [&](auto v) {
+    return wgmma_mm::launch_variant<decltype(v)::value>(args, stream, pdl);
+  });
 }
+#endif
 
 }  // namespace torch_fp4
