@@ -131,12 +131,15 @@ void global_scale(const at::Tensor& x, const at::Tensor& out, const at::Tensor& 
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// Checks the operands of out [m, n] = alpha * act [m, k] @ w [n, k/2]^T (w_scale: the 128x4 scales
-// [np, kp] of w as uint8, alpha: one fp32 element or None) and fills the fields that the GEMM
-// launch structs share (MmOperands).
-void fill_mm_operands(MmOperands& a, const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
+// Checks the operands of out [m, n] = alpha * act [m, k] @ w [n, k/2]^T and fills the fields that
+// the GEMM launch structs share (MmOperands). The weight and its 128x4 scales [np, kp] arrive as
+// mm_fp4 takes them, transposed (w_t = w.T, w_scale_t = w_scale.T, any 1-byte dtype), so the
+// launcher makes no views; alpha: one fp32 element or None.
+void fill_mm_operands(MmOperands& a, const at::Tensor& act, const at::Tensor& w_t, const at::Tensor& w_scale_t,
                       const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
                       bool packed) {
+  TORCH_CHECK(w_t.dim() == 2 && w_scale_t.dim() == 2, "torch_fp4 cuda backend: w_t and w_scale_t must be 2-D");
+  const at::Tensor w = w_t.t(), w_scale = w_scale_t.t();
   check_cuda(act, "act");
   check_cuda(w, "w");
   check_cuda(w_scale, "w_scale");
@@ -145,16 +148,15 @@ void fill_mm_operands(MmOperands& a, const at::Tensor& act, const at::Tensor& w,
                   (act.scalar_type() == at::kBFloat16 || act.scalar_type() == at::kHalf),
               "torch_fp4 cuda backend: act must be a contiguous 2-D bf16 or fp16 tensor, got ", act.sizes(), " ",
               act.scalar_type());
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kByte && w.size(1) * 2 == act.size(1) && w.is_contiguous(),
-              "torch_fp4 cuda backend: w must be contiguous uint8 [N, K/2] with K = act.size(1) = ", act.size(1),
+  TORCH_CHECK(w.element_size() == 1 && w.size(1) * 2 == act.size(1) && w.is_contiguous(),
+              "torch_fp4 cuda backend: w must be contiguous [N, K/2] of 1-byte elements with K = act.size(1) = ", act.size(1),
               ", got ", w.sizes(), " ", w.scalar_type());
   TORCH_CHECK(block_size == 16 || block_size == 32, "torch_fp4 cuda backend: block_size must be 16 or 32, got ",
               block_size);
   const int64_t m = act.size(0), n = w.size(0), k = act.size(1);
   const int64_t kp = (k / block_size + 3) / 4 * 4, np = (n + 127) / 128 * 128;
-  TORCH_CHECK(w_scale.scalar_type() == at::kByte && w_scale.dim() == 2 && w_scale.size(0) == np &&
-                  w_scale.size(1) == kp && w_scale.is_contiguous(),
-              "torch_fp4 cuda backend: w_scale must be contiguous uint8 [", np, ", ", kp, "] (128x4 layout), got ",
+  TORCH_CHECK(w_scale.element_size() == 1 && w_scale.size(0) == np && w_scale.size(1) == kp && w_scale.is_contiguous(),
+              "torch_fp4 cuda backend: w_scale must be contiguous [", np, ", ", kp, "] bytes (128x4 layout), got ",
               w_scale.sizes(), " ", w_scale.scalar_type());
   TORCH_CHECK(out.dim() == 2 && out.size(0) == m && out.size(1) == n && out.is_contiguous(),
               "torch_fp4 cuda backend: out must be contiguous [", m, ", ", n, "], got ", out.sizes());
@@ -181,13 +183,13 @@ void fill_mm_operands(MmOperands& a, const at::Tensor& act, const at::Tensor& w,
 
 // The small-M FP4 GEMM (mm_small_m.cu); tactic: warps, MMA tiles per warp, block_k, stages, split_k;
 // packed: w in the "sm90" layout.
-void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
+void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w_t, const at::Tensor& w_scale_t,
                     const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
                     int64_t warps, int64_t tiles_per_warp, int64_t block_k, int64_t stages, int64_t split_k,
                     bool packed, bool pdl) {
   const c10::cuda::CUDAGuard guard(act.device());
   SmallMMmArgs a{};
-  fill_mm_operands(a, act, w, w_scale, alpha, out, block_size, packed);
+  fill_mm_operands(a, act, w_t, w_scale_t, alpha, out, block_size, packed);
   a.warps = static_cast<int>(warps);
   a.tiles_per_warp = static_cast<int>(tiles_per_warp);
   a.block_k = static_cast<int>(block_k);
@@ -202,13 +204,13 @@ void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w, const at::Tensor
 }
 
 // The Hopper wgmma GEMM (mm_wgmma.cu); tactic: block_m (32/64/128/256), stages, split_k, persistent, ctas_per_sm.
-void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w, const at::Tensor& w_scale,
+void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w_t, const at::Tensor& w_scale_t,
                   const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
                   int64_t block_m, int64_t stages, int64_t split_k, bool persistent, int64_t ctas_per_sm,
                   bool packed, bool pdl) {
   const c10::cuda::CUDAGuard guard(act.device());
   WgmmaMmArgs a{};
-  fill_mm_operands(a, act, w, w_scale, alpha, out, block_size, packed);
+  fill_mm_operands(a, act, w_t, w_scale_t, alpha, out, block_size, packed);
   a.block_m = static_cast<int>(block_m);
   a.stages = static_cast<int>(stages);
   a.split_k = static_cast<int>(split_k);

@@ -4,7 +4,7 @@ from __future__ import annotations
 import functools
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -45,6 +45,7 @@ def _lazy(module: str, name: str) -> Callable:
     def call(*args, **kwargs):
         return target()(*args, **kwargs)
     call.__name__ = name
+    call.target = target   # run() keeps the imported function itself in its plans
     return call
 
 
@@ -101,92 +102,77 @@ def resolve_backend(op: str, backend: Backend, *args) -> Backend:
     return backend
 
 
-def _arg_key(a):
-    """What the requirement functions and tactic spaces may look at in one launcher argument:
-    a tensor's dtype, device, shape, strides and 16-byte alignment; any other argument itself."""
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.device, tuple(a.shape), a.stride(), a.data_ptr() % 16)
-    return a
-
-
-_DECISIONS: dict[tuple, tuple[Backend, Optional[tactics.Tactic]]] = {}
-_MAX_DECISIONS = 4096
-
-
 def clear_decisions() -> None:
-    """Forget every cached dispatch decision and validation (tests that patch requirement tables
-    call this)."""
-    _DECISIONS.clear()
-    _VALIDATED.clear()
-
-
-def _meta_key(a):
-    """What an op's validation may look at in one argument: a tensor's dtype, device, shape and
-    strides (never its values or address); any other argument itself."""
-    if isinstance(a, torch.Tensor):
-        return (a.dtype, a.device, tuple(a.shape), a.stride())
-    return a
-
-
-_VALIDATED: dict[tuple, object] = {}
-
-
-def validated(validate: Callable, *args):
-    """validate(*args), run once per problem: its result is cached under the `_meta_key` of every
-    argument, so a repeated call with tensors of the same dtypes, devices, shapes and strides is
-    one dict lookup. An input that fails raises every time (failures are not cached). For the
-    real implementations only: fake implementations validate afresh."""
-    try:
-        key = (validate, *map(_meta_key, args))
-        hit = _VALIDATED.get(key)
-    except TypeError:  # an unhashable argument: validate without the cache
-        key, hit = None, None
-    if hit is not None:
-        return hit
-    result = validate(*args)
-    if key is not None:
-        if len(_VALIDATED) >= _MAX_DECISIONS:
-            _VALIDATED.clear()
-        _VALIDATED[key] = result
-    return result
+    """Forget every cached plan (tests that patch requirement tables call this)."""
+    _PLANS.clear()
 
 
 def decide(op: str, backend: Backend, args: tuple) -> tuple[Backend, Optional[tactics.Tactic]]:
     """The backend (AUTO resolved, see resolve_backend) and the tactic (None for a backend
-    without a tactic space for `op`) that run `op` on the launcher arguments `args`. The decision
-    is cached per problem (`_arg_key` of every argument and the tactic cache's generation), so a
-    repeated call is one dict lookup; inside `use_tactic` or `autotune` it is made afresh."""
+    without a tactic space for `op`) that run `op` on the launcher arguments `args`; a forced
+    tactic also picks the backend."""
     forced = tactics.forced()
-    problem = None
-    if forced is None and not tactics.tuning():
-        try:
-            problem = (op, backend, *map(_arg_key, args))
-            hit = _DECISIONS.get((tactics.generation(), problem))
-        except TypeError:  # an unhashable argument: decide without the cache
-            problem, hit = None, None
-        if hit is not None:
-            return hit
     if backend is Backend.AUTO and forced is not None:
         backend = forced.backend
     b = resolve_backend(op, backend, *args)
     t = None
     if tactics.space(op, b) is not None:
         t = tactics.choose(op, b, args, _IMPLS[op][b].fn)
-    if problem is not None:
-        if len(_DECISIONS) >= _MAX_DECISIONS:
-            _DECISIONS.clear()
-        # The generation after choosing: a first lookup that loaded the tactic cache counts.
-        _DECISIONS[(tactics.generation(), problem)] = (b, t)
     return b, t
 
 
-def dispatch(op: str, backend: Backend, *args):
-    """Run `op` on the launcher arguments `args` with `backend`: the one way every public op
-    reaches a kernel (decide, then the backend's implementation, with its tactic if it has a
-    tactic space; a forced tactic also picks the backend)."""
-    b, t = decide(op, backend, args)
+class Plan(NamedTuple):
+    """What run() keeps per problem: the validation's result, the decision and the function."""
+    checked: Any
+    backend: Backend
+    tactic: Optional[tactics.Tactic]
+    fn: Callable
+    generation: int     # tactics.generation() when decided (a changed tactic cache expires it)
+
+
+_PLANS: dict[tuple, Plan] = {}
+_MAX_PLANS = 4096
+_Tensor = torch.Tensor
+
+
+def _problem_key(validate: Callable, args: tuple) -> tuple:
+    """What validation, requirements and tactics may look at: each tensor's dtype, shape, strides,
+    device and 16-byte alignment (never its values), any other argument itself."""
+    return (validate, *[(a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 15) if isinstance(a, _Tensor)
+                        else a for a in args])
+
+
+def run(op: str, validate: Callable, args: tuple, build: Callable[[Any], tuple]) -> Any:
+    """The one way every public op reaches a kernel. validate(*args) checks the op's arguments
+    (raising on bad input) and returns what the launch needs; build(checked) gives the requested
+    backend and the launcher arguments. Then decide() picks the backend and tactic, and the
+    backend's implementation runs (with its tactic if it has a tactic space).
+
+    The plan (validation result, decision, implementation) is cached per problem (_problem_key and
+    the tactic cache's generation), so a repeated call is one key and one dict lookup. An input
+    that fails raises every time (failures are not cached); inside `use_tactic` or `autotune`
+    everything is done afresh. Fake implementations validate on their own, uncached."""
+    key = None
+    if tactics.forced() is None and not tactics.tuning():
+        try:
+            key = _problem_key(validate, args)
+            plan = _PLANS.get(key)
+        except TypeError:  # an unhashable argument: no cache
+            key, plan = None, None
+        if plan is not None and plan.generation == tactics.generation():
+            launch = build(plan.checked)[1]
+            return plan.fn(*launch) if plan.tactic is None else plan.fn(*launch, tactic=plan.tactic)
+    checked = validate(*args)
+    backend, launch = build(checked)
+    b, t = decide(op, backend, launch)
     fn = _IMPLS[op][b].fn
-    return fn(*args) if t is None else fn(*args, tactic=t)
+    fn = getattr(fn, "target", lambda: fn)()   # a lazily imported backend's function itself
+    if key is not None:
+        if len(_PLANS) >= _MAX_PLANS:
+            _PLANS.clear()
+        # The generation after deciding: a first lookup that loaded the tactic cache counts.
+        _PLANS[key] = Plan(checked, b, t, fn, tactics.generation())
+    return fn(*launch) if t is None else fn(*launch, tactic=t)
 
 
 INFERENCE_ONLY = ("torch_fp4 ops are inference-only: {op} has no backward. Run it under "

@@ -9,7 +9,7 @@ from .. import formats as F
 from .. import meta, reference
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, dispatch, register_impl, supported_backends, validated
+from ._registry import define, register_impl, run, supported_backends
 from .. import tactics as T
 from .quantize import check_scale
 
@@ -63,9 +63,9 @@ def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, b
 def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_scale: torch.Tensor,
             alpha: Optional[torch.Tensor], out_dtype: torch.dtype, block_size: int, sf_layout: str,
             backend: int, weight_layout: str = "row") -> torch.Tensor:
-    fmt, layout, wlayout, bk = validated(_validate, a, b, a_scale, b_scale, alpha, out_dtype, block_size,
-                                         sf_layout, backend, weight_layout)
-    return dispatch(OP, bk, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
+    return run(OP, _validate, (a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
+                               weight_layout),
+               lambda c: (c[3], (a, b, a_scale, b_scale, alpha, out_dtype, c[0], c[1], c[2])))
 
 
 def _mm_fp4_fake(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout="row"):

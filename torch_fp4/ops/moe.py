@@ -9,7 +9,7 @@ from .. import formats as F
 from .. import meta, reference
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, dispatch, register_impl, validated
+from ._registry import define, register_impl, run
 from .quantize import check_scale
 
 ROUTING_METHODS = ("softmax", "renormalize", "deepseek_v3", "llama4")
@@ -64,8 +64,7 @@ def _route(logits: torch.Tensor, top_k: int, method: str, renormalize: bool,
            bias: Optional[torch.Tensor], n_group: Optional[int], topk_group: Optional[int],
            routed_scaling_factor: float, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
     args = (logits, top_k, method, renormalize, bias, n_group, topk_group, routed_scaling_factor)
-    b = _validate_route(*args, backend)
-    return dispatch("route", b, *args)
+    return run("route", _validate_route, (*args, backend), lambda b: (b, args))
 
 
 def _route_fake(logits, top_k, method, renormalize, bias, n_group, topk_group,
@@ -166,15 +165,15 @@ def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glo
                a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
                local_expert_offset: int, num_local_experts: Optional[int],
                out_dtype: Optional[torch.dtype], backend: int) -> torch.Tensor:
-    out_dtype, b = validated(_validate_moe, x, w1, w1_scale, w1_global_scale, w2, w2_scale,
-                             w2_global_scale, topk_ids, topk_weights, a1_global_scale, a2_global_scale,
-                             local_expert_offset, num_local_experts, out_dtype, backend)
     # Without expert parallelism every id must name an expert of w1: the kernels check it on the
     # device (NaN rows, spec section 6), so no call reads anything back.
     strict_ids = local_expert_offset == 0 and num_local_experts is None
-    args = (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
-            topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype, strict_ids)
-    return dispatch("fused_moe", b, *args)
+    return run("fused_moe", _validate_moe,
+               (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
+                a1_global_scale, a2_global_scale, local_expert_offset, num_local_experts, out_dtype, backend),
+               lambda c: (c[1], (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+                                 topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, c[0],
+                                 strict_ids)))
 
 
 def _fused_moe_fake(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,

@@ -9,7 +9,7 @@ from .. import formats as F
 from .. import meta, reference
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, dispatch, register_impl, validated
+from ._registry import define, register_impl, run
 
 FP4_DATA = F.FP4_DATA_DTYPES
 _BATCH_DIMS = "a 2-D [M, K] or 3-D [E, M, K] tensor"
@@ -88,8 +88,7 @@ def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_d
 # Ops
 # ---------------------------------------------------------------------------------------------
 def _compute_global_scale(x: torch.Tensor, backend: int) -> torch.Tensor:
-    b = validated(_validate_global_scale, x, backend)
-    return dispatch("compute_global_scale", b, x)
+    return run("compute_global_scale", _validate_global_scale, (x, backend), lambda b: (b, (x,)))
 
 
 def _compute_global_scale_fake(x: torch.Tensor, backend: int) -> torch.Tensor:
@@ -99,8 +98,8 @@ def _compute_global_scale_fake(x: torch.Tensor, backend: int) -> torch.Tensor:
 
 def _nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: str,
                     backend: int) -> tuple[torch.Tensor, torch.Tensor]:
-    layout, b = validated(_validate_nvfp4, x, global_scale, sf_layout, backend)
-    return dispatch("nvfp4_quantize", b, x, global_scale, layout)
+    return run("nvfp4_quantize", _validate_nvfp4, (x, global_scale, sf_layout, backend),
+               lambda c: (c[1], (x, global_scale, c[0])))
 
 
 def _nvfp4_quantize_fake(x, global_scale, sf_layout, backend):
@@ -109,8 +108,7 @@ def _nvfp4_quantize_fake(x, global_scale, sf_layout, backend):
 
 
 def _mxfp4_quantize(x: torch.Tensor, sf_layout: str, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
-    layout, b = validated(_validate_mxfp4, x, sf_layout, backend)
-    return dispatch("mxfp4_quantize", b, x, layout)
+    return run("mxfp4_quantize", _validate_mxfp4, (x, sf_layout, backend), lambda c: (c[1], (x, c[0])))
 
 
 def _mxfp4_quantize_fake(x, sf_layout, backend):
@@ -121,10 +119,9 @@ def _mxfp4_quantize_fake(x, sf_layout, backend):
 def _fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Optional[torch.Tensor],
                     block_size: int, sf_layout: str, out_dtype: torch.dtype,
                     backend: int) -> torch.Tensor:
-    fmt, layout, b = validated(_validate_dequantize, data, scale, global_scale,
-                               block_size, sf_layout, out_dtype, backend)
-    args = (data, scale, global_scale, fmt, layout, out_dtype)
-    return dispatch("fp4_dequantize", b, *args)
+    return run("fp4_dequantize", _validate_dequantize,
+               (data, scale, global_scale, block_size, sf_layout, out_dtype, backend),
+               lambda c: (c[2], (data, scale, global_scale, c[0], c[1], out_dtype)))
 
 
 def _fp4_dequantize_fake(data, scale, global_scale, block_size, sf_layout, out_dtype, backend):

@@ -78,8 +78,15 @@ def _load(capability: tuple[int, int]):
     )
 
 
+_BY_DEVICE: dict[int, object] = {}
+
+
 def extension(device: torch.device):
-    """The compiled module for `device` (built on first use)."""
-    capability = torch.cuda.get_device_capability(device)
-    with _lock:
-        return _load(capability)
+    """The compiled module for `device` (built on first use; afterwards one dict lookup)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    ext = _BY_DEVICE.get(index)
+    if ext is None:
+        capability = torch.cuda.get_device_capability(index)
+        with _lock:
+            ext = _BY_DEVICE[index] = _load(capability)
+    return ext
