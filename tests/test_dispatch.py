@@ -1,5 +1,5 @@
-"""One dispatch path for every op (ops._registry.dispatch): a repeated call on the same problem is
-decided once (no requirement, tactic-space or cache work after the first call), a new problem, a
+"""One dispatch path for every op (ops._registry.run): a repeated call on the same problem is
+validated and decided once (no requirement, tactic-space or cache work after the first call), a new problem, a
 forced tactic, autotuning or a changed tactic cache decide afresh. Counted, not timed."""
 import torch
 
@@ -77,8 +77,8 @@ def test_forced_tactics_are_checked_on_every_call():
 
 
 def test_a_repeated_problem_is_validated_once(monkeypatch):
-    """ops._registry.validated: the op's validation runs once per (dtypes, devices, shapes,
-    strides, other arguments); bad inputs still fail on every call; fakes validate afresh."""
+    """ops._registry.run: the op's validation runs once per (dtypes, devices, shapes, strides,
+    alignment, other arguments); bad inputs still fail on every call; fakes validate afresh."""
     from torch_fp4.ops import gemm
 
     calls = []
