@@ -35,7 +35,8 @@
 // the next chunk and the next tile (store_tma); otherwise as fp32 that every thread stores 4
 // outputs at a time (store_staged). A one-tile-per-CTA launch (split-K, or `persistent` off) puts
 // the whole fp32 tile ([block_m][rows + 4], conflict-free) over the drained pipeline and stores 4
-// outputs per thread at a time. Every path undoes the 2^-7 fold, applies alpha and rounds once. Split-K: the CTAs of one output tile form a cluster along K; each reduces
+// outputs per thread at a time. Every path undoes the 2^-7 fold, applies alpha and rounds once.
+// Split-K: the CTAs of one output tile form a cluster along K; each reduces
 // a share of the rows by reading ranks 0, 1, ... in order through distributed shared memory
 // (deterministic, no atomics).
 // Numerics are those of mm_small_m (exact products, fp32 accumulation in the tensor core).
@@ -77,6 +78,7 @@ __host__ __device__ constexpr int stage_bytes(int bm, int wg) {
 }
 constexpr int kStagePitch = 64 + 4;  // fp32 words per row of a warpgroup's epilogue staging area
 constexpr int kChunkM = 32;          // activation rows per persistent epilogue chunk (block_m >= 32)
+constexpr uint32_t kOutBuffer = kChunkM * 64 * 2;  // bytes of one 16-bit TMA-store epilogue buffer
 __host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages, bool persistent) {
   const int pipe = stages * stage_bytes(bm, wg), tile = bm * (64 * wg + 4) * 4;
   if (persistent) return 3 * 1024 + pipe + wg * kChunkM * kStagePitch * 4;
@@ -103,7 +105,7 @@ struct Config {
   static constexpr bool kFold = !kMx;
   static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
   static_assert(kBM_ % kChunkM == 0, "the persistent epilogue stores whole 32-row chunks");
-  static_assert(kWG * 2 * kChunkM * 64 * 2 <= kWG * kChunkM * kStagePitch * 4,
+  static_assert(kWG * 2 * kOutBuffer <= kWG * kChunkM * kStagePitch * 4,
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
 };
 
@@ -385,7 +387,7 @@ __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* ou
 #pragma unroll
   for (int ch = 0; ch < Cfg::kBM / kChunkM; ++ch) {
     if (ch * kChunkM < rows) {  // uniform over the warpgroup
-      const uint32_t buf = buffers + 4096u * (chunk & 1);
+      const uint32_t buf = buffers + kOutBuffer * (chunk & 1);
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         // Matrix i of this stmatrix: activation rows 8 (2u + i / 2).. of the chunk, weight rows
@@ -557,8 +559,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       __syncwarp();
       release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
       if (out_tma) {
-        store_tma<Cfg>(p, &out_map, acc, pipe_addr + stages * kStage + 8192u * mwg, chunk, m0, n0, mwg, ct & 127,
-                       alpha, has_alpha);
+        store_tma<Cfg>(p, &out_map, acc, pipe_addr + stages * kStage + 2 * kOutBuffer * mwg, chunk, m0, n0, mwg,
+                       ct & 127, alpha, has_alpha);
       } else {
         const uint32_t stage = pipe_addr + stages * kStage + 4u * mwg * kChunkM * kStagePitch;
         store_staged<Cfg>(p, acc, stage, m0, n0, mwg, ct & 127, r0 - 64 * mwg, c, alpha, has_alpha);

@@ -122,9 +122,8 @@ def decide(op: str, backend: Backend, args: tuple) -> tuple[Backend, Optional[ta
 
 
 class Plan(NamedTuple):
-    """What run() keeps per problem: the validation's result, the decision and the function."""
+    """What run() keeps per problem: the validation's result, the tactic and the function."""
     checked: Any
-    backend: Backend
     tactic: Optional[tactics.Tactic]
     fn: Callable
     generation: int     # tactics.generation() when decided (a changed tactic cache expires it)
@@ -171,7 +170,7 @@ def run(op: str, validate: Callable, args: tuple, build: Callable[[Any], tuple])
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
         # The generation after deciding: a first lookup that loaded the tactic cache counts.
-        _PLANS[key] = Plan(checked, b, t, fn, tactics.generation())
+        _PLANS[key] = Plan(checked, t, fn, tactics.generation())
     return fn(*launch) if t is None else fn(*launch, tactic=t)
 
 
