@@ -55,6 +55,7 @@ def test_candidates_valid_unique_default_first():
     (dict(split_k=8, persistent=False), "leaves an empty K slice"),
     (dict(block_m=256, stages=7), "KiB of shared memory"),
     (dict(split_k=2, persistent=True), "persistent=True needs split_k=1"),
+    (dict(split_k=2, persistent=False, stream_k=True), "stream_k=True needs persistent=True"),
     (dict(block_m=256, stages=6, split_k=1, persistent=True), "KiB of shared memory"),
     (dict(block_m=128, ctas_per_sm=2), "ctas_per_sm=2 must be 1, or 2 with block_m <= 64"),
     (dict(block_m=64, stages=12, ctas_per_sm=2), "KiB of shared memory"),
@@ -63,6 +64,22 @@ def test_why_not_names_the_problem(change, msg):
     args = _args(300, k=384)
     t = dataclasses.replace(WT.default(*args), **change)
     assert msg in WT.why_not(t, *args)
+
+
+@pytest.mark.parametrize("m,n,k,want", [(256, 28672, 8192, True), (512, 28672, 8192, True),
+                                        (128, 28672, 8192, True), (64, 28672, 8192, False),
+                                        (1024, 28672, 8192, False), (1024, 8192, 8192, False),
+                                        (1024, 8192, 28672, False), (256, 8192, 28672, False),
+                                        (4096, 8192, 8192, False)])
+def test_stream_k_where_the_last_wave_idles(m, n, k, want):
+    """Stream-K on persistent launches whose last wave leaves >= 10% of the 132 CTA slots idle and
+    whose stream-K tiles' activations fit half the L2; never without persistent."""
+    t = WT.default(*_args(m, n, k))
+    assert t.stream_k == want, t
+    assert not t.stream_k or t.persistent
+    assert not WT.stream_k_pays(4 * 132, 132, 64, 256, 8192)          # whole waves
+    assert not WT.stream_k_pays(100, 132, 64, 256, 8192)              # less than one wave
+    assert not WT.stream_k_pays(224, 132, 8, 256, 28672)              # 59 MB of activations at once
 
 
 def test_problem_limits():

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -203,11 +204,12 @@ void mm_fp4_small_m(const at::Tensor& act, const at::Tensor& w_t, const at::Tens
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// The Hopper wgmma GEMM (mm_wgmma.cu); tactic: block_m (32/64/128/256), stages, split_k, persistent, ctas_per_sm.
+// The Hopper wgmma GEMM (mm_wgmma.cu); tactic: block_m (32/64/128/256), stages, split_k, persistent, ctas_per_sm,
+// stream_k (its workspace comes from the caching allocator, freed to the stream after the launch).
 void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w_t, const at::Tensor& w_scale_t,
                   const std::optional<at::Tensor>& alpha, const at::Tensor& out, int64_t block_size,
                   int64_t block_m, int64_t stages, int64_t split_k, bool persistent, int64_t ctas_per_sm,
-                  bool packed, bool pdl) {
+                  bool stream_k, bool packed, bool pdl) {
   const c10::cuda::CUDAGuard guard(act.device());
   WgmmaMmArgs a{};
   fill_mm_operands(a, act, w_t, w_scale_t, alpha, out, block_size, packed);
@@ -216,9 +218,16 @@ void mm_fp4_wgmma(const at::Tensor& act, const at::Tensor& w_t, const at::Tensor
   a.split_k = static_cast<int>(split_k);
   a.persistent = persistent;
   a.ctas_per_sm = static_cast<int>(ctas_per_sm);
+  a.stream_k = stream_k;
+  at::Tensor workspace;
+  if (const int64_t bytes = wgmma_mm_workspace_bytes(a); bytes > 0) {
+    workspace = at::empty({bytes}, act.options().dtype(at::kByte));
+    a.workspace = workspace.data_ptr();
+  }
   const bool ok = launch_wgmma_mm(a, c10::cuda::getCurrentCUDAStream(), pdl);
   TORCH_CHECK(ok, "torch_fp4 cuda backend: the Hopper GEMM cannot run block_m=", block_m,
-              " stages=", stages, " split_k=", split_k, " persistent=", persistent, " ctas_per_sm=", ctas_per_sm, " K=", a.k, packed ? " (sm90 weight layout)" : "",
+              " stages=", stages, " split_k=", split_k, " persistent=", persistent, " ctas_per_sm=", ctas_per_sm,
+              " stream_k=", stream_k, " K=", a.k, packed ? " (sm90 weight layout)" : "",
               " here (it needs compute capability 9.0, K % 32 == 0 (sm90 layout: K % 64 == 0, N % 128 == 0), "
               "16-byte aligned operands and a tensor map)");
   C10_CUDA_KERNEL_LAUNCH_CHECK();

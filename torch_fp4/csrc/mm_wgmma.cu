@@ -39,6 +39,15 @@
 // Split-K: the CTAs of one output tile form a cluster along K; each reduces
 // a share of the rows by reading ranks 0, 1, ... in order through distributed shared memory
 // (deterministic, no atomics).
+// Stream-K (persistent launches, when the tiles do not fill whole waves of the launch's CTAs):
+// the tiles of all whole waves but the last are taken as above; the K steps of the remaining
+// tiles (one to two waves' worth) are shared out evenly, so each CTA runs one range of them that
+// crosses at most two tile boundaries. The CTA holding a tile's first K step owns the tile: the
+// CTAs after it that ran the rest of its steps (their first piece of work in that range) each
+// write their fp32 partial sums to global memory and raise a flag, and the owner adds them to its
+// own in CTA order (deterministic) before its epilogue. Owners wait only for later CTAs, whose
+// partial is the first thing their range computes, so every wait ends while the launch is
+// resident (a persistent launch never has more CTAs than fit at once).
 // Numerics are those of mm_small_m (exact products, fp32 accumulation in the tensor core).
 #include <algorithm>
 #include <cstdint>
@@ -108,6 +117,58 @@ struct Config {
   static_assert(kWG * 2 * kOutBuffer <= kWG * kChunkM * kStagePitch * 4,
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
 };
+
+// A launch's work: `ctas` CTAs take tiles [0, dp) whole (CTA b: tiles b, b + ctas, ...; K steps
+// [kt0, kt1) of its split); the K steps of tiles [dp, total), in order, are shared out evenly:
+// CTA b runs steps [sk_begin(b), sk_begin(b + 1)) of them (stream-K; none when dp == total).
+struct Schedule {
+  int total, dp, ksteps, ctas;
+  __host__ __device__ long long sk_begin(int b) const {
+    return static_cast<long long>(total - dp) * ksteps * b / ctas;
+  }
+};
+
+// The schedule of a launch of `ctas` CTAs over `total` tiles of `ksteps` K steps: stream-K when
+// asked for and the tiles leave a partial wave, keeping the whole waves but the last as whole
+// tiles, and only when every CTA gets at least one step.
+inline Schedule make_schedule(int total, int ksteps, int ctas, bool stream_k) {
+  Schedule sc{total, total, ksteps, ctas};
+  if (stream_k && total % ctas != 0) {
+    const int dp = total / ctas >= 1 ? (total / ctas - 1) * ctas : 0;
+    if (static_cast<long long>(total - dp) * ksteps >= ctas) sc.dp = dp;
+  }
+  return sc;
+}
+
+// One piece of a CTA's work: K steps [kb, ke) of output tile `tile`.
+struct Work {
+  int tile, kb, ke;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A CTA's work in order: its whole tiles, then its stream-K steps, one piece per tile they cover.
+struct WorkList {
+  Schedule sc;
+  int t, kt0, kt1;
+  long long it, end;
+  __device__ WorkList(const Schedule& s, int cta, int k0, int k1)
+      : sc(s), t(cta), kt0(k0), kt1(k1), it(s.sk_begin(cta)), end(s.sk_begin(cta + 1)) {}
+  __device__ bool next(Work& w) {
+    if (t < sc.dp) {
+      w = Work{t, kt0, kt1};
+      t += sc.ctas;
+      return true;
+    }
+    if (it >= end) return false;
+    const int local = static_cast<int>(it / sc.ksteps);
+    const int kb = static_cast<int>(it - static_cast<long long>(local) * sc.ksteps);
+    const int ke = static_cast<int>(min(static_cast<long long>(sc.ksteps), kb + (end - it)));
+    w = Work{sc.dp + local, kb, ke};
+    it += ke - kb;
+    return true;
+  }
+};
+#endif
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -419,13 +480,48 @@ __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* ou
     }
   }
 }
+
+// Stream-K partial sums: CTA b's warpgroup w keeps its one partial at slot (b, w) of `partials`
+// ([ctas][2][kAcc][128] fp32: a warp writes 128 contiguous bytes per accumulator) and raises
+// flag (b, w) once every thread's writes are visible GPU-wide.
+template <class Cfg>
+__device__ __forceinline__ void sk_contribute(float* partials, int* flags, const float (&acc)[Cfg::kAcc], int cta,
+                                              int mwg, int wct) {
+  float* slot = partials + static_cast<int64_t>(cta * Cfg::kWG + mwg) * Cfg::kAcc * 128 + wct;
+#pragma unroll
+  for (int i = 0; i < Cfg::kAcc; ++i) __stcg(slot + 128 * i, acc[i]);
+  __threadfence();
+  asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");
+  if (wct == 0)
+    asm volatile("st.release.gpu.global.s32 [%0], 1;" ::"l"(flags + cta * Cfg::kWG + mwg) : "memory");
+}
+
+// The owner of a stream-K tile (K steps from 0 up to where CTA cta's range ends): adds the partials
+// of the later CTAs whose ranges cover the rest of the tile's steps, in CTA order, as each flag
+// rises. `tile_end` is the tile's end in the stream-K step numbering.
+template <class Cfg>
+__device__ __forceinline__ void sk_gather(const Schedule& sc, const float* partials, const int* flags,
+                                          float (&acc)[Cfg::kAcc], int cta, long long tile_end, int mwg, int wct) {
+  for (int g = cta + 1; g < sc.ctas && sc.sk_begin(g) < tile_end; ++g) {
+    if (wct == 0) {
+      int ready = 0;
+      do {
+        asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(ready) : "l"(flags + g * Cfg::kWG + mwg) : "memory");
+      } while (ready == 0);
+    }
+    asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");
+    const float* slot = partials + static_cast<int64_t>(g * Cfg::kWG + mwg) * Cfg::kAcc * 128 + wct;
+#pragma unroll
+    for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = small_m::add_rn(acc[i], __ldcg(slot + 128 * i));
+  }
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
-                    const __grid_constant__ CUtensorMap out_map, const Params p, int stages, int persistent,
-                    int out_tma) {
+                    const __grid_constant__ CUtensorMap out_map, const Params p, const Schedule sc, void* workspace,
+                    int stages, int persistent, int out_tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
@@ -434,9 +530,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   uint64_t* empty = full + stages;
   char* pipe = smem + 2048;
   const int tid = static_cast<int>(threadIdx.x);
-  const int n_tiles = (p.n + Cfg::kRows - 1) / Cfg::kRows;
-  const int total = n_tiles * ((p.m + Cfg::kBM - 1) / Cfg::kBM);  // output tiles, weight tile fastest
-  const int first = static_cast<int>(blockIdx.x), stride = static_cast<int>(gridDim.x);
+  const int n_tiles = (p.n + Cfg::kRows - 1) / Cfg::kRows;  // output tiles: sc.total, weight tile fastest
+  const int cta = static_cast<int>(blockIdx.x);
   const int rank = static_cast<int>(blockIdx.z), splits = static_cast<int>(gridDim.z);
   const int tiles = (p.k + kBK - 1) / kBK;
   const int kt0 = rank * p.steps_per_split;
@@ -461,13 +556,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       if (!Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
       // Stage slot s and the parity of its use, kept incrementally across tiles (no division).
       int s = 0, phase = 0;
-      for (int t = first; t < total; t += stride) {
+      WorkList list(sc, cta, kt0, kt1);
+      for (Work w; list.next(w);) {
+        const int t = w.tile;
         const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
         const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
         // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
         // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
         const int groups = max(0, min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128));
-        for (int kt = kt0; kt < kt1; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
+        for (int kt = w.kb; kt < w.ke; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
           mbar_wait(smem_u32(empty + s), phase ^ 1);
           char* st = pipe + s * kStage;
           char* wt = st + act_stage_bytes(Cfg::kBM);
@@ -506,29 +603,35 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
   StageOperands ops;
   const uint32_t full_addr = small_m::opaque(smem_u32(full)), empty_addr = small_m::opaque(smem_u32(empty));
-  if (first < total && kt0 < kt1) {
+  WorkList list(sc, cta, kt0, kt1);
+  Work w{0, 0, 0};
+  bool have = list.next(w);
+  if (have && w.kb < w.ke) {
     mbar_wait(full_addr, 0);
-    load_half<Cfg, 0>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
-    load_half<Cfg, 1>(ops, pipe_addr, lut_addr, kt0, p.k, slot);
+    load_half<Cfg, 0>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
+    load_half<Cfg, 1>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
   }
   int s = 0, phase = 0;  // the ring position runs on across tiles, as in the producer
   int chunk = 0;         // the warpgroup's TMA-store epilogue chunks so far (buffer parity)
-  for (int t = first; t < total; t += stride) {
+  while (have) {
+    const Work cur = w;
+    const bool more = list.next(w);  // w: the next piece, whose first stage this one's last step reads
+    have = more;
+    const int t = cur.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
-    const bool more = t + stride < total;
 #pragma unroll
     for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
     fence_regs(acc);
     int prev = -1;
-    for (int kt = kt0; kt < kt1; prev = s, ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
+    for (int kt = cur.kb; kt < cur.ke; prev = s, ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
       const uint32_t st = pipe_addr + s * kStage;
       const uint64_t desc = desc_sw128(st);
       // The next stage (this tile's next, or the next tile's first), whose operands are read
       // during this one's steps: wait for it here (a wait between the wgmmas would make ptxas
       // serialize them). After the CTA's last stage: wait for the phase before, long complete,
       // so the wait falls through (the loads are harmless).
-      const bool tile_end = kt + 1 >= kt1;
-      const int nkt = tile_end ? kt0 : kt + 1;
+      const bool tile_end = kt + 1 >= cur.ke;
+      const int nkt = tile_end ? (more ? w.kb : cur.kb) : kt + 1;
       const int ns = s + 1 == stages ? 0 : s + 1;
       const uint32_t nst = pipe_addr + ns * kStage;
       mbar_wait(full_addr + 8 * ns, phase ^ (ns == 0) ^ (tile_end && !more));
@@ -558,6 +661,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       // The tile's last stage goes back now: the producer refills it during the stores.
       __syncwarp();
       release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
+      if (t >= sc.dp && (cur.kb != 0 || cur.ke != tiles)) {  // a stream-K piece of a tile
+        float* partials = static_cast<float*>(workspace);
+        int* flags = reinterpret_cast<int*>(partials + static_cast<int64_t>(sc.ctas) * Cfg::kWG * Cfg::kAcc * 128);
+        if (cur.kb != 0) {  // the rest of the tile is another CTA's: hand the sums over
+          sk_contribute<Cfg>(partials, flags, acc, cta, mwg, ct & 127);
+          continue;
+        }
+        sk_gather<Cfg>(sc, partials, flags, acc, cta, static_cast<long long>(t - sc.dp + 1) * tiles, mwg, ct & 127);
+      }
       if (out_tma) {
         store_tma<Cfg>(p, &out_map, acc, pipe_addr + stages * kStage + 2 * kOutBuffer * mwg, chunk, m0, n0, mwg,
                        ct & 127, alpha, has_alpha);
@@ -667,6 +779,24 @@ inline int sm_count() {
   return counts[device];
 }
 
+// The work of a launch: one CTA per output tile and split, or for persistent launches as many
+// CTAs as fit at once (every CTA slot with stream-K, which then shares out the last waves' steps).
+inline Schedule schedule_of(const WgmmaMmArgs& a) {
+  const int64_t total = ((a.n + 127) / 128) * ((a.m + a.block_m - 1) / a.block_m);
+  const int tiles = static_cast<int>(std::min<int64_t>(total, INT32_MAX));
+  const int ksteps = static_cast<int>((a.k + kBK - 1) / kBK);
+  const bool persistent = a.persistent && a.split_k == 1;
+  if (!persistent) return Schedule{tiles, tiles, ksteps, tiles};
+  const int slots = a.ctas_per_sm * sm_count();
+  if (!a.stream_k) return make_schedule(tiles, ksteps, std::min(tiles, slots), false);
+  return make_schedule(tiles, ksteps, slots, true);
+}
+
+// Bytes of a stream-K launch's partial sums: [ctas][2 warpgroups][block_m / 2 accumulators][128].
+inline int64_t stream_k_partial_bytes(int block_m, int ctas) {
+  return static_cast<int64_t>(ctas) * 2 * (block_m / 2) * 128 * 4;
+}
+
 template <class Cfg>
 bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   CUtensorMap act_map, w_map{};
@@ -697,13 +827,19 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
     if (!carved) carved = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
                                                cudaSharedmemCarveoutMaxShared) == cudaSuccess;
   }
-  const int64_t total = ((a.n + Cfg::kRows - 1) / Cfg::kRows) * ((a.m + Cfg::kBM - 1) / Cfg::kBM);
-  int ctas = static_cast<int>(std::min<int64_t>(total, INT32_MAX));
-  if (persistent) ctas = std::min(ctas, Cfg::kCtas * sm_count());  // every CTA resident at once
-  const dim3 grid(static_cast<unsigned>(ctas), 1, static_cast<unsigned>(split));
+  const Schedule sc = schedule_of(a);
+  if (sc.dp < sc.total) {  // stream-K: the flags start lowered
+    if (a.workspace == nullptr) return false;
+    const int64_t flags = stream_k_partial_bytes(a.block_m, sc.ctas);
+    if (cudaMemsetAsync(static_cast<char*>(a.workspace) + flags, 0, wgmma_mm_workspace_bytes(a) - flags, stream) !=
+        cudaSuccess)
+      return false;
+  }
+  const dim3 grid(static_cast<unsigned>(sc.ctas), 1, static_cast<unsigned>(split));
   // The splits of one output tile form a cluster along z (reduced through distributed smem).
   launch_cluster(kernel, grid, dim3(Cfg::kThreads, 1, 1), smem, dim3(1, 1, static_cast<unsigned>(split)), stream,
-                 pdl, act_map, w_map, out_map, p, a.stages, static_cast<int>(persistent), static_cast<int>(out_tma));
+                 pdl, act_map, w_map, out_map, p, sc, a.workspace, a.stages, static_cast<int>(persistent),
+                 static_cast<int>(out_tma));
   return true;
 }
 
@@ -744,10 +880,19 @@ int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent) {
   return wgmma_mm::smem_bytes(block_m, 2, stages, persistent);
 }
 
+int64_t wgmma_mm_workspace_bytes(const WgmmaMmArgs& args) {
+  using namespace wgmma_mm;
+  if (args.m <= 0 || args.n <= 0 || args.block_m <= 0) return 0;
+  const Schedule sc = schedule_of(args);
+  if (sc.dp == sc.total) return 0;
+  return stream_k_partial_bytes(args.block_m, sc.ctas) + static_cast<int64_t>(sc.ctas) * 2 * 4;
+}
+
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   using namespace wgmma_mm;
   if (args.stages < 3 || args.stages > kMaxStages || args.split_k < 1 || args.split_k > kMaxSplit) return false;
   if (args.persistent && args.split_k != 1) return false;  // split-K tiles are one per CTA
+  if (args.stream_k && !args.persistent) return false;      // stream-K shares a persistent launch's steps
   if (args.ctas_per_sm != 1 && (args.ctas_per_sm != 2 || args.block_m > 64)) return false;
   if (args.k % 32 != 0) return false;
   if (args.packed && (args.k % 64 != 0 || args.n % 128 != 0)) return false;  // whole "sm90" tiles

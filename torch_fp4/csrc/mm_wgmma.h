@@ -16,11 +16,15 @@ namespace torch_fp4 {
 // aligned) and the tactic: block_m (activation rows per CTA: 32, 64, 128 or 256; 128 weight rows
 // per CTA), stages (3..12), split_k (1..8, a thread-block cluster along K), persistent (with
 // split_k 1: one CTA per SM looping over the output tiles; 16-bit outputs with N % 8 == 0 and a
-// 16-byte aligned `out` leave by TMA tensor stores).
+// 16-byte aligned `out` leave by TMA tensor stores), stream_k (persistent only: every CTA slot
+// of the GPU runs, and when the tiles do not fill whole waves the last one to two waves' tiles are
+// shared out by K steps, the partial sums meeting through `workspace`).
 struct WgmmaMmArgs : MmOperands {
   int block_m, stages, split_k;
   bool persistent;
   int ctas_per_sm;  // 1, or 2 with block_m <= 64 (96 registers per MMA thread)
+  bool stream_k;
+  void* workspace;  // wgmma_mm_workspace_bytes(args) bytes of global memory, 16-byte aligned
 };
 
 // Enqueues the kernel on `stream`; false when the configuration is not compiled for this device
@@ -29,5 +33,9 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl);
 
 // Dynamic shared memory of a launch (mirror of smem_bytes in kernels/cuda/mm_tactics.py).
 int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent);
+
+// Global memory a stream-K launch needs for its partial sums and flags (0: none; the launcher
+// clears the flags).
+int64_t wgmma_mm_workspace_bytes(const WgmmaMmArgs& args);
 
 }  // namespace torch_fp4

@@ -43,7 +43,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     # The binding takes the weight and its scales transposed, as mm_fp4 does (no views here).
     if isinstance(t, WgmmaMmTactic):
         ext.mm_fp4_wgmma(act, b, b_scale, alpha, out, fmt.block_size, t.block_m, t.stages, t.split_k,
-                         t.persistent, t.ctas_per_sm, packed, pdl)
+                         t.persistent, t.ctas_per_sm, t.stream_k, packed, pdl)
     else:
         ext.mm_fp4_small_m(act, b, b_scale, alpha, out, fmt.block_size, t.warps, t.tiles_per_warp, t.block_k,
                            t.stages, t.split_k, packed, pdl)

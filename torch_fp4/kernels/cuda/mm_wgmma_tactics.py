@@ -4,7 +4,10 @@ import: no toolchain, no extension build.
 A CTA computes 128 weight rows (two MMA warpgroups of 64). A tactic picks block_m (activation rows
 per CTA, the wgmma's N: 32, 64, 128 or 256), the number of shared-memory stages of 64 K elements,
 ctas_per_sm (2 at block_m <= 64: two CTAs share an SM, each with half its shared memory and 96
-registers per MMA thread, for more loads and decodes in flight),
+registers per MMA thread, for more loads and decodes in flight), stream_k (persistent only: the
+launch fills every CTA slot, and when the tiles leave a partial last wave, the K steps of the
+last one to two waves' tiles are shared out evenly; a tile's owner adds the other CTAs' fp32
+partial sums, in CTA order, from a workspace),
 split_k: CTAs along K per output tile, launched as a thread-block cluster whose partial tiles are
 added in rank order through distributed shared memory (deterministic), and persistent (split_k 1
 only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
@@ -43,6 +46,7 @@ class WgmmaMmTactic(Tactic):
     split_k: int = 1         # CTAs along K (a cluster; 1..8)
     persistent: bool = False  # one CTA per SM over all tiles (split_k 1)
     ctas_per_sm: int = 1     # 2: two CTAs share an SM (block_m <= 64; half the shared memory each)
+    stream_k: bool = False   # persistent only: every CTA slot runs; the last waves' K steps shared out
 
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
@@ -130,6 +134,8 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
     if t.persistent and t.split_k != 1:
         return f"persistent=True needs split_k=1 (split-K CTAs take one tile each), got split_k={t.split_k}"
+    if t.stream_k and not t.persistent:
+        return "stream_k=True needs persistent=True (it shares out a persistent launch's K steps)"
     if t.ctas_per_sm not in (1, 2) or (t.ctas_per_sm == 2 and t.block_m > TWO_CTA_MAX_BLOCK_M):
         return (f"ctas_per_sm={t.ctas_per_sm} must be 1, or 2 with block_m <= {TWO_CTA_MAX_BLOCK_M} "
                 f"(got block_m={t.block_m})")
@@ -153,7 +159,8 @@ def default(*args) -> Tactic:
     266 us), split-K up to one wave, as many stages as fit, persistent without split-K; two CTAs
     per SM at block_m <= 64 once the tiles outnumber the SMs (H100, N = 28672, K = 8192, sm90
     weights: M = 32 79.2 -> 68.1 us, M = 64 86.5 -> 77.1 us; with fewer tiles the split-K
-    launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2)."""
+    launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2);
+    stream-K where stream_k_pays."""
     m, n, k = mm_problem(args)
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
     tiles = -(-m // bm) * -(-n // ROWS)
@@ -162,7 +169,30 @@ def default(*args) -> Tactic:
     persistent = split == 1
     ctas = 2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1
     stages = max_stages(bm, _smem_limit(args, ctas), persistent)
-    return WgmmaMmTactic(bm, stages, split, persistent, ctas)
+    sk = persistent and stream_k_pays(tiles, ctas * sms, -(-n // ROWS), bm, k)
+    return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk)
+
+
+SK_MIN_IDLE = 0.10                 # idle share of the last wave's CTA slots that stream-K wins back
+SK_MAX_ACT_BYTES = 24 << 20        # activations the stream-K tiles span at once: half the H100's L2
+
+
+def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int) -> bool:
+    """Stream-K for a persistent launch when the tiles fill at least one wave of the CTA slots and
+    leave at least SK_MIN_IDLE of the last wave idle, and the activation rows of its tiles (taken
+    at different K offsets at once) stay within SK_MAX_ACT_BYTES. H100, sm90 weights, against the
+    same tactic without it: N x K = 28672 x 8192 M = 256 (224 tiles on 132 slots) 176 -> 162 us,
+    M = 512 380 -> 335 us, M = 128 112 -> 105 us (M = 64 at two CTAs per SM, 224 tiles on 264
+    slots, less than one wave: 79.8 -> 77.7 us, not taken); with 3% of the last wave idle it loses (8192 x 8192 M = 1024, 256 tiles: 180 -> 195 us); and with
+    K = 28672 four 256-row activation tiles (59 MB) at once thrash the L2 (8192 x 28672 M = 1024:
+    627 -> 1054 us)."""
+    if tiles <= slots or tiles % slots == 0:
+        return False
+    waves = -(-tiles // slots)
+    if waves * slots - tiles < SK_MIN_IDLE * waves * slots:
+        return False
+    sk_tiles = tiles - (tiles // slots - 1) * slots
+    return (-(-sk_tiles // n_tiles) + 1) * block_m * k * 2 <= SK_MAX_ACT_BYTES
 
 
 def candidates(*args) -> list[Tactic]:
@@ -179,13 +209,15 @@ def candidates(*args) -> list[Tactic]:
         for stages in sorted({4, max_stages(bm, _smem_limit(args))}):
             for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
                 out.append(WgmmaMmTactic(bm, stages, split))
-        out.append(WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args), True), 1, persistent=True))
+        for sk in (False, True):
+            out.append(WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args), True), 1, True, stream_k=sk))
         if bm <= TWO_CTA_MAX_BLOCK_M:
             two = _smem_limit(args, 2)
             base2 = _split_for(tiles, k, 2 * sms)
             for split in sorted({1, base2}):
                 out.append(WgmmaMmTactic(bm, max_stages(bm, two), split, ctas_per_sm=2))
-            out.append(WgmmaMmTactic(bm, max_stages(bm, two, True), 1, persistent=True, ctas_per_sm=2))
+            for sk in (False, True):
+                out.append(WgmmaMmTactic(bm, max_stages(bm, two, True), 1, True, 2, stream_k=sk))
     return valid_unique(out, why_not, *args)
 
 
