@@ -15,6 +15,7 @@ from torch_fp4.bench.mm import Problem, nvfp4_weight
 from torch_fp4.bench.timing import graph_time_us
 from torch_fp4.bench.tune import time_tactics
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
+from torch_fp4.problems import MmProblem
 
 ap = argparse.ArgumentParser()
 ap.add_argument("ms")
@@ -33,9 +34,9 @@ for m in (int(v) for v in opt.ms.split(",")):
     p = Problem(m, n, k, w, dev)
     args = (p.a, w_data.T, None, p.w_scale.T, p.alpha)
     bf16 = graph_time_us(lambda: torch.matmul(p.a, w16.T), [()])
-    launcher = (*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, layout)
-    default = WT.default(*launcher)
-    cands = WT.candidates(*launcher)
+    problem = MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, layout)
+    default = WT.default(problem)
+    cands = WT.candidates(problem)
     if opt.near_default:
         keep = {default.block_m, default.block_m // 2}
         cands = [t for t in cands if t.block_m in keep]

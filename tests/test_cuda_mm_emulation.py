@@ -29,6 +29,7 @@ from torch_fp4 import formats as F
 from torch_fp4 import testing as T
 from torch_fp4.kernels.cuda import build
 from torch_fp4.kernels.cuda import mm_tactics as MT
+from torch_fp4.problems import MmProblem
 from torch_fp4.reference.gemm import mm_fp4 as reference_mm
 
 OUT_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
@@ -859,8 +860,8 @@ def test_shared_loads_are_bank_conflict_free(emu, tmp_path):
 def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4, fp4=False, wlayout=F.WeightLayout.ROW):
     a = torch.empty(m, k // 2 if fp4 else k, dtype=torch.uint8 if fp4 else a_dtype)
     b = torch.empty(n, k // 2, dtype=torch.uint8).T
-    return (a, b, torch.empty(1, dtype=torch.uint8) if fp4 else None, torch.empty(1, dtype=torch.uint8), None,
-            torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4, wlayout)
+    return MmProblem.of(a, b, torch.empty(1, dtype=torch.uint8) if fp4 else None, torch.empty(1, dtype=torch.uint8),
+                        None, torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4, wlayout)
 
 
 def test_candidates_are_valid_compiled_and_default_first():
@@ -869,10 +870,10 @@ def test_candidates_are_valid_compiled_and_default_first():
         for n, k in ((8192, 28672), (28672, 8192), (200, 640), (1024, 4096)):
             for fmt in (F.NVFP4, F.MXFP4):
                 args = _args(m, n, k, fmt=fmt)
-                cands = MT.candidates(*args)
-                assert cands and cands[0] == MT.default(*args)
+                cands = MT.candidates(args)
+                assert cands and cands[0] == MT.default(args)
                 assert len(set(cands)) == len(cands)
-                assert all(MT.why_not(t, *args) is None for t in cands)
+                assert all(MT.why_not(t, args) is None for t in cands)
                 offered |= {(MT.n_blocks(m), t.warps, t.tiles_per_warp, t.block_k) for t in cands}
     assert offered == {(nb, *s) for nb in (1, 2, 4, 8) for s in MT.TILE_SHAPES if MT.tile_compiled(nb, *s)}
 
@@ -881,11 +882,11 @@ def test_heuristic_splits_for_about_one_cta_per_sm():
     """The measured H100 choice: 4 stages and a split giving about one CTA per SM."""
     for m, shape in ((1, (4, 2, 256, 4)), (16, (8, 1, 256, 4)), (32, (8, 1, 256, 3)),
                      (64, (8, 1, 128, 4))):
-        t = MT.default(*_args(m))
+        t = MT.default(_args(m))
         assert (t.warps, t.tiles_per_warp, t.block_k, t.stages) == shape
         assert t.split_k == 2  # 64 tiles of 128 rows x 2 <= 132 SMs
-    assert MT.default(*_args(16, n=28672, k=8192)).split_k == 1  # 224 tiles already fill the SMs
-    assert MT.default(*_args(1, n=1024, k=512)).split_k == 1  # two stages of 256 per split at least
+    assert MT.default(_args(16, n=28672, k=8192)).split_k == 1  # 224 tiles already fill the SMs
+    assert MT.default(_args(1, n=1024, k=512)).split_k == 1  # two stages of 256 per split at least
 
 
 def test_heuristic_for_sm90_weights():
@@ -893,15 +894,15 @@ def test_heuristic_for_sm90_weights():
     128-row tiles than SMs, 4 warps x 2 tiles of K 128."""
     sm90 = F.WeightLayout.SM90
     for m in (1, 8, 16):
-        t = MT.default(*_args(m, wlayout=sm90))
+        t = MT.default(_args(m, wlayout=sm90))
         assert (t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k) == (8, 1, 256, 4, 2)
-    t = MT.default(*_args(16, n=28672, k=8192, wlayout=sm90))
+    t = MT.default(_args(16, n=28672, k=8192, wlayout=sm90))
     assert (t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k) == (4, 2, 128, 4, 1)
-    t = MT.default(*_args(8, n=28672, k=8192, wlayout=sm90))
+    t = MT.default(_args(8, n=28672, k=8192, wlayout=sm90))
     assert (t.warps, t.tiles_per_warp, t.block_k) == (8, 1, 256)
     for m in (1, 16):
         args = _args(m, n=28672, k=8192, wlayout=sm90)
-        assert MT.why_not(MT.default(*args), *args) is None
+        assert MT.why_not(MT.default(args), args) is None
 
 
 @pytest.mark.parametrize("change,msg", [
@@ -915,22 +916,27 @@ def test_heuristic_for_sm90_weights():
 ])
 def test_why_not_names_the_problem(change, msg):
     args = _args(16, k=1024, fmt=F.MXFP4)
-    t = dataclasses.replace(MT.default(*args), **change)
-    reason = MT.why_not(t, *args)
+    t = dataclasses.replace(MT.default(args), **change)
+    reason = MT.why_not(t, args)
     assert (reason is None) if msg is None else (msg in reason), reason
 
 
 def test_why_not_m_above_64_fp16_mxfp4_and_shared_memory(monkeypatch):
-    assert "for M <= 64 (decode); larger M uses triton" in MT.why_not(MT.CudaMmTactic(), *_args(65))
-    reason = MT.why_not(MT.CudaMmTactic(), *_args(8, a_dtype=torch.float16, fmt=F.MXFP4))
-    assert "fp16 activations with MXFP4" in reason
+    """M and fp16 x MXFP4 are the small-M family's problem limits (problem_reason), which the cuda
+    space checks before a tactic's own; shared memory is the tactic's."""
+    from torch_fp4.kernels.cuda import mm_space
+
+    for p, msg in ((_args(65), "for M <= 64 (decode); larger M uses triton"),
+                   (_args(8, a_dtype=torch.float16, fmt=F.MXFP4), "fp16 activations with MXFP4")):
+        assert msg in MT.problem_reason(p)
+        assert msg in mm_space.MM_SPACE.why_not(MT.CudaMmTactic(), p)
     monkeypatch.setattr(MT, "SM90_SMEM_PER_BLOCK", 99 * 1024)  # an sm_120-sized GPU
-    assert "KiB of shared memory" in MT.why_not(MT.CudaMmTactic(8, 1, 256, 4, 1), *_args(16))
+    assert "KiB of shared memory" in MT.why_not(MT.CudaMmTactic(8, 1, 256, 4, 1), _args(16))
 
 
 def test_key_buckets_m_by_n_blocks():
-    assert MT.key(*_args(9)) == MT.key(*_args(16)) != MT.key(*_args(17))
-    assert MT.key(*_args(16, fp4=True)) != MT.key(*_args(16))
+    assert MT.key(_args(9)) == MT.key(_args(16)) != MT.key(_args(17))
+    assert MT.key(_args(16, fp4=True)) != MT.key(_args(16))
 
 
 def test_sm90_weights_take_the_small_m_kernel_up_to_m_16():
@@ -942,13 +948,14 @@ def test_sm90_weights_take_the_small_m_kernel_up_to_m_16():
 
     for m in (1, 16):
         args = _args(m, wlayout=F.WeightLayout.SM90)
-        t = mm_space.MM_SPACE.default(*args)
-        assert isinstance(t, MT.CudaMmTactic) and t == MT.default(*args)
-        assert all(MT.why_not(c, *args) is None for c in MT.candidates(*args))
-        assert MT.key(*args) != MT.key(*_args(m))
+        t = mm_space.MM_SPACE.default(args)
+        assert isinstance(t, MT.CudaMmTactic) and t == MT.default(args)
+        assert all(MT.why_not(c, args) is None for c in MT.candidates(args))
+        assert MT.key(args) != MT.key(_args(m))
     args = _args(17, wlayout=F.WeightLayout.SM90)
-    assert "reads 'sm90' weights for M <= 16" in MT.why_not(MT.CudaMmTactic(), *args)
-    assert MT.candidates(*args) == []
-    assert isinstance(mm_space.MM_SPACE.default(*args), WT.WgmmaMmTactic)
+    assert "reads 'sm90' weights for M <= 16" in MT.problem_reason(args)
+    assert "reads 'sm90' weights for M <= 16" in mm_space.MM_SPACE.why_not(MT.CudaMmTactic(), args)
+    assert MT.candidates(args) == []
+    assert isinstance(mm_space.MM_SPACE.default(args), WT.WgmmaMmTactic)
     t = MT.CudaMmTactic(8, 1, 256, 4, 1)
     assert MT.smem_bytes(t, 2, 16, packed=True) < MT.smem_bytes(t, 2, 16)  # one pad per row, not per 8 units

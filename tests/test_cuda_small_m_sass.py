@@ -13,6 +13,7 @@ from test_cuda_sources_compile import NVCC
 from torch_fp4 import formats as F
 from torch_fp4.kernels.cuda import build
 from torch_fp4.kernels.cuda import mm_tactics as MT
+from torch_fp4.problems import MmProblem
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_sm90_kernels_read_activations_by_ldmatrix(sass):
 
 @pytest.mark.parametrize("m", [8, 16])
 def test_sm90_weights_shorten_the_heuristic_kernels(sass, m):
-    t = MT.default(*_args(m))
+    t = MT.default(_args(m))
     nb = MT.n_blocks(m)
     row = len(sass[(nb, t.warps, t.tiles_per_warp, t.block_k, 0, 0, 0)])
     sm90 = len(sass[(nb, t.warps, t.tiles_per_warp, t.block_k, 0, 0, 1)])
@@ -57,5 +58,5 @@ def test_sm90_weights_shorten_the_heuristic_kernels(sass, m):
 def _args(m):
     a = torch.empty(m, 28672, dtype=torch.bfloat16)
     b = torch.empty(8192, 14336, dtype=torch.uint8).T
-    return (a, b, None, torch.empty(1, dtype=torch.uint8), None, torch.bfloat16, F.NVFP4,
-            F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+    return MmProblem.of(a, b, None, torch.empty(1, dtype=torch.uint8), None, torch.bfloat16, F.NVFP4,
+                        F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)

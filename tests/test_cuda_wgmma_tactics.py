@@ -10,13 +10,14 @@ from torch_fp4 import formats as F
 from torch_fp4.kernels.cuda import mm_space as S
 from torch_fp4.kernels.cuda import mm_tactics as SM
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
+from torch_fp4.problems import MmProblem
 
 
 def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4):
     a = torch.empty(m, k, dtype=a_dtype)
     b = torch.empty(n, k // 2, dtype=torch.uint8).T
     bs = torch.empty((-(-n // 128) * 128, -(-k // fmt.block_size // 4) * 4), dtype=torch.uint8).T
-    return (a, b, None, bs, None, torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4)
+    return MmProblem.of(a, b, None, bs, None, torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4)
 
 
 @pytest.mark.parametrize("m,n,want", [(17, 8192, (32, 2)), (32, 8192, (32, 2)), (33, 8192, (64, 2)),
@@ -27,14 +28,14 @@ def test_heuristic_from_h100_sweeps(m, n, want):
     """Smallest block_m covering M (up to 256), split-K up to about one CTA per SM, persistent
     without split-K, two CTAs per SM at block_m <= 64 once the tiles outnumber the SMs, most
     stages."""
-    t = WT.default(*_args(m, n))
+    t = WT.default(_args(m, n))
     assert (t.block_m, t.split_k) == want
     assert t.persistent == (t.split_k == 1)
     tiles = -(-m // t.block_m) * -(-n // WT.ROWS)
     assert t.ctas_per_sm == (2 if t.block_m <= 64 and tiles > 132 else 1)
     limit = WT.SM90_SMEM_PER_BLOCK if t.ctas_per_sm == 1 else (WT.SM90_SMEM_PER_SM - 2048) // 2
     assert t.stages == WT.max_stages(t.block_m, limit, t.persistent)
-    assert WT.why_not(t, *_args(m, n)) is None
+    assert WT.why_not(t, _args(m, n)) is None
 
 
 def test_candidates_valid_unique_default_first():
@@ -42,10 +43,10 @@ def test_candidates_valid_unique_default_first():
         for n, k in ((8192, 28672), (28672, 8192), (200, 704)):
             for fmt in (F.NVFP4, F.MXFP4):
                 args = _args(m, n, k, fmt=fmt)
-                cands = WT.candidates(*args)
-                assert cands and cands[0] == WT.default(*args)
+                cands = WT.candidates(args)
+                assert cands and cands[0] == WT.default(args)
                 assert len(set(cands)) == len(cands)
-                assert all(WT.why_not(t, *args) is None for t in cands)
+                assert all(WT.why_not(t, args) is None for t in cands)
 
 
 @pytest.mark.parametrize("change,msg", [
@@ -62,8 +63,8 @@ def test_candidates_valid_unique_default_first():
 ])
 def test_why_not_names_the_problem(change, msg):
     args = _args(300, k=384)
-    t = dataclasses.replace(WT.default(*args), **change)
-    assert msg in WT.why_not(t, *args)
+    t = dataclasses.replace(WT.default(args), **change)
+    assert msg in WT.why_not(t, args)
 
 
 @pytest.mark.parametrize("m,n,k,want", [(256, 28672, 8192, True), (512, 28672, 8192, True),
@@ -74,7 +75,7 @@ def test_why_not_names_the_problem(change, msg):
 def test_stream_k_where_the_last_wave_idles(m, n, k, want):
     """Stream-K on persistent launches whose last wave leaves >= 10% of the 132 CTA slots idle and
     whose stream-K tiles' activations fit half the L2; never without persistent."""
-    t = WT.default(*_args(m, n, k))
+    t = WT.default(_args(m, n, k))
     assert t.stream_k == want, t
     assert not t.stream_k or t.persistent
     assert not WT.stream_k_pays(4 * 132, 132, 64, 256, 8192)          # whole waves
@@ -86,7 +87,7 @@ def test_problem_limits():
     assert "K % 32 == 0" in WT.problem_reason(_args(64, k=400))
     assert "fp16 activations with MXFP4" in WT.problem_reason(_args(64, a_dtype=torch.float16, fmt=F.MXFP4))
     assert WT.problem_reason(_args(64, a_dtype=torch.float16)) is None
-    assert WT.candidates(*_args(64, k=400)) == []
+    assert WT.candidates(_args(64, k=400)) == []
 
 
 def test_smem_mirror_of_the_kernel():
@@ -104,12 +105,12 @@ def test_smem_mirror_of_the_kernel():
 
 
 def test_joined_space_picks_the_family_by_m():
-    assert isinstance(S.default(*_args(16)), SM.CudaMmTactic)
-    assert isinstance(S.default(*_args(17)), WT.WgmmaMmTactic)
+    assert isinstance(S.default(_args(16)), SM.CudaMmTactic)
+    assert isinstance(S.default(_args(17)), WT.WgmmaMmTactic)
     # K not a multiple of 32: the Hopper kernel cannot run, the small-M one takes M <= 64.
-    assert isinstance(S.default(*_args(40, k=400)), SM.CudaMmTactic)
-    cands = S.candidates(*_args(32))
-    assert cands[0] == S.default(*_args(32))
+    assert isinstance(S.default(_args(40, k=400)), SM.CudaMmTactic)
+    cands = S.candidates(_args(32))
+    assert cands[0] == S.default(_args(32))
     assert {type(t) for t in cands} == {SM.CudaMmTactic, WT.WgmmaMmTactic}
-    assert S.key(*_args(64)) == SM.key(*_args(64)) and S.key(*_args(65)) == WT.key(*_args(65))
-    assert WT.key(*_args(65)) == WT.key(*_args(128)) != WT.key(*_args(129))
+    assert S.key(_args(64)) == SM.key(_args(64)) and S.key(_args(65)) == WT.key(_args(65))
+    assert WT.key(_args(65)) == WT.key(_args(128)) != WT.key(_args(129))

@@ -20,6 +20,7 @@ scale_vec::2X` since CuTe DSL maps 32-element blocks to kind::mxf4 there), and t
   (MXFP4).
 The CPU tests check the tactic lists, why_not reasons, key stability and the JSON round trip.
 """
+import dataclasses
 import importlib.util
 import json
 import os
@@ -33,6 +34,7 @@ import torch
 
 from torch_fp4 import formats as F
 from torch_fp4.kernels.cute import mm_tactics as T
+from torch_fp4.problems import MmProblem
 from torch_fp4.tactics import tactic_from_json
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,13 +129,15 @@ def test_mm_kernels_compile_with_block_scaled_mma(arch, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # CPU: tactic lists, why_not, keys, JSON
 # ---------------------------------------------------------------------------------------------
-def _args(m=300, n=200, k=512, fmt=F.NVFP4, layout=F.SfLayout.LAYOUT_128x4, with_scale=True):
+def _args(m=300, n=200, k=512, fmt=F.NVFP4, layout=F.SfLayout.LAYOUT_128x4, with_scale=True, cap=None):
+    """An mm_fp4 problem of CPU tensors, on a device of compute capability `cap` if given."""
     a = torch.zeros(m, k // 2, dtype=torch.uint8)
     b = torch.zeros(n, k // 2, dtype=torch.uint8).T
     kb = k // fmt.block_size
     a_scale = torch.zeros(*F.padded_scale_shape(m, kb, layout), dtype=torch.uint8) if with_scale else None
     b_scale = torch.zeros(*F.padded_scale_shape(n, kb, "128x4"), dtype=torch.uint8).T
-    return (a, b, a_scale, b_scale, None, torch.bfloat16, fmt, layout)
+    p = MmProblem.of(a, b, a_scale, b_scale, None, torch.bfloat16, fmt, layout)
+    return p if cap is None else p.on(cap)
 
 
 def test_tactic_lists_by_capability():
@@ -162,30 +166,46 @@ def test_tactic_lists_by_capability():
 
 
 def test_why_not_reasons():
+    """A tactic's own limits: offered on the device's capability, a valid configuration."""
     args = _args()
     t100, t103, t120 = T.SM100_TACTICS[0], T.SM103_TACTICS[0], T.SM120_TACTICS[0]
-    assert T._why_not(t100, *args, cap=(10, 0)) is None
-    assert T._why_not(t103, *args, cap=(10, 3)) is None
-    assert T._why_not(t100, *args, cap=(10, 3)) is None
-    assert "capability 10.0" in T._why_not(t103, *args, cap=(10, 0))
-    assert T._why_not(t120, *args, cap=(12, 0)) is None
-    assert "capability 12.0" in T._why_not(t100, *args, cap=(12, 0))
-    assert "multiple of 32" in T._why_not(t100, *_args(k=48), cap=(10, 0))
-    assert "W4A4" in T._why_not(t100, *_args(with_scale=False), cap=(10, 0))
-    assert "128x4" in T._why_not(t100, *_args(layout=F.SfLayout.LAYOUT_8x4), cap=(10, 0))
+    assert T._why_not(t100, args.on((10, 0))) is None
+    assert T._why_not(t103, args.on((10, 3))) is None
+    assert T._why_not(t100, args.on((10, 3))) is None
+    assert "capability 10.0" in T._why_not(t103, args.on((10, 0)))
+    assert T._why_not(t120, args.on((12, 0))) is None
+    assert "capability 12.0" in T._why_not(t100, args.on((12, 0)))
     assert T.Sm100MmTactic(128, 192, 768, 4, 1).invalid() is None
-    assert T._why_not(T.Sm100MmTactic(128, 192, 768), *_args(n=200), cap=(10, 3)) is None
-    assert "capability 10.0" in T._why_not(T.Sm100MmTactic(128, 192, 768), *args, cap=(10, 0))
+    assert T._why_not(T.Sm100MmTactic(128, 192, 768), _args(n=200, cap=(10, 3))) is None
+    assert "capability 10.0" in T._why_not(T.Sm100MmTactic(128, 192, 768), args.on((10, 0)))
     assert "tile_n" in T.Sm100MmTactic(128, 160, 256).invalid()
     assert "tile_n=192 needs tile_m=128" in T.Sm100MmTactic(256, 192, 768, 2, 1).invalid()
     assert "cluster_n=1" in T.Sm100MmTactic(128, 192, 768, 1, 2).invalid()
-    assert T._why_not(T.Sm120MmTactic(256, 128, 128, T.STREAM_K), *args, cap=(12, 0)) is None
+    assert T._why_not(T.Sm120MmTactic(256, 128, 128, T.STREAM_K), args.on((12, 0))) is None
     assert "not in" in T.Sm120MmTactic(256, 256, 128).invalid()
-    assert "capability 10.0" in T._why_not(T.Sm120MmTactic(256, 128, 128), *args, cap=(10, 0))
+    assert "capability 10.0" in T._why_not(T.Sm120MmTactic(256, 128, 128), args.on((10, 0)))
     assert "even cluster_m" in T.Sm100MmTactic(256, 128, 256, 1, 1).invalid()
     assert "scheduler" in T.Sm120MmTactic(128, 128, 128, "split_k").invalid()
     # On a CPU tensor no tactic applies (capability 0.0).
-    assert T._why_not(t100, *args) is not None and T._candidates(*args) == []
+    assert T._why_not(t100, args) is not None and T._candidates(args) == []
+
+
+def test_problem_limits_are_the_requirement():
+    """W4A4, row-major weights, 128x4 activation scales, K % 32 and sizes: the backend's
+    requirement states them once (no tactic re-checks them)."""
+    from torch_fp4.kernels.cute import requirement
+
+    cuda = dict(device=torch.device("cuda", 0))
+    on_gpu = lambda **kw: dataclasses.replace(_args(cap=(10, 0), **kw), **cuda)   # noqa: E731
+    assert "multiple of 32" in requirement("mm_fp4", on_gpu(k=48))
+    assert "W4A4" in requirement("mm_fp4", on_gpu(with_scale=False))
+    assert "128x4" in requirement("mm_fp4", on_gpu(layout=F.SfLayout.LAYOUT_8x4))
+    assert "empty problem" in requirement("mm_fp4", on_gpu(m=0))
+    row = on_gpu()
+    assert "row-major" in requirement("mm_fp4", dataclasses.replace(row, weight_layout=F.WeightLayout.SM90))
+    assert "compute capability 10.0, 10.3 or 12.x" in requirement("mm_fp4", row.on((9, 0)))
+    reason = requirement("mm_fp4", row)
+    assert reason is None or "cutlass" in reason    # the package check comes last
 
 
 def test_default_heuristic():
@@ -196,11 +216,11 @@ def test_default_heuristic():
 
 
 def test_key_stable_and_bucketed():
-    k1 = T._key(*_args(m=300))
-    assert k1 == T._key(*_args(m=300)) == T._key(*_args(m=500))
+    k1 = T._key(_args(m=300))
+    assert k1 == T._key(_args(m=300)) == T._key(_args(m=500))
     assert k1 == "M<=512,N=200,K=512,nvfp4,uint8,bfloat16,128x4"
-    assert T._key(*_args(m=513)) != k1
-    assert T._key(*_args(fmt=F.MXFP4)) != k1
+    assert T._key(_args(m=513)) != k1
+    assert T._key(_args(fmt=F.MXFP4)) != k1
 
 
 def test_json_round_trip():
@@ -213,4 +233,4 @@ def test_requirement_reasons_on_cpu():
     from torch_fp4.kernels.cute import OPS, TACTIC_SPACES, requirement
     assert OPS["mm_fp4"] == "mm_blockscaled:mm_fp4"
     assert TACTIC_SPACES["mm_fp4"] == "mm_tactics:MM_SPACE"
-    assert "CUDA" in requirement("mm_fp4", *_args())
+    assert "CUDA" in requirement("mm_fp4", _args())

@@ -243,7 +243,7 @@ def test_glue_kernels_compile(arch):
 # Requirement
 # ---------------------------------------------------------------------------------------------
 def _fake_args(tokens=6, hidden=64, inter=128, experts=4, top_k=2, a2_experts=False, w4a4=True):
-    """fused_moe's arguments as fake CUDA tensors (shapes and devices only)."""
+    """fused_moe's public arguments as fake CUDA tensors (shapes and devices only)."""
     with FakeTensorMode():
         dev = "cuda"
         kp = lambda k: -(-(k // 16) // 4) * 4   # noqa: E731
@@ -258,26 +258,24 @@ def _fake_args(tokens=6, hidden=64, inter=128, experts=4, top_k=2, a2_experts=Fa
         tw = torch.empty(tokens, top_k, device=dev)
         a1 = torch.empty(1, device=dev) if w4a4 else None
         a2 = (torch.empty(experts if a2_experts else 1, device=dev)) if w4a4 else None
-    return (x, w1, w1s, gs, w2, w2s, gs, ids, tw, a1, a2, 0, BF16)
+    return dict(x=x, w1=w1, w1_scale=w1s, w1_global_scale=gs, w2=w2, w2_scale=w2s, w2_global_scale=gs,
+                topk_ids=ids, topk_weights=tw, a1_global_scale=a1, a2_global_scale=a2, out_dtype=BF16)
 
 
-def _reason(args):
-    return unsupported_reason("fused_moe", Backend.CUTE_DSL, *args)
+def _reason(kw):
+    return unsupported_reason("fused_moe", Backend.CUTE_DSL, **kw)
 
 
 def test_requirement_on_cpu():
     kw = T.moe_problem(tokens=3, hidden=64, inter=128, experts=2, top_k=1)
-    args = (kw["x"], kw["w1"], kw["w1_scale"], kw["w1_global_scale"], kw["w2"], kw["w2_scale"],
-            kw["w2_global_scale"], kw["topk_ids"], kw["topk_weights"], kw["a1_global_scale"],
-            kw["a2_global_scale"], 0, BF16)
-    assert _reason(args) == "needs CUDA tensors (got cpu)"
-    w4a16 = args[:9] + (None, None) + args[11:]
+    assert _reason(kw) == "needs CUDA tensors (got cpu)"
+    w4a16 = dict(kw, a1_global_scale=None, a2_global_scale=None)
     assert _reason(w4a16).startswith("cute-dsl fused_moe needs W4A4 (a1_global_scale)")
     with pytest.raises(ValueError, match="fused_moe: backend: 'cute-dsl' cannot run here: "
                                          "needs CUDA tensors"):
         torch_fp4.fused_moe(**kw, backend="cute-dsl")
     # opt-in only: "auto" never considers it
-    assert Backend.CUTE_DSL not in supported_backends("fused_moe", *args)
+    assert Backend.CUTE_DSL not in supported_backends("fused_moe", **kw)
 
 
 @pytest.fixture

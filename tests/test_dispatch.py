@@ -11,13 +11,13 @@ from torch_fp4.ops import _registry
 
 def _count(monkeypatch):
     calls = []
-    real = _registry.unsupported_reason
+    real = _registry.requirement_reason
 
-    def counted(op, backend, *args):
+    def counted(op, backend, problem):
         calls.append(op)
-        return real(op, backend, *args)
+        return real(op, backend, problem)
 
-    monkeypatch.setattr(_registry, "unsupported_reason", counted)
+    monkeypatch.setattr(_registry, "requirement_reason", counted)
     return calls
 
 

@@ -62,7 +62,7 @@ def call(args, fmt, layout="128x4", out_dtype=torch.float32, alpha=None, backend
 def _need(backend, args, fmt, layout="128x4", out_dtype=torch.float32):
     a, b, a_scale, b_scale = args
     reason = t4.unsupported_reason("mm_fp4", Backend.parse(backend), a, b, a_scale, b_scale, None,
-                                   out_dtype, fmt, F.SfLayout.parse(layout))
+                                   out_dtype, fmt.block_size, layout)
     if reason is not None:
         pytest.skip(f"{backend}: {reason}")
 

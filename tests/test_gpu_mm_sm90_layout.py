@@ -10,6 +10,8 @@ import torch
 import torch_fp4 as t4
 from torch_fp4 import formats as F
 from torch_fp4 import testing as T
+from torch_fp4.problems import MmProblem
+from torch_fp4.kernels.cuda import mm_space
 from torch_fp4.kernels.cuda import mm_tactics as MT
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
@@ -48,7 +50,8 @@ def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
     packed = t4.prepack_weight(wd)
     assert torch.equal(packed.cpu(), t4.prepack_weight(wd.cpu()))
     want = (ahat.double() @ what.double().T).float()
-    launcher = (a, packed.T, as_, ws.T, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+    problem = MmProblem.of(a, packed.T, as_, ws.T, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4,
+                           F.WeightLayout.SM90)
     tactics = [WT.WgmmaMmTactic(bm, stages, split, persistent) for bm in WT.BLOCK_MS
                for split, persistent in ((1, False), (1, True), (3, False))
                for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent))]
@@ -57,7 +60,7 @@ def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
                     for stages, split in ((2, 1), (4, 3))]
     count = 0
     for t in tactics:
-        if (WT if isinstance(t, WT.WgmmaMmTactic) else MT).why_not(t, *launcher) is not None:
+        if mm_space.why_not(t, problem) is not None:
             continue
         count += 1
         with t4.use_tactic(t):

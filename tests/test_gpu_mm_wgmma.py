@@ -12,6 +12,7 @@ import torch
 import torch_fp4 as t4
 from torch_fp4 import formats as F
 from torch_fp4 import testing as T
+from torch_fp4.problems import MmProblem
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_fresh_tactics")]
@@ -50,19 +51,19 @@ def _call(args, fmt, out_dtype=torch.float32, alpha=None):
 
 def _tactics(args, fmt):
     a, b, a_scale, b_scale = args
-    launcher = (a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
+    problem = MmProblem.of(a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
     out = []
     for bm in WT.BLOCK_MS:
         for split, persistent in ((1, False), (1, True), (3, False)):
             for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent)):
                 t = WT.WgmmaMmTactic(bm, stages, split, persistent)
-                if WT.why_not(t, *launcher) is None:
+                if WT.why_not(t, problem) is None:
                     out.append(t)
             for ctas, sk in ((2, False), (1, True), (2, True)):
                 if sk and not persistent:
                     continue
                 t = WT.WgmmaMmTactic(bm, WT.MIN_STAGES, split, persistent, ctas_per_sm=ctas, stream_k=sk)
-                if WT.why_not(t, *launcher) is None:
+                if WT.why_not(t, problem) is None:
                     out.append(t)
     return out
 

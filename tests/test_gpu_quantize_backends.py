@@ -148,7 +148,7 @@ def test_dequantize_bitexact_on_random_bytes(backend, layout, block, out_dtype):
             gs = torch.rand(shape[0] if len(shape) == 3 else 1, device="cuda") * 500 + 0.1
         args = (data, scale, gs, block, layout, out_dtype)
         fmt = t4.formats.format_for_block_size(block)
-        _need("fp4_dequantize", backend, data, scale, gs, fmt, t4.SfLayout.parse(layout), out_dtype)
+        _need("fp4_dequantize", backend, data, scale, gs, fmt.block_size, layout, out_dtype)
         want = t4.fp4_dequantize(*args, backend="reference")
         got = t4.fp4_dequantize(*args, backend=backend)
         _assert_same([got], [want], f"{backend} dequantize {shape} {layout} block={block}")
@@ -223,7 +223,7 @@ def test_quantize_on_side_stream(backend):
 
 def test_auto_picks_a_gpu_backend_and_captures():
     x = torch.randn(256, 1024, device="cuda", dtype=torch.bfloat16)
-    order = t4.supported_backends("nvfp4_quantize", x, x, t4.SfLayout.LAYOUT_128x4)
+    order = t4.supported_backends("nvfp4_quantize", x, torch.ones(1, device="cuda"), "128x4")
     assert order[0] is not Backend.REFERENCE and order[-1] is Backend.REFERENCE
     t4.nvfp4_quantize(x, t4.compute_global_scale(x))  # warm-up: compiles outside capture
     graph = torch.cuda.CUDAGraph()

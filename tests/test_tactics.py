@@ -9,13 +9,14 @@ from torch_fp4 import formats as F
 from torch_fp4 import tactics
 from torch_fp4.backends import Backend
 from torch_fp4.kernels.triton import mm_tactics as MT
+from torch_fp4.problems import MmProblem
 
 
 def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4, fp4=False):
     a = torch.empty(m, k // 2 if fp4 else k, dtype=torch.uint8 if fp4 else a_dtype)
     b = torch.empty(n, k // 2, dtype=torch.uint8).T
-    return (a, b, torch.empty(1, dtype=torch.uint8) if fp4 else None, None, None, torch.bfloat16,
-            fmt, F.SfLayout.LAYOUT_128x4)
+    bs = torch.empty(1, dtype=torch.uint8)
+    return MmProblem.of(a, b, bs if fp4 else None, bs, None, torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4)
 
 
 @pytest.fixture
@@ -28,7 +29,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 def test_json_round_trip_of_every_candidate():
     for m in (1, 16, 64, 128, 4096):
-        for t in MT.candidates(*_args(m)):
+        for t in MT.candidates(_args(m)):
             back = tactics.tactic_from_json(json.loads(json.dumps(t.to_json())))
             assert back == t and type(back) is type(t)
     assert tactics.tactic_from_json({"family": "no_such_family"}) is None
@@ -38,21 +39,21 @@ def test_json_round_trip_of_every_candidate():
 def test_candidates_are_valid_and_default_first():
     for m in (1, 8, 16, 32, 64, 128, 256, 2048):
         args = _args(m)
-        cands = MT.candidates(*args)
-        assert cands and cands[0] == MT.default(*args)
+        cands = MT.candidates(args)
+        assert cands and cands[0] == MT.default(args)
         assert len(set(cands)) == len(cands)
-        assert all(MT.why_not(t, *args) is None for t in cands)
+        assert all(MT.why_not(t, args) is None for t in cands)
 
 
 def test_heuristic_by_size():
-    assert MT.default(*_args(1)).swap_ab and MT.default(*_args(1)).split_k > 1
-    assert not MT.default(*_args(128)).swap_ab
-    assert isinstance(MT.default(*_args(4096)), MT.DequantMmTactic)
+    assert MT.default(_args(1)).swap_ab and MT.default(_args(1)).split_k > 1
+    assert not MT.default(_args(128)).swap_ab
+    assert isinstance(MT.default(_args(4096)), MT.DequantMmTactic)
     # fp16 activations with MXFP4 need the tf32 path, never the 16-bit dequantization.
     args = _args(4096, a_dtype=torch.float16, fmt=F.MXFP4)
     assert MT.dot_dtype(args) == torch.float32
-    assert isinstance(MT.default(*args), MT.TritonMmTactic)
-    assert "fp16 activations with MXFP4" in MT.why_not(MT.DequantMmTactic(), *args)
+    assert isinstance(MT.default(args), MT.TritonMmTactic)
+    assert "fp16 activations with MXFP4" in MT.why_not(MT.DequantMmTactic(), args)
 
 
 @pytest.mark.parametrize("change,msg", [
@@ -64,14 +65,14 @@ def test_heuristic_by_size():
 ])
 def test_why_not_names_the_problem(change, msg):
     args = _args(16, k=4096, fmt=F.MXFP4)
-    t = dataclasses.replace(MT.default(*args), **change)
-    assert msg in MT.why_not(t, *args)
+    t = dataclasses.replace(MT.default(args), **change)
+    assert msg in MT.why_not(t, args)
 
 
 def test_key_buckets_m_and_names_dtypes():
-    assert MT.key(*_args(9)) == MT.key(*_args(16)) != MT.key(*_args(17))
-    assert MT.key(*_args(16, fp4=True)) != MT.key(*_args(16))
-    assert "mxfp4" in MT.key(*_args(16, fmt=F.MXFP4))
+    assert MT.key(_args(9)) == MT.key(_args(16)) != MT.key(_args(17))
+    assert MT.key(_args(16, fp4=True)) != MT.key(_args(16))
+    assert "mxfp4" in MT.key(_args(16, fmt=F.MXFP4))
 
 
 def test_choose_forced_cached_and_heuristic(cache_dir):
@@ -83,10 +84,10 @@ def test_choose_forced_cached_and_heuristic(cache_dir):
         calls.append(tactic)
 
     # no cache: the heuristic, and nothing is launched
-    assert tactics.choose(op, backend, args, launch) == MT.default(*args)
+    assert tactics.choose(op, backend, args, launch) == MT.default(args)
     # a cache file written by an earlier process is read once and used
-    other = MT.candidates(*args)[3]
-    key = tactics.full_key(op, backend, MT.key(*args), torch.device("cpu"))
+    other = MT.candidates(args)[3]
+    key = tactics.full_key(op, backend, MT.key(args), torch.device("cpu"))
     (cache_dir / "tactics.json").write_text(json.dumps({key: other.to_json()}))
     tactics.forget()
     assert tactics.choose(op, backend, args, launch) == other
@@ -94,7 +95,7 @@ def test_choose_forced_cached_and_heuristic(cache_dir):
     bad = dataclasses.replace(other, block_k=48)
     (cache_dir / "tactics.json").write_text(json.dumps({key: bad.to_json()}))
     tactics.forget()
-    assert tactics.choose(op, backend, args, launch) == MT.default(*args)
+    assert tactics.choose(op, backend, args, launch) == MT.default(args)
     # a forced tactic wins, and one that cannot run raises naming the reason
     with tactics.use_tactic(other):
         assert tactics.choose(op, backend, args, launch) == other

@@ -37,6 +37,7 @@ from triton.compiler import ASTSource  # noqa: E402
 from sass_tools import disassemble, have_disassembler  # noqa: E402
 from torch_fp4 import formats as F  # noqa: E402
 from torch_fp4.kernels.triton import mm_dot_scaled_tactics as T  # noqa: E402
+from torch_fp4.problems import MmProblem  # noqa: E402
 from torch_fp4.tactics import tactic_from_json  # noqa: E402
 
 DIV16 = [["tt.divisibility", 16]]
@@ -153,7 +154,7 @@ def scale_to_f32(handle, compute_type):   # the interpreter reads every scale by
         return torch.from_numpy(handle.data.view(np.uint8).copy()).view(torch.float8_e4m3fn).float().numpy()
     return to_f32(handle, compute_type)
 I._dot_scaled_scale_to_f32 = scale_to_f32
-D.why_not = lambda t, *args: T.why_not(t, *args, cap=(10, 0))   # CPU tensors
+from torch_fp4.problems import MmProblem
 _common.POISON_OUTPUTS = True
 out = []
 for m, n, k, fmt, layout, t, dt in json.loads(sys.argv[1]):
@@ -162,7 +163,9 @@ for m, n, k, fmt, layout, t, dt in json.loads(sys.argv[1]):
     a, a_scale, _ = grid_exact_operand(m, k, fmt, layout, g)
     w, w_scale, _ = grid_exact_operand(n, k, fmt, "128x4", g)
     args = (a, w.T, a_scale, w_scale.T, torch.full((1,), 0.75), dt, fmt, F.SfLayout.parse(layout))
-    got, want = D.mm_fp4_dot_scaled(*args, tactic=t), reference(*args)
+    p = MmProblem.of(*args).on((10, 0))   # CPU tensors, checked as on sm_100
+    assert T.problem_reason(p) is None and T.why_not(t, p) is None, t.label()
+    got, want = D.mm_fp4_dot_scaled(*args, tactic=t, problem=p), reference(*args)
     out.append([t.label(), fmt.name, layout, m, n, k, torch.equal(got, want)])
 print(json.dumps(out))
 """
@@ -204,49 +207,60 @@ def test_kernel_under_interpreter_equals_reference():
 # CPU: the tactic dataclass
 # ---------------------------------------------------------------------------------------------
 def _args(m=300, n=256, k=512, fmt=F.NVFP4, layout=F.SfLayout.LAYOUT_128x4, with_scale=True,
-          out=torch.bfloat16):
+          out=torch.bfloat16, cap=None):
+    """An mm_fp4 problem of CPU tensors, on a device of compute capability `cap` if given."""
     a = torch.zeros(m, k // 2, dtype=torch.uint8)
     b = torch.zeros(n, k // 2, dtype=torch.uint8).T
     kb = k // fmt.block_size
     a_scale = torch.zeros(*F.padded_scale_shape(m, kb, layout), dtype=torch.uint8) if with_scale else None
     b_scale = torch.zeros(*F.padded_scale_shape(n, kb, "128x4"), dtype=torch.uint8).T
-    return (a, b, a_scale, b_scale, None, out, fmt, layout)
+    p = MmProblem.of(a, b, a_scale, b_scale, None, out, fmt, layout)
+    return p if cap is None else p.on(cap)
+
+
+def _why_not(t, p, cap=None):
+    """The Triton space's answer: the kernel's problem limits, then the tactic's own."""
+    from torch_fp4.kernels.triton import mm_tactics
+    return mm_tactics.why_not(t, p if cap is None else p.on(cap))
 
 
 def test_why_not_reasons():
     t = T.DotScaledMmTactic(128, 128, 256)
     args = _args()
-    assert T.why_not(t, *args, cap=(10, 0)) is None
-    assert T.why_not(t, *args, cap=(10, 3)) is None
-    assert "10.0 / 10.3" in T.why_not(t, *args, cap=(9, 0))
-    assert "10.0 / 10.3" in T.why_not(t, *args)          # CPU tensors: capability 0.0
-    assert "sm_12x budget" in T.why_not(t, *args, cap=(12, 0))
-    assert T.why_not(T.DotScaledMmTactic(128, 128, 256, num_stages=2), *args, cap=(12, 0)) is None
-    assert "W4A4" in T.why_not(t, *_args(with_scale=False), cap=(10, 0))
-    assert T.why_not(t, *_args(fmt=F.MXFP4), cap=(10, 0)) is None
-    assert T.why_not(t, *_args(layout=F.SfLayout.LINEAR), cap=(10, 0)) is None
-    assert "M side" in T.why_not(T.DotScaledMmTactic(64, 128, 256), *args, cap=(10, 0))
-    assert "M side" in T.why_not(T.DotScaledMmTactic(16, 64, 256, swap_ab=True), *args, cap=(10, 0))
-    assert "N side" in T.why_not(T.DotScaledMmTactic(8, 128, 256, swap_ab=True), *args, cap=(10, 0))
-    assert "128-row" in T.why_not(T.DotScaledMmTactic(128, 64, 256), *args, cap=(10, 0))
-    assert "multiple of 128" in T.why_not(T.DotScaledMmTactic(128, 128, 64), *_args(fmt=F.MXFP4),
-                                          cap=(10, 0))
-    assert T.why_not(T.DotScaledMmTactic(128, 128, 64), *args, cap=(10, 0)) is None
-    assert "shared memory" in T.why_not(T.DotScaledMmTactic(256, 256, 512, num_stages=4), *args,
-                                        cap=(10, 0))
+    assert _why_not(t, args, cap=(10, 0)) is None
+    assert _why_not(t, args, cap=(10, 3)) is None
+    assert "10.0 / 10.3" in T.problem_reason(args.on((9, 0)))
+    assert "10.0 / 10.3" in _why_not(t, args, cap=(9, 0))
+    assert "10.0 / 10.3" in _why_not(t, args)          # CPU tensors: capability 0.0
+    assert "sm_12x budget" in _why_not(t, args, cap=(12, 0))
+    assert _why_not(T.DotScaledMmTactic(128, 128, 256, num_stages=2), args, cap=(12, 0)) is None
+    assert "W4A4" in T.problem_reason(_args(with_scale=False, cap=(10, 0)))
+    assert "W4A4" in _why_not(t, _args(with_scale=False), cap=(10, 0))
+    assert "empty problem" in T.problem_reason(_args(m=0, cap=(10, 0)))
+    assert _why_not(t, _args(fmt=F.MXFP4), cap=(10, 0)) is None
+    assert _why_not(t, _args(layout=F.SfLayout.LINEAR), cap=(10, 0)) is None
+    assert "M side" in _why_not(T.DotScaledMmTactic(64, 128, 256), args, cap=(10, 0))
+    assert "M side" in _why_not(T.DotScaledMmTactic(16, 64, 256, swap_ab=True), args, cap=(10, 0))
+    assert "N side" in _why_not(T.DotScaledMmTactic(8, 128, 256, swap_ab=True), args, cap=(10, 0))
+    assert "128-row" in _why_not(T.DotScaledMmTactic(128, 64, 256), args, cap=(10, 0))
+    assert "multiple of 128" in _why_not(T.DotScaledMmTactic(128, 128, 64), _args(fmt=F.MXFP4),
+                                         cap=(10, 0))
+    assert _why_not(T.DotScaledMmTactic(128, 128, 64), args, cap=(10, 0)) is None
+    assert "shared memory" in _why_not(T.DotScaledMmTactic(256, 256, 512, num_stages=4), args,
+                                       cap=(10, 0))
 
 
 @pytest.mark.parametrize("cap", [(10, 0), (12, 0)])
-def test_candidates_and_default(monkeypatch, cap):
-    monkeypatch.setattr(T, "_capability", lambda t: cap)
+def test_candidates_and_default(cap):
     for m in (1, 8, 64, 100, 4096):
         for fmt in F.FORMATS:
-            args = _args(m=m, fmt=fmt)
-            cands = T.candidates(*args)
-            assert cands and all(T.why_not(c, *args) is None for c in cands)
-            d = T.default(*args)
-            assert T.why_not(d, *args) is None and d.swap_ab == (m <= 64)
-    assert T.default(*_args(m=8)).block_m == 16
+            args = _args(m=m, fmt=fmt, cap=cap)
+            cands = T.candidates(args)
+            assert cands and all(_why_not(c, args) is None for c in cands)
+            d = T.default(args)
+            assert _why_not(d, args) is None and d.swap_ab == (m <= 64)
+    assert T.default(_args(m=8, cap=cap)).block_m == 16
+    assert T.candidates(_args(cap=(9, 0))) == [] and T.candidates(_args(with_scale=False, cap=cap)) == []
 
 
 def test_tactic_json_round_trip_and_family():

@@ -93,8 +93,8 @@ def test_reference_mm_sm90_equals_row(fmt, w4a4):
     row = t4.mm_fp4(a, wq.T, s, ws.T, alpha, torch.float32, fmt.block_size)
     sm90 = t4.mm_fp4(a, packed.T, s, ws.T, alpha, torch.float32, fmt.block_size, weight_layout="sm90")
     assert torch.equal(row, sm90)
-    assert t4.supported_backends("mm_fp4", a, packed.T, s, ws.T, alpha, torch.float32, fmt,
-                                 F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90) == [t4.Backend.REFERENCE]
+    assert t4.supported_backends("mm_fp4", a, packed.T, s, ws.T, alpha, torch.float32, fmt.block_size,
+                                 weight_layout="sm90") == [t4.Backend.REFERENCE]
 
 
 def test_errors_name_the_argument():

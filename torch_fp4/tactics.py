@@ -29,6 +29,7 @@ from typing import Callable, ClassVar, Iterator, Optional, Sequence
 import torch
 
 from .backends import Backend
+from .problems import Problem
 
 
 @dataclass(frozen=True)
@@ -67,22 +68,23 @@ def tactic_from_json(d: dict) -> Optional[Tactic]:
 
 @dataclass(frozen=True)
 class TacticSpace:
-    """What a kernel package tells the tuner about one op. Each function gets the launcher's
-    positional arguments."""
-    candidates: Callable[..., list]            # valid tactics for the problem
-    default: Callable[..., Tactic]             # the heuristic choice
-    key: Callable[..., str]                    # shape bucket, dtypes and layout
-    why_not: Callable[..., Optional[str]]      # (tactic, *args) -> None, or why it cannot run
+    """What a kernel package tells the tuner about one op. Each function gets the op's problem
+    object (torch_fp4.problems), whose problem-level limits the backend's requirement has
+    already checked: why_not checks what is particular to the tactic."""
+    candidates: Callable[[Problem], list]                   # valid tactics for the problem
+    default: Callable[[Problem], Tactic]                    # the heuristic choice
+    key: Callable[[Problem], str]                           # shape bucket, dtypes and layout
+    why_not: Callable[[Tactic, Problem], Optional[str]]     # None, or why the tactic cannot run
 
 
 _SPACES: dict[tuple[str, Backend], TacticSpace] = {}
 
 
-def valid_unique(ts: Sequence[Tactic], why_not: Callable[..., Optional[str]], *args) -> list[Tactic]:
-    """`ts` without repeats and without the tactics `why_not` rejects for `args`, in order."""
+def valid_unique(ts: Sequence[Tactic], why_not: Callable[..., Optional[str]], p: Problem) -> list[Tactic]:
+    """`ts` without repeats and without the tactics `why_not` rejects for problem `p`, in order."""
     seen, unique = set(), []
     for t in ts:
-        if t not in seen and why_not(t, *args) is None:
+        if t not in seen and why_not(t, p) is None:
             seen.add(t)
             unique.append(t)
     return unique
@@ -182,42 +184,37 @@ def autotune(enabled: bool = True) -> Iterator[None]:
         _STATE.tuning = prev
 
 
-def _device(args: Sequence) -> torch.device:
-    return next(a for a in args if isinstance(a, torch.Tensor)).device
-
-
-def choose(op: str, backend: Backend, args: tuple, launch: Callable[..., object]) -> Tactic:
-    """The tactic for `op` on `backend` with launcher arguments `args`. `launch(*args,
-    tactic=t)` runs the op with tactic t (used only while autotuning)."""
+def choose(op: str, backend: Backend, p: Problem, launch: Callable[..., object], args: tuple = ()) -> Tactic:
+    """The tactic for `op` on `backend` for problem `p`. `launch(*args, tactic=t)` runs the op
+    on its launcher arguments `args` with tactic t (used only while autotuning)."""
     sp = _SPACES[(op, backend)]
     forced = _STATE.forced
     if forced is not None:
         if forced.backend != backend:
             raise ValueError(f"{op}: tactic {forced.label()} is for backend {forced.backend.label!r}, "
                              f"the call runs backend {backend.label!r}")
-        reason = sp.why_not(forced, *args)
+        reason = sp.why_not(forced, p)
         if reason is not None:
             raise ValueError(f"{op}: tactic {forced.label()} cannot run this problem: {reason}")
         return forced
     _load()
-    dev = _device(args)
-    key = full_key(op, backend, sp.key(*args), dev)
+    key = full_key(op, backend, sp.key(p), p.device)
     hit = _MEMORY.get(key)
     if hit is not None:
         t = tactic_from_json(hit)
-        if t is not None and sp.why_not(t, *args) is None:
+        if t is not None and sp.why_not(t, p) is None:
             return t
     if _STATE.tuning and not torch.cuda.is_current_stream_capturing():
         from .bench.tune import fastest
-        best = fastest(f"{op} {sp.key(*args)}", sp.candidates(*args), launch, args)
+        best = fastest(f"{op} {sp.key(p)}", sp.candidates(p), launch, args)
         global _GENERATION
         with _LOCK:
             _MEMORY[key] = best.to_json()
             _GENERATION += 1
             _save()
         return best
-    t = sp.default(*args)
-    reason = sp.why_not(t, *args)
+    t = sp.default(p)
+    reason = sp.why_not(t, p)
     if reason is not None:
         raise ValueError(f"{op}: the {backend.label} heuristic's tactic {t.label()} cannot run this "
                          f"problem: {reason}")

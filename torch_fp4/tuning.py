@@ -7,16 +7,13 @@ missing from a row, or that cannot run the inputs, fall back to the default orde
 """
 from __future__ import annotations
 
-from typing import Optional
-
-import torch
-
 from .backends import Backend
+from .problems import MmProblem, Problem
 
 DEFAULT_ORDER = (Backend.CUDA, Backend.CUTE_DSL, Backend.TRITON, Backend.REFERENCE)
 _QUANTIZE_OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize")
 
-# Size bands by element count of the first tensor argument.
+# Size bands by element count of the op's first tensor argument (the problem's numel).
 SMALL, MEDIUM, LARGE = 0, 1, 2
 _BAND_EDGES = (1 << 20, 1 << 25)
 
@@ -51,21 +48,18 @@ OP_ORDER: dict[str, tuple[Backend, ...]] = {
 }
 
 
-def _hopper_wgmma(t: torch.Tensor) -> bool:
+def _hopper_wgmma(p: MmProblem) -> bool:
     lo, hi = HOPPER_MM_MS
-    return (lo <= t.shape[0] <= hi and t.device.type == "cuda"
-            and torch.cuda.get_device_capability(t.device) == HOPPER_MM)
+    return lo <= p.m <= hi and p.is_cuda and p.capability == HOPPER_MM
 
 
-def auto_order(op: str, args: tuple) -> tuple[Backend, ...]:
-    """Backends to try for `op` on `args`, fastest first (the reference always last)."""
-    if op == "mm_fp4" and args and args[0].shape[0] > CUDA_MM_MAX_M and not _hopper_wgmma(args[0]):
+def auto_order(op: str, p: Problem) -> tuple[Backend, ...]:
+    """Backends to try for `op` on problem `p`, fastest first (the reference always last)."""
+    if op == "mm_fp4" and p.m > CUDA_MM_MAX_M and not _hopper_wgmma(p):
         return tuple(b for b in OP_ORDER[op] if b != Backend.CUDA)
     if op in OP_ORDER:
         return OP_ORDER[op]
-    t: Optional[torch.Tensor] = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if t is None or t.device.type != "cuda" or op not in _QUANTIZE_OPS:
+    if not p.is_cuda or op not in _QUANTIZE_OPS:
         return DEFAULT_ORDER
-    major = torch.cuda.get_device_capability(t.device)[0]
-    preferred = PREFERENCE.get(("quantize", major, _band(t.numel())), ())
+    preferred = PREFERENCE.get(("quantize", p.capability[0], _band(p.numel)), ())
     return preferred + tuple(b for b in DEFAULT_ORDER if b not in preferred)

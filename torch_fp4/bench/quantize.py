@@ -48,9 +48,8 @@ def run(quick: bool = False, csv_path: str | None = None, fmt_name: str = "nvfp4
     fmt = F.NVFP4 if fmt_name == "nvfp4" else F.MXFP4
     probe = torch.zeros(128, 64, device=dev, dtype=torch.bfloat16)
     chosen = [Backend.parse(b) for b in backends] if backends else list(GPU_BACKENDS)
-    usable = [b for b in chosen if ops.unsupported_reason(f"{fmt.name}_quantize", b, probe,
-                                                          *([] if fmt is F.MXFP4 else [probe]),
-                                                          F.SfLayout.LAYOUT_128x4) is None]
+    gs = [] if fmt is F.MXFP4 else [torch.ones(1, device=dev)]
+    usable = [b for b in chosen if ops.unsupported_reason(f"{fmt.name}_quantize", b, probe, *gs) is None]
     copy_bw = copy_bandwidth_gbs(dev)
     name = torch.cuda.get_device_name(dev)
     print(f"bench quantize ({fmt.name}, bf16 input, 128x4 scales) on {name}; copy bandwidth "

@@ -123,19 +123,24 @@ struct Config {
 // CTA b runs steps [sk_begin(b), sk_begin(b + 1)) of them (stream-K; none when dp == total).
 struct Schedule {
   int total, dp, ksteps, ctas;
-  __host__ __device__ long long sk_begin(int b) const {
-    return static_cast<long long>(total - dp) * ksteps * b / ctas;
+  // floor(L b / ctas) for the L = (total - dp) ksteps stream-K steps (< 2^31), in 32-bit integers
+  // (a 64-bit division is a subroutine call that costs the 96-register kernels spills):
+  // L = q ctas + r gives q b + floor(r b / ctas).
+  __host__ __device__ int sk_begin(int b) const {
+    const int steps = (total - dp) * ksteps, q = steps / ctas, r = steps % ctas;
+    return q * b + r * b / ctas;
   }
 };
 
 // The schedule of a launch of `ctas` CTAs over `total` tiles of `ksteps` K steps: stream-K when
 // asked for and the tiles leave a partial wave, keeping the whole waves but the last as whole
-// tiles, and only when every CTA gets at least one step.
+// tiles, and only when every CTA gets at least one step (and the steps count in 32 bits).
 inline Schedule make_schedule(int total, int ksteps, int ctas, bool stream_k) {
   Schedule sc{total, total, ksteps, ctas};
   if (stream_k && total % ctas != 0) {
     const int dp = total / ctas >= 1 ? (total / ctas - 1) * ctas : 0;
-    if (static_cast<long long>(total - dp) * ksteps >= ctas) sc.dp = dp;
+    const long long steps = static_cast<long long>(total - dp) * ksteps;
+    if (steps >= ctas && steps < (1LL << 31)) sc.dp = dp;
   }
   return sc;
 }
@@ -146,23 +151,21 @@ struct Work {
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// A CTA's work in order: its whole tiles, then its stream-K steps, one piece per tile they cover.
+// A CTA's work in order: its whole tiles (K steps [kt0, kt1) of its split), then its stream-K
+// steps, one piece per tile they cover. Three registers of state: the schedule stays a kernel
+// parameter (the two-CTA kernels have 96 registers per MMA thread).
 struct WorkList {
-  Schedule sc;
-  int t, kt0, kt1;
-  long long it, end;
-  __device__ WorkList(const Schedule& s, int cta, int k0, int k1)
-      : sc(s), t(cta), kt0(k0), kt1(k1), it(s.sk_begin(cta)), end(s.sk_begin(cta + 1)) {}
-  __device__ bool next(Work& w) {
+  int t, it, end;
+  __device__ WorkList(const Schedule& sc, int cta) : t(cta), it(sc.sk_begin(cta)), end(sc.sk_begin(cta + 1)) {}
+  __device__ bool next(const Schedule& sc, int kt0, int kt1, Work& w) {
     if (t < sc.dp) {
       w = Work{t, kt0, kt1};
       t += sc.ctas;
       return true;
     }
     if (it >= end) return false;
-    const int local = static_cast<int>(it / sc.ksteps);
-    const int kb = static_cast<int>(it - static_cast<long long>(local) * sc.ksteps);
-    const int ke = static_cast<int>(min(static_cast<long long>(sc.ksteps), kb + (end - it)));
+    const int local = it / sc.ksteps, kb = it - local * sc.ksteps;
+    const int ke = min(sc.ksteps, kb + (end - it));
     w = Work{sc.dp + local, kb, ke};
     it += ke - kb;
     return true;
@@ -497,12 +500,13 @@ __device__ __forceinline__ void sk_contribute(float* partials, int* flags, const
 }
 
 // The owner of a stream-K tile (K steps from 0 up to where CTA cta's range ends): adds the partials
-// of the later CTAs whose ranges cover the rest of the tile's steps, in CTA order, as each flag
-// rises. `tile_end` is the tile's end in the stream-K step numbering.
+// of CTAs cta + 1 .. last, whose ranges cover the rest of the tile's steps, in CTA order, as each
+// flag rises.
 template <class Cfg>
-__device__ __forceinline__ void sk_gather(const Schedule& sc, const float* partials, const int* flags,
-                                          float (&acc)[Cfg::kAcc], int cta, long long tile_end, int mwg, int wct) {
-  for (int g = cta + 1; g < sc.ctas && sc.sk_begin(g) < tile_end; ++g) {
+__device__ __forceinline__ void sk_gather(const float* partials, const int* flags, float (&acc)[Cfg::kAcc], int cta,
+                                          int last, int mwg, int wct) {
+#pragma unroll 1
+  for (int g = cta + 1; g <= last; ++g) {
     if (wct == 0) {
       int ready = 0;
       do {
@@ -556,8 +560,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       if (!Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
       // Stage slot s and the parity of its use, kept incrementally across tiles (no division).
       int s = 0, phase = 0;
-      WorkList list(sc, cta, kt0, kt1);
-      for (Work w; list.next(w);) {
+      WorkList list(sc, cta);
+      for (Work w; list.next(sc, kt0, kt1, w);) {
         const int t = w.tile;
         const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
         const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
@@ -603,9 +607,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
   StageOperands ops;
   const uint32_t full_addr = small_m::opaque(smem_u32(full)), empty_addr = small_m::opaque(smem_u32(empty));
-  WorkList list(sc, cta, kt0, kt1);
+  WorkList list(sc, cta);
   Work w{0, 0, 0};
-  bool have = list.next(w);
+  bool have = list.next(sc, kt0, kt1, w);
   if (have && w.kb < w.ke) {
     mbar_wait(full_addr, 0);
     load_half<Cfg, 0>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
@@ -615,7 +619,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   int chunk = 0;         // the warpgroup's TMA-store epilogue chunks so far (buffer parity)
   while (have) {
     const Work cur = w;
-    const bool more = list.next(w);  // w: the next piece, whose first stage this one's last step reads
+    const bool more = list.next(sc, kt0, kt1, w);  // w: the next piece, whose first stage this one's last step reads
     have = more;
     const int t = cur.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
@@ -668,7 +672,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
           sk_contribute<Cfg>(partials, flags, acc, cta, mwg, ct & 127);
           continue;
         }
-        sk_gather<Cfg>(sc, partials, flags, acc, cta, static_cast<long long>(t - sc.dp + 1) * tiles, mwg, ct & 127);
+        // The last CTA with steps of this tile: the one holding its last stream-K step.
+        const int x = (t - sc.dp + 1) * tiles - 1;
+        int last = cta;
+        while (last + 1 < sc.ctas && sc.sk_begin(last + 1) <= x) ++last;
+        sk_gather<Cfg>(partials, flags, acc, cta, last, mwg, ct & 127);
       }
       if (out_tma) {
         store_tma<Cfg>(p, &out_map, acc, pipe_addr + stages * kStage + 2 * kOutBuffer * mwg, chunk, m0, n0, mwg,

@@ -1,4 +1,4 @@
-"""Shared by every GPU backend: requirement checks and output allocation."""
+"""Shared by every GPU backend: requirement checks, device facts, output allocation."""
 from __future__ import annotations
 
 import functools
@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from .. import formats as F
+from ..problems import MmProblem, Problem
 
 # Programmatic dependent launch (sm_90+), off by default; torch_fp4.set_pdl() sets it. When on,
 # every kernel of every backend is launched so it may start while the previous kernel on the
@@ -50,13 +51,12 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def cuda_requirement(args: tuple, module: str, min_capability: tuple[int, int]) -> Optional[str]:
-    """None when the first tensor argument is on a CUDA device of at least `min_capability` and
-    `module` can be imported; otherwise the reason."""
-    t = next((a for a in args if isinstance(a, torch.Tensor)), None)
-    if t is None or t.device.type != "cuda":
-        return f"needs CUDA tensors (got {'no tensor' if t is None else t.device})"
-    cap = torch.cuda.get_device_capability(t.device)
+def cuda_requirement(p: Problem, module: str, min_capability: tuple[int, int]) -> Optional[str]:
+    """None when the problem is on a CUDA device of at least `min_capability` and `module` can be
+    imported; otherwise the reason."""
+    if not p.is_cuda:
+        return f"needs CUDA tensors (got {p.device})"
+    cap = p.capability
     if cap < min_capability:
         return f"needs compute capability >= {min_capability[0]}.{min_capability[1]} (device has {cap[0]}.{cap[1]})"
     if not _installed(module):
@@ -99,47 +99,31 @@ def global_scale_workspace(device: torch.device) -> torch.Tensor:
     return ws
 
 
-def mm_problem(args) -> tuple[int, int, int]:
-    """(M, N, K) of mm_fp4 launcher arguments (a, b = w.T, a_scale, b_scale, alpha, out_dtype,
-    fmt, layout[, wlayout])."""
-    a, b = args[0], args[1]
-    return a.shape[0], b.shape[1], 2 * b.shape[0]
-
-
-def mm_weight_layout(args) -> F.WeightLayout:
-    """The weight layout of mm_fp4 launcher arguments (row-major when not given)."""
-    return args[8] if len(args) > 8 else F.WeightLayout.ROW
-
-
-def mm_key(args, m_bucket: int) -> str:
+def mm_key(p: MmProblem, m_bucket: int) -> str:
     """The tactic-cache key of an mm_fp4 problem whose M falls in the bucket `m_bucket`."""
-    _, n, k = mm_problem(args)
-    a, a_scale, out_dtype, fmt, layout = args[0], args[2], args[5], args[6], args[7]
-    a_kind = f"fp4:{layout.value}" if a_scale is not None else str(a.dtype).removeprefix("torch.")
-    w_kind = "" if mm_weight_layout(args) is F.WeightLayout.ROW else f",w:{mm_weight_layout(args).value}"
-    return f"M<={m_bucket},N={n},K={k},{fmt.name},{a_kind},{str(out_dtype).removeprefix('torch.')}{w_kind}"
+    a_kind = f"fp4:{p.sf_layout.value}" if p.w4a4 else str(p.a_dtype).removeprefix("torch.")
+    w_kind = "" if p.weight_layout is F.WeightLayout.ROW else f",w:{p.weight_layout.value}"
+    return (f"M<={m_bucket},N={p.n},K={p.k},{p.fmt.name},{a_kind},"
+            f"{str(p.out_dtype).removeprefix('torch.')}{w_kind}")
 
 
-# ---- helpers shared by the GEMM tactic spaces (launcher arguments a, b, ... with a first) ----
-def args_sm_count(args, default: int = 132) -> int:
-    """SMs of the device of the first launcher argument (`default` for non-CUDA tensors)."""
-    a = args[0]
-    return sm_count(a.device) if isinstance(a, torch.Tensor) and a.is_cuda else default
+# ---- device facts the GEMM tactic spaces size their launches by (defaults off CUDA) ----
+def problem_sm_count(p: Problem, default: int = 132) -> int:
+    """SMs of the problem's device (`default` off CUDA)."""
+    return sm_count(p.device) if p.is_cuda else default
 
 
-def args_smem_per_block(args, default: int) -> int:
-    """Opt-in shared memory per block of the first argument's device (`default` off CUDA)."""
-    a = args[0]
-    if isinstance(a, torch.Tensor) and a.is_cuda:
-        return torch.cuda.get_device_properties(a.device).shared_memory_per_block_optin
+def problem_smem_per_block(p: Problem, default: int) -> int:
+    """Opt-in shared memory per block of the problem's device (`default` off CUDA)."""
+    if p.is_cuda:
+        return torch.cuda.get_device_properties(p.device).shared_memory_per_block_optin
     return default
 
 
-def args_smem_per_sm(args, default: int) -> int:
-    """Shared memory per SM of the first argument's device (`default` off CUDA)."""
-    a = args[0]
-    if isinstance(a, torch.Tensor) and a.is_cuda:
-        return torch.cuda.get_device_properties(a.device).shared_memory_per_multiprocessor
+def problem_smem_per_sm(p: Problem, default: int) -> int:
+    """Shared memory per SM of the problem's device (`default` off CUDA)."""
+    if p.is_cuda:
+        return torch.cuda.get_device_properties(p.device).shared_memory_per_multiprocessor
     return default
 
 
@@ -163,13 +147,13 @@ def smem_reason(smem: int, limit: int):
     return None
 
 
-def tactic_or_default(tactic, space, args, op: str = "mm_fp4"):
+def tactic_or_default(tactic, space, p: Problem, op: str = "mm_fp4"):
     """A launcher's tactic: the one it was given (dispatch checked it), else the space's
     heuristic, checked (a direct call)."""
     if tactic is not None:
         return tactic
-    t = space.default(*args)
-    reason = space.why_not(t, *args)
+    t = space.default(p)
+    reason = space.why_not(t, p)
     if reason is not None:
         raise ValueError(f"{op}: tactic {t.label()} cannot run this problem: {reason}")
     return t

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
@@ -10,11 +11,14 @@ import torch
 
 from .. import tactics
 from ..backends import Backend
+from ..problems import Problem
 from ..tuning import auto_order
+from ._checks import fail
 
-# A requirement function gets the op's arguments and returns None when the backend can run them,
-# or a short reason when it cannot.
-Requirement = Callable[..., Optional[str]]
+# A requirement function gets the op's problem (torch_fp4.problems) and returns None when the
+# backend can run it, or a short reason when it cannot. It states the backend's problem-level
+# limits once; tactic spaces check only what is particular to a tactic.
+Requirement = Callable[[Problem], Optional[str]]
 
 
 @dataclass(frozen=True)
@@ -25,15 +29,27 @@ class Impl:
 
 _IMPLS: dict[str, dict[Backend, Impl]] = {}
 _BROKEN: dict[Backend, str] = {}
+# op -> (its public function, its validation: (*public arguments) -> (problem, backend))
+_PROBLEMS: dict[str, tuple[Callable, Callable]] = {}
 
 
-
-def _always(*args, **kwargs) -> None:
+def _always(p: Problem) -> None:
     return None
 
 
 def register_impl(op: str, backend: Backend, fn: Callable, requirement: Requirement = _always) -> None:
     _IMPLS.setdefault(op, {})[backend] = Impl(fn, requirement)
+
+
+def register_problem(op: str, public: Callable, validate: Callable) -> None:
+    """How supported_backends / unsupported_reason read `op`'s public arguments: bound to the
+    public function's signature (its defaults), then validated into the problem. The validation
+    takes the public parameters in the same order (the schema's), and accepts their public
+    forms (enums or names)."""
+    names, checked = list(inspect.signature(public).parameters), list(inspect.signature(validate).parameters)
+    if names != checked:
+        raise TypeError(f"{op}: the validation's parameters {checked} are not the public ones {names}")
+    _PROBLEMS[op] = (public, validate)
 
 
 def _lazy(module: str, name: str) -> Callable:
@@ -51,7 +67,7 @@ def _lazy(module: str, name: str) -> Callable:
 
 def register_backend_package(backend: Backend, package: str) -> None:
     """Register the ops a kernel package offers. The package's __init__ (cheap to import) holds
-    OPS = {op: "module:function"} and requirement(op, *args) -> None or a reason."""
+    OPS = {op: "module:function"} and requirement(op, problem) -> None or a reason."""
     try:
         mod = importlib.import_module(package)
     except Exception as exc:  # a broken optional backend must not break `import torch_fp4`
@@ -72,31 +88,54 @@ def register_backend_package(backend: Backend, package: str) -> None:
         tactics.register_space(op, backend, sp)
 
 
-def unsupported_reason(op: str, backend: Backend, *args) -> Optional[str]:
-    """None when `backend` can run `op` on these arguments, else why not."""
+def problem_of(op: str, *args, **kwargs) -> Problem:
+    """The problem of `op` for `args`: one problem object (returned as it is), or the op's public
+    arguments as torch_fp4.<op> takes them (validated; bad input raises as the op would)."""
+    first = next(iter(args), None)
+    if isinstance(first, Problem) and len(args) == 1 and not kwargs:
+        return first
+    if op not in _PROBLEMS:
+        fail(op, "op", "one of " + ", ".join(map(repr, _PROBLEMS)), repr(op))
+    public, validate = _PROBLEMS[op]
+    bound = inspect.signature(public).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return validate(*bound.arguments.values())[0]
+
+
+def requirement_reason(op: str, backend: Backend, p: Problem) -> Optional[str]:
+    """None when `backend` can run `op` on problem `p`, else why not."""
     impl = _IMPLS.get(op, {}).get(backend)
     if impl is None:
         if backend in _BROKEN:
             return _BROKEN[backend]
         have = ", ".join(b.label for b in _IMPLS.get(op, {}))
         return f"no {backend.label} implementation of {op} is installed (available: {have})"
-    return impl.requirement(*args)
+    return impl.requirement(p)
 
 
-def supported_backends(op: str, *args) -> list[Backend]:
-    """Backends that can run `op` on these arguments, in the order "auto" tries them."""
-    return [b for b in auto_order(op, args) if unsupported_reason(op, b, *args) is None]
+def unsupported_reason(op: str, backend: Backend | str, *args, **kwargs) -> Optional[str]:
+    """None when `backend` can run `op` on this problem, else why not. The problem: a problem
+    object (torch_fp4.problems) or the op's public arguments (see problem_of)."""
+    return requirement_reason(op, Backend.parse(backend), problem_of(op, *args, **kwargs))
 
 
-def resolve_backend(op: str, backend: Backend, *args) -> Backend:
+def supported_backends(op: str, *args, **kwargs) -> list[Backend]:
+    """Backends that can run `op` on this problem, in the order "auto" tries them. The problem:
+    a problem object (torch_fp4.problems) or the op's public arguments, e.g.
+    supported_backends("mm_fp4", a, w.T, a_scale, w_scale.T, block_size=32)."""
+    p = problem_of(op, *args, **kwargs)
+    return [b for b in auto_order(op, p) if requirement_reason(op, b, p) is None]
+
+
+def resolve_backend(op: str, backend: Backend, p: Problem) -> Backend:
     """`backend`, checked, or for AUTO the first supported backend in the measured preference
     order of torch_fp4.tuning."""
     if backend is Backend.AUTO:
-        for b in auto_order(op, args):
-            if unsupported_reason(op, b, *args) is None:
+        for b in auto_order(op, p):
+            if requirement_reason(op, b, p) is None:
                 return b
         raise RuntimeError(f"{op}: no backend supports these inputs")
-    reason = unsupported_reason(op, backend, *args)
+    reason = requirement_reason(op, backend, p)
     if reason is not None:
         raise ValueError(f"{op}: backend: {backend.label!r} cannot run here: {reason}")
     return backend
@@ -107,23 +146,23 @@ def clear_decisions() -> None:
     _PLANS.clear()
 
 
-def decide(op: str, backend: Backend, args: tuple) -> tuple[Backend, Optional[tactics.Tactic]]:
+def decide(op: str, backend: Backend, p: Problem, args: tuple = ()) -> tuple[Backend, Optional[tactics.Tactic]]:
     """The backend (AUTO resolved, see resolve_backend) and the tactic (None for a backend
-    without a tactic space for `op`) that run `op` on the launcher arguments `args`; a forced
-    tactic also picks the backend."""
+    without a tactic space for `op`) that run `op` on problem `p`; a forced tactic also picks the
+    backend. `args`: the launcher arguments, timed while autotuning."""
     forced = tactics.forced()
     if backend is Backend.AUTO and forced is not None:
         backend = forced.backend
-    b = resolve_backend(op, backend, *args)
+    b = resolve_backend(op, backend, p)
     t = None
     if tactics.space(op, b) is not None:
-        t = tactics.choose(op, b, args, _IMPLS[op][b].fn)
+        t = tactics.choose(op, b, p, functools.partial(_IMPLS[op][b].fn, problem=p), args)
     return b, t
 
 
 class Plan(NamedTuple):
-    """What run() keeps per problem: the validation's result, the tactic and the function."""
-    checked: Any
+    """What run() keeps per problem: the problem object, the tactic and the function."""
+    problem: Problem
     tactic: Optional[tactics.Tactic]
     fn: Callable
     generation: int     # tactics.generation() when decided (a changed tactic cache expires it)
@@ -141,16 +180,25 @@ def _problem_key(validate: Callable, args: tuple) -> tuple:
                         else a for a in args])
 
 
-def run(op: str, validate: Callable, args: tuple, build: Callable[[Any], tuple]) -> Any:
-    """The one way every public op reaches a kernel. validate(*args) checks the op's arguments
-    (raising on bad input) and returns what the launch needs; build(checked) gives the requested
-    backend and the launcher arguments. Then decide() picks the backend and tactic, and the
-    backend's implementation runs (with its tactic if it has a tactic space).
+def _launch(plan: Plan, launch: tuple) -> Any:
+    if plan.tactic is None:
+        return plan.fn(*launch)
+    return plan.fn(*launch, tactic=plan.tactic, problem=plan.problem)
 
-    The plan (validation result, decision, implementation) is cached per problem (_problem_key and
-    the tactic cache's generation), so a repeated call is one key and one dict lookup. An input
-    that fails raises every time (failures are not cached); inside `use_tactic` or `autotune`
-    everything is done afresh. Fake implementations validate on their own, uncached."""
+
+def run(op: str, validate: Callable, args: tuple, build: Callable[[Problem], tuple]) -> Any:
+    """The one way every public op reaches a kernel. validate(*args) checks the op's arguments
+    (raising on bad input) and returns (problem, requested backend): the problem object
+    (torch_fp4.problems) is built here, once. build(problem) gives the launcher arguments (the
+    tensors, and parsed enums the problem holds). Then decide() picks the backend and tactic from
+    the problem, and the backend's implementation runs on the launcher arguments (a backend with
+    a tactic space gets the tactic and the problem too).
+
+    The plan (problem, tactic, implementation) is cached per problem (_problem_key and the tactic
+    cache's generation), so a repeated call is one key and one dict lookup: nothing is validated
+    or built again. An input that fails raises every time (failures are not cached); inside
+    `use_tactic` or `autotune` everything is done afresh. Fake implementations validate on their
+    own, uncached."""
     key = None
     if tactics.forced() is None and not tactics.tuning():
         try:
@@ -159,19 +207,19 @@ def run(op: str, validate: Callable, args: tuple, build: Callable[[Any], tuple])
         except TypeError:  # an unhashable argument: no cache
             key, plan = None, None
         if plan is not None and plan.generation == tactics.generation():
-            launch = build(plan.checked)[1]
-            return plan.fn(*launch) if plan.tactic is None else plan.fn(*launch, tactic=plan.tactic)
-    checked = validate(*args)
-    backend, launch = build(checked)
-    b, t = decide(op, backend, launch)
+            return _launch(plan, build(plan.problem))
+    p, backend = validate(*args)
+    launch = build(p)
+    b, t = decide(op, backend, p, launch)
     fn = _IMPLS[op][b].fn
     fn = getattr(fn, "target", lambda: fn)()   # a lazily imported backend's function itself
+    # The generation after deciding: a first lookup that loaded the tactic cache counts.
+    plan = Plan(p, t, fn, tactics.generation())
     if key is not None:
         if len(_PLANS) >= _MAX_PLANS:
             _PLANS.clear()
-        # The generation after deciding: a first lookup that loaded the tactic cache counts.
-        _PLANS[key] = Plan(checked, t, fn, tactics.generation())
-    return fn(*launch) if t is None else fn(*launch, tactic=t)
+        _PLANS[key] = plan
+    return _launch(plan, launch)
 
 
 INFERENCE_ONLY = ("torch_fp4 ops are inference-only: {op} has no backward. Run it under "

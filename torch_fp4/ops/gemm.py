@@ -7,9 +7,10 @@ import torch
 
 from .. import formats as F
 from .. import meta, reference
+from ..problems import MmProblem
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, run, supported_backends
+from ._registry import define, register_impl, register_problem, run, supported_backends
 from .. import tactics as T
 from .quantize import check_scale
 
@@ -60,12 +61,20 @@ def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, b
     return fmt, layout, wlayout, Backend.parse(backend)
 
 
+def _problem(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
+             weight_layout) -> tuple[MmProblem, Backend]:
+    """The validated arguments as one problem object, and the requested backend."""
+    fmt, layout, wlayout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout,
+                                         backend, weight_layout)
+    return MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout), bk
+
+
 def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_scale: torch.Tensor,
             alpha: Optional[torch.Tensor], out_dtype: torch.dtype, block_size: int, sf_layout: str,
             backend: int, weight_layout: str = "row") -> torch.Tensor:
-    return run(OP, _validate, (a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
-                               weight_layout),
-               lambda c: (c[3], (a, b, a_scale, b_scale, alpha, out_dtype, c[0], c[1], c[2])))
+    return run(OP, _problem, (a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
+                              weight_layout),
+               lambda p: (a, b, a_scale, b_scale, alpha, out_dtype, p.fmt, p.sf_layout, p.weight_layout))
 
 
 def _mm_fp4_fake(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout="row"):
@@ -106,15 +115,14 @@ def mm_fp4_tactics(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Ten
                    weight_layout: F.WeightLayout | str = "row") -> list:
     """The tactics that can run this mm_fp4 problem (every supported backend's for "auto"),
     the heuristic default of each backend first. Run one with `torch_fp4.use_tactic(t)`."""
-    layout = F.SfLayout.parse(sf_layout)
-    fmt, layout, wlayout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
-                                         layout.value, int(Backend.parse(backend)),
-                                         F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout").value)
-    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
-    backends = supported_backends(OP, *args) if bk is Backend.AUTO else [bk]
+    p, bk = _problem(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout)
+    backends = supported_backends(OP, p) if bk is Backend.AUTO else [bk]
     out = []
     for b_ in backends:
         sp = T.space(OP, b_)
         if sp is not None:
-            out += sp.candidates(*args)
+            out += sp.candidates(p)
     return out
+
+
+register_problem(OP, mm_fp4, _problem)

@@ -7,9 +7,10 @@ import torch
 
 from .. import formats as F
 from .. import meta, reference
+from ..problems import MoeProblem, RouteProblem
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, run
+from ._registry import define, register_impl, register_problem, run
 from .quantize import check_scale
 
 ROUTING_METHODS = ("softmax", "renormalize", "deepseek_v3", "llama4")
@@ -60,11 +61,19 @@ def _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_grou
     return Backend.parse(backend)
 
 
+def _route_problem(logits, top_k, method, renormalize, bias, n_group, topk_group,
+                   routed_scaling_factor, backend) -> tuple[RouteProblem, Backend]:
+    """The validated arguments as one problem object, and the requested backend."""
+    bk = _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_group,
+                         routed_scaling_factor, backend)
+    return RouteProblem.of(logits, top_k, method), bk
+
+
 def _route(logits: torch.Tensor, top_k: int, method: str, renormalize: bool,
            bias: Optional[torch.Tensor], n_group: Optional[int], topk_group: Optional[int],
            routed_scaling_factor: float, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
     args = (logits, top_k, method, renormalize, bias, n_group, topk_group, routed_scaling_factor)
-    return run("route", _validate_route, (*args, backend), lambda b: (b, args))
+    return run("route", _route_problem, (*args, backend), lambda p: args)
 
 
 def _route_fake(logits, top_k, method, renormalize, bias, n_group, topk_group,
@@ -159,6 +168,17 @@ def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scal
     return out_dtype, Backend.parse(backend)
 
 
+def _moe_problem(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+                 topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
+                 num_local_experts, out_dtype, backend) -> tuple[MoeProblem, Backend]:
+    """The validated arguments as one problem object, and the requested backend."""
+    out_dtype, bk = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
+                                  topk_ids, topk_weights, a1_global_scale, a2_global_scale,
+                                  local_expert_offset, num_local_experts, out_dtype, backend)
+    return MoeProblem.of(x, w1, topk_ids, a1_global_scale, a2_global_scale, local_expert_offset,
+                         num_local_experts, out_dtype), bk
+
+
 def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
                w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
                topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -166,14 +186,13 @@ def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glo
                local_expert_offset: int, num_local_experts: Optional[int],
                out_dtype: Optional[torch.dtype], backend: int) -> torch.Tensor:
     # Without expert parallelism every id must name an expert of w1: the kernels check it on the
-    # device (NaN rows, spec section 6), so no call reads anything back.
-    strict_ids = local_expert_offset == 0 and num_local_experts is None
-    return run("fused_moe", _validate_moe,
+    # device (NaN rows, spec section 6; MoeProblem.strict_ids), so no call reads anything back.
+    return run("fused_moe", _moe_problem,
                (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                 a1_global_scale, a2_global_scale, local_expert_offset, num_local_experts, out_dtype, backend),
-               lambda c: (c[1], (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
-                                 topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, c[0],
-                                 strict_ids)))
+               lambda p: (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+                          topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, p.out_dtype,
+                          p.strict_ids))
 
 
 def _fused_moe_fake(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
@@ -215,6 +234,10 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     return fused_moe_op(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                         topk_weights, a1_global_scale, a2_global_scale, int(local_expert_offset),
                         num_local_experts, out_dtype, int(Backend.parse(backend)))
+
+
+register_problem("route", route, _route_problem)
+register_problem("fused_moe", fused_moe, _moe_problem)
 
 
 def swap_gate_up(w1: torch.Tensor, w1_scale: Optional[torch.Tensor] = None,

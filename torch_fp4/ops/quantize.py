@@ -7,9 +7,10 @@ import torch
 
 from .. import formats as F
 from .. import meta, reference
+from ..problems import DequantizeProblem, GlobalScaleProblem, QuantizeProblem
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, run
+from ._registry import define, register_impl, register_problem, run
 
 FP4_DATA = F.FP4_DATA_DTYPES
 _BATCH_DIMS = "a 2-D [M, K] or 3-D [E, M, K] tensor"
@@ -84,11 +85,34 @@ def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_d
     return fmt, layout, Backend.parse(backend)
 
 
+# The validated arguments as one problem object, and the requested backend (ops._registry.run).
+def _global_scale_problem(x, backend) -> tuple[GlobalScaleProblem, Backend]:
+    bk = _validate_global_scale(x, backend)
+    return GlobalScaleProblem.of(x), bk
+
+
+def _nvfp4_problem(x, global_scale, sf_layout, backend) -> tuple[QuantizeProblem, Backend]:
+    layout, bk = _validate_nvfp4(x, global_scale, sf_layout, backend)
+    return QuantizeProblem.of(x, F.NVFP4, layout), bk
+
+
+def _mxfp4_problem(x, sf_layout, backend) -> tuple[QuantizeProblem, Backend]:
+    layout, bk = _validate_mxfp4(x, sf_layout, backend)
+    return QuantizeProblem.of(x, F.MXFP4, layout), bk
+
+
+def _dequantize_problem(data, scale, global_scale, block_size, sf_layout, out_dtype,
+                        backend) -> tuple[DequantizeProblem, Backend]:
+    fmt, layout, bk = _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_dtype,
+                                           backend)
+    return DequantizeProblem.of(data, scale, global_scale, fmt, layout, out_dtype), bk
+
+
 # ---------------------------------------------------------------------------------------------
 # Ops
 # ---------------------------------------------------------------------------------------------
 def _compute_global_scale(x: torch.Tensor, backend: int) -> torch.Tensor:
-    return run("compute_global_scale", _validate_global_scale, (x, backend), lambda b: (b, (x,)))
+    return run("compute_global_scale", _global_scale_problem, (x, backend), lambda p: (x,))
 
 
 def _compute_global_scale_fake(x: torch.Tensor, backend: int) -> torch.Tensor:
@@ -98,8 +122,8 @@ def _compute_global_scale_fake(x: torch.Tensor, backend: int) -> torch.Tensor:
 
 def _nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: str,
                     backend: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return run("nvfp4_quantize", _validate_nvfp4, (x, global_scale, sf_layout, backend),
-               lambda c: (c[1], (x, global_scale, c[0])))
+    return run("nvfp4_quantize", _nvfp4_problem, (x, global_scale, sf_layout, backend),
+               lambda p: (x, global_scale, p.sf_layout))
 
 
 def _nvfp4_quantize_fake(x, global_scale, sf_layout, backend):
@@ -108,7 +132,7 @@ def _nvfp4_quantize_fake(x, global_scale, sf_layout, backend):
 
 
 def _mxfp4_quantize(x: torch.Tensor, sf_layout: str, backend: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return run("mxfp4_quantize", _validate_mxfp4, (x, sf_layout, backend), lambda c: (c[1], (x, c[0])))
+    return run("mxfp4_quantize", _mxfp4_problem, (x, sf_layout, backend), lambda p: (x, p.sf_layout))
 
 
 def _mxfp4_quantize_fake(x, sf_layout, backend):
@@ -119,9 +143,9 @@ def _mxfp4_quantize_fake(x, sf_layout, backend):
 def _fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Optional[torch.Tensor],
                     block_size: int, sf_layout: str, out_dtype: torch.dtype,
                     backend: int) -> torch.Tensor:
-    return run("fp4_dequantize", _validate_dequantize,
+    return run("fp4_dequantize", _dequantize_problem,
                (data, scale, global_scale, block_size, sf_layout, out_dtype, backend),
-               lambda c: (c[2], (data, scale, global_scale, c[0], c[1], out_dtype)))
+               lambda p: (data, scale, global_scale, p.fmt, p.sf_layout, out_dtype))
 
 
 def _fp4_dequantize_fake(data, scale, global_scale, block_size, sf_layout, out_dtype, backend):
@@ -188,3 +212,9 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Option
     return fp4_dequantize_op(data, scale, global_scale, block_size,
                              F.SfLayout.parse(sf_layout).value, out_dtype,
                              int(Backend.parse(backend)))
+
+
+register_problem("compute_global_scale", compute_global_scale, _global_scale_problem)
+register_problem("nvfp4_quantize", nvfp4_quantize, _nvfp4_problem)
+register_problem("mxfp4_quantize", mxfp4_quantize, _mxfp4_problem)
+register_problem("fp4_dequantize", fp4_dequantize, _dequantize_problem)

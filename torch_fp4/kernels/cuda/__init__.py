@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 
 from ... import formats as F
+from ...problems import MmProblem, Problem
 from .._common import cuda_requirement
 
 OPS = {
@@ -50,15 +51,11 @@ def _scale_blocks(rows: int, k: int, block: int, layout: F.SfLayout) -> int:
     return mp * kp
 
 
-def _size_reason(op: str, args: tuple) -> Optional[str]:
+def _size_reason(op: str, p: Problem) -> Optional[str]:
     if op in ("nvfp4_quantize", "mxfp4_quantize"):
-        x, layout = args[0], args[-1]
-        block = 16 if op == "nvfp4_quantize" else 32
-        threads = _scale_blocks(x.shape[-2], x.shape[-1], block, layout)
+        threads = _scale_blocks(p.rows, p.k, p.fmt.block_size, p.sf_layout)
     elif op == "fp4_dequantize":
-        data, fmt, layout = args[0], args[3], args[4]
-        rows, k = data.shape[-2], data.shape[-1] * 2
-        threads = max(rows * k // 8, _scale_blocks(rows, k, fmt.block_size, layout))
+        threads = max(p.rows * p.k // 8, _scale_blocks(p.rows, p.k, p.fmt.block_size, p.sf_layout))
     else:
         return None
     if threads > MAX_THREADS_PER_MATRIX:
@@ -67,30 +64,30 @@ def _size_reason(op: str, args: tuple) -> Optional[str]:
     return None
 
 
-def _mm_reason(args: tuple) -> Optional[str]:
+def _mm_reason(p: MmProblem) -> Optional[str]:
     """Why neither cuda GEMM (csrc/mm_small_m.cu for M <= 64, csrc/mm_wgmma.cu on sm_90) can run
-    these mm_fp4 arguments, or None."""
+    this mm_fp4 problem, or None."""
     from .mm_space import small_m_reason
     from .mm_wgmma_tactics import problem_reason
 
-    small = small_m_reason(args)
+    small = small_m_reason(p)
     if small is None:
         return None
-    hopper = problem_reason(args)
+    hopper = problem_reason(p)
     return None if hopper is None else f"{small}; {hopper}"
 
 
-def requirement(op: str, *args) -> Optional[str]:
+def requirement(op: str, p: Problem) -> Optional[str]:
     if op == "mm_fp4":
         # Thread-block clusters (the split-K reduction) and griddepcontrol need sm_90+.
-        reason = cuda_requirement(args, "torch.utils.cpp_extension", (9, 0))
+        reason = cuda_requirement(p, "torch.utils.cpp_extension", (9, 0))
         if reason is None:
             reason = toolchain_reason()
-        return reason if reason is not None else _mm_reason(args)
+        return reason if reason is not None else _mm_reason(p)
     # fp32 -> e4m3 conversion instructions need sm_89+.
-    reason = cuda_requirement(args, "torch.utils.cpp_extension", (8, 9))
+    reason = cuda_requirement(p, "torch.utils.cpp_extension", (8, 9))
     if reason is None:
         reason = toolchain_reason()
     if reason is None:
-        reason = _size_reason(op, args)
+        reason = _size_reason(op, p)
     return reason

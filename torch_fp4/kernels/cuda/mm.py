@@ -13,6 +13,7 @@ import torch
 
 from ... import formats as F
 from ... import meta
+from ...problems import MmProblem
 from .._common import prepare_outputs, tactic_or_default, use_pdl
 from .build import extension
 from .mm_space import MM_SPACE
@@ -24,11 +25,12 @@ from .quantize import _LAYOUT_CODES
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
-           tactic: CudaMmTactic | WgmmaMmTactic | None = None) -> torch.Tensor:
-    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
-    t = tactic_or_default(tactic, MM_SPACE, args)
+           tactic: CudaMmTactic | WgmmaMmTactic | None = None,
+           problem: MmProblem | None = None) -> torch.Tensor:
+    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
+    t = tactic_or_default(tactic, MM_SPACE, p)
     out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
-    m, n, k = a.shape[0], b.shape[1], 2 * b.shape[0]
+    m, n, k = p.m, p.n, p.k
     if m == 0 or n == 0:
         return out
     ext = extension(a.device)
@@ -39,7 +41,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
                        _LAYOUT_CODES[layout], pdl)
     else:
         act = a
-    packed = wlayout is F.WeightLayout.SM90
+    packed = p.packed
     # The binding takes the weight and its scales transposed, as mm_fp4 does (no views here).
     if isinstance(t, WgmmaMmTactic):
         ext.mm_fp4_wgmma(act, b, b_scale, alpha, out, fmt.block_size, t.block_m, t.stages, t.split_k,

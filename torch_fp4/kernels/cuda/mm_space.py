@@ -10,44 +10,43 @@ from __future__ import annotations
 from typing import Optional
 
 from ...tactics import Tactic, TacticSpace
-from .._common import mm_problem
+from ...problems import MmProblem
 from . import mm_tactics as small
 from . import mm_wgmma_tactics as wg
 
 SMALL_M_MAX = 16
 
 
-def small_m_reason(args) -> Optional[str]:
-    """Why the small-M kernel cannot run these arguments at all, or None (its default tactic
-    checks the problem-level limits)."""
-    if mm_problem(args)[0] > small.MAX_M:
+def small_m_reason(p: MmProblem) -> Optional[str]:
+    """Why the small-M kernel cannot run this problem at all, or None: its problem limits, and
+    its heuristic's tactic must fit this device (shared memory)."""
+    if p.m > small.MAX_M:
         return f"the small-M kernel is for M <= {small.MAX_M}"
-    return small.why_not(small.default(*args), *args) or small.operand_reason(args)
+    return small.problem_reason(p) or small.why_not(small.default(p), p)
 
 
-def _family(t: Tactic):
-    return wg if isinstance(t, wg.WgmmaMmTactic) else small
+def default(p: MmProblem) -> Tactic:
+    if (p.m <= SMALL_M_MAX or wg.problem_reason(p) is not None) and small_m_reason(p) is None:
+        return small.default(p)
+    return wg.default(p)
 
 
-def default(*args) -> Tactic:
-    m = mm_problem(args)[0]
-    if (m <= SMALL_M_MAX or wg.problem_reason(args) is not None) and small_m_reason(args) is None:
-        return small.default(*args)
-    return wg.default(*args)
-
-
-def candidates(*args) -> list[Tactic]:
-    first = default(*args)
-    rest = (small.candidates(*args) if small_m_reason(args) is None else []) + wg.candidates(*args)
+def candidates(p: MmProblem) -> list[Tactic]:
+    first = default(p)
+    rest = (small.candidates(p) if small_m_reason(p) is None else []) + wg.candidates(p)
     return [first] + [t for t in rest if t != first]
 
 
-def why_not(t: Tactic, *args) -> Optional[str]:
-    return _family(t).why_not(t, *args)
+def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
+    """The limits of the tactic's family on this problem, then the tactic's own (the Hopper
+    family's why_not checks both)."""
+    if isinstance(t, wg.WgmmaMmTactic):
+        return wg.why_not(t, p)
+    return small.space_why_not(t, p)
 
 
-def key(*args) -> str:
-    return small.key(*args) if small_m_reason(args) is None else wg.key(*args)
+def key(p: MmProblem) -> str:
+    return small.key(p) if small_m_reason(p) is None else wg.key(p)
 
 
 MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)

@@ -17,8 +17,9 @@ import torch
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, TacticSpace, register_family, valid_unique
-from .._common import (args_sm_count, args_smem_per_block, empty_k_slice, largest_split, mm_key,
-                       mm_problem, mm_weight_layout, smem_reason)
+from ...problems import MmProblem
+from .._common import (empty_k_slice, largest_split, mm_key, problem_sm_count, problem_smem_per_block,
+                       smem_reason)
 
 MAX_M = 64
 PACKED_MAX_M = 16         # M range compiled for "sm90" weights (packed_compiled in mm_small_m.cuh)
@@ -94,63 +95,56 @@ def ctas_per_sm(t: CudaMmTactic, nb: int, block: int, packed: bool = False) -> i
     return max(0, min(by_smem, by_regs, 64 // t.warps))
 
 
-problem = mm_problem
-
-
-def _smem_limit(args) -> int:
-    return args_smem_per_block(args, SM90_SMEM_PER_BLOCK)
+def _smem_limit(p: MmProblem) -> int:
+    return problem_smem_per_block(p, SM90_SMEM_PER_BLOCK)
 
 
 def _steps(k: int, block_k: int) -> int:
     return -(-k // block_k)
 
 
-def half_mx_reason(args) -> Optional[str]:
+def half_mx_reason(p: MmProblem) -> Optional[str]:
     """The cuda GEMMs multiply in the activations' 16-bit type: fp16 cannot hold every MXFP4 value."""
-    a, a_scale, fmt = args[0], args[2], args[6]
-    if a_scale is None and a.dtype == torch.float16 and fmt is F.MXFP4:
+    if not p.w4a4 and p.a_dtype == torch.float16 and p.fmt is F.MXFP4:
         return ("fp16 activations with MXFP4 weights: the kernel multiplies in fp16 for fp16 "
                 "activations, which cannot hold every MXFP4 value (triton handles this case)")
     return None
 
 
-def _packed(args) -> bool:
-    return mm_weight_layout(args) is F.WeightLayout.SM90
-
-
-def operand_reason(args) -> Optional[str]:
+def operand_reason(p: MmProblem) -> Optional[str]:
     """Why the kernel cannot address these operands (sizes, alignment), or None."""
-    m, n, k = problem(args)
-    a, b, a_scale, b_scale = args[0], args[1], args[2], args[3]
+    m, n, k = p.m, p.n, p.k
     if n * (k // 2) > MAX_MM_OPERAND or m * k > MAX_MM_OPERAND:
         return f"operands beyond 2^31 elements (M={m}, N={n}, K={k}) need 64-bit offsets"
-    if a_scale is None and a.data_ptr() % 16:
+    if not p.w4a4 and p.a_align < 16:
         return "the activations a must be 16-byte aligned"
-    if b.data_ptr() % (16 if _packed(args) else 8) or b_scale.data_ptr() % 4:
-        return (f"b must be {16 if _packed(args) else 8}-byte and b_scale 4-byte aligned")
+    if p.b_align < (16 if p.packed else 8) or p.b_scale_align < 4:
+        return (f"b must be {16 if p.packed else 8}-byte and b_scale 4-byte aligned")
     return None
 
 
-def why_not(t: Tactic, *args) -> Optional[str]:
-    if not isinstance(t, CudaMmTactic):
-        return f"{t.family} is not a cuda tactic"
-    m, n, k = problem(args)
-    fmt = args[6]
-    if m > MAX_M:
+def problem_reason(p: MmProblem) -> Optional[str]:
+    """Why the small-M GEMM cannot run this problem with any tactic, or None (the tactic space
+    checks it before a tactic's own limits, why_not)."""
+    if p.m > MAX_M:
         return f"the cuda mm_fp4 kernel is for M <= {MAX_M} (decode); larger M uses triton"
-    packed = _packed(args)
-    if packed and m > PACKED_MAX_M:
+    if p.packed and p.m > PACKED_MAX_M:
         return (f"the small-M kernel reads 'sm90' weights for M <= {PACKED_MAX_M} (the Hopper GEMM "
                 f"reads them at every M)")
-    reason = half_mx_reason(args)
-    if reason is not None:
-        return reason
+    return half_mx_reason(p) or operand_reason(p)
+
+
+def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
+    """Why tactic `t` cannot run problem `p` that the small-M GEMM runs (problem_reason None)."""
+    if not isinstance(t, CudaMmTactic):
+        return f"{t.family} is not a cuda tactic"
+    fmt, k = p.fmt, p.k
     if t.block_k % fmt.block_size:
         return (f"block_k={t.block_k} is not a multiple of the {fmt.name.upper()} block "
                 f"({fmt.block_size})")
     if t.block_k not in (128, 256):
         return f"block_k={t.block_k} must be 128 or 256"
-    nb = n_blocks(m)
+    nb = n_blocks(p.m)
     if not tile_compiled(nb, t.warps, t.tiles_per_warp, t.block_k):
         have = ", ".join(f"warps={w} tiles_per_warp={r} block_k={b}" for w, r, b in TILE_SHAPES
                          if tile_compiled(nb, w, r, b))
@@ -163,22 +157,21 @@ def why_not(t: Tactic, *args) -> Optional[str]:
     steps = _steps(k, t.block_k)
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={k} with block_k={t.block_k}"
-    return smem_reason(smem_bytes(t, nb, fmt.block_size, packed), _smem_limit(args))
+    return smem_reason(smem_bytes(t, nb, fmt.block_size, p.packed), _smem_limit(p))
 
 
-def _split_for(t: CudaMmTactic, args, per_sm: Optional[int] = None) -> int:
+def _split_for(t: CudaMmTactic, p: MmProblem, per_sm: Optional[int] = None) -> int:
     """The largest split (any cluster size up to 8) whose grid fits one wave of `per_sm` CTAs
     per SM (default: as many as are resident), keeping at least two stages per split."""
-    m, n, k = problem(args)
-    tiles = -(-n // t.block_n)
-    per_sm = per_sm or max(1, ctas_per_sm(t, n_blocks(m), args[6].block_size, _packed(args)))
-    slots = args_sm_count(args) * per_sm
-    steps = _steps(k, t.block_k)
+    tiles = -(-p.n // t.block_n)
+    per_sm = per_sm or max(1, ctas_per_sm(t, n_blocks(p.m), p.fmt.block_size, p.packed))
+    slots = problem_sm_count(p) * per_sm
+    steps = _steps(p.k, t.block_k)
     split = max(1, min(MAX_SPLIT, slots // tiles, steps // 2))
     return largest_split(split, steps)
 
 
-def default(*args) -> Tactic:
+def default(p: MmProblem) -> Tactic:
     """Heuristic, from `bench mm --tactics` sweeps on H100 (N=8192, K=28672): M <= 8: 4 warps of
     two 16-row tiles (128 weight rows per CTA), 4 stages of K=256 (54.4 us at M = 1, 3.0x bf16);
     M <= 16: 8 warps of one tile, 4 stages of 256 (64.0 us); split_k gives about one CTA per SM
@@ -191,42 +184,44 @@ def default(*args) -> Tactic:
     per warp (8192 x 28672 M = 1: 49.8 against 52.3 us); at M <= 16, once the 128-row tiles
     outnumber the SMs (no split), 4 warps of two tiles with 4 stages of K = 128 (28672 x 8192:
     56.0 against 61.7 us; with fewer tiles the 8 x 1 tile of 256 stays best)."""
-    m, n, _ = problem(args)
-    nb = n_blocks(m)
-    packed = _packed(args)
+    nb = n_blocks(p.m)
+    packed = p.packed
     if nb == 1:
         t = CudaMmTactic(8, 1, 256, 4, 1) if packed else CudaMmTactic(4, 2, 256, 4, 1)
     elif nb == 2:
         t = CudaMmTactic(8, 1, 256, 4, 1)
-        if packed and -(-n // t.block_n) > args_sm_count(args):
+        if packed and -(-p.n // t.block_n) > problem_sm_count(p):
             t = CudaMmTactic(4, 2, 128, 4, 1)
     elif nb == 4:
         t = CudaMmTactic(8, 1, 256, 3, 1)
     else:
         t = CudaMmTactic(8, 1, 128, 4, 1)
-    return dataclasses.replace(t, split_k=_split_for(t, args, per_sm=1))
+    return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=1))
 
 
-def candidates(*args) -> list[Tactic]:
-    m = problem(args)[0]
-    if m > MAX_M:
+def candidates(p: MmProblem) -> list[Tactic]:
+    if problem_reason(p) is not None:
         return []
-    nb = n_blocks(m)
-    out: list[Tactic] = [default(*args)]
+    nb = n_blocks(p.m)
+    out: list[Tactic] = [default(p)]
     for warps, tiles, bk in TILE_SHAPES:
         if not tile_compiled(nb, warps, tiles, bk):
             continue
         for stages in (2, 3, 4):
             t = CudaMmTactic(warps, tiles, bk, stages, 1)
-            base = _split_for(t, args)
+            base = _split_for(t, p)
             for split in sorted({max(1, base // 2), base, min(MAX_SPLIT, 2 * base)}):
                 out.append(CudaMmTactic(warps, tiles, bk, stages, split))
-    return valid_unique(out, why_not, *args)
+    return valid_unique(out, why_not, p)
 
 
-def key(*args) -> str:
-    m = problem(args)[0]
-    return mm_key(args, 8 * n_blocks(m))
+def key(p: MmProblem) -> str:
+    return mm_key(p, 8 * n_blocks(p.m))
 
 
-MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)
+def space_why_not(t: Tactic, p: MmProblem) -> Optional[str]:
+    """The family's problem limits, then the tactic's own."""
+    return problem_reason(p) or why_not(t, p)
+
+
+MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=space_why_not)

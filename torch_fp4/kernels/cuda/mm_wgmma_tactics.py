@@ -21,13 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, register_family, valid_unique
-from .._common import (args_sm_count, args_smem_per_block, args_smem_per_sm, empty_k_slice, largest_split,
-                       mm_key, mm_problem, mm_weight_layout, smem_reason)
+from ...problems import MmProblem
+from .._common import (empty_k_slice, largest_split, mm_key, problem_sm_count, problem_smem_per_block,
+                       problem_smem_per_sm, smem_reason)
 from .mm_tactics import SM90_SMEM_PER_BLOCK, SM90_SMEM_PER_SM, half_mx_reason
 
 BLOCK_MS = (32, 64, 128, 256)
@@ -85,24 +84,23 @@ def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK, persistent: bool 
     return min(MAX_STAGES, (limit - 3 * 1024 - extra) // stage_bytes(block_m))
 
 
-def problem_reason(args) -> Optional[str]:
-    """Why the Hopper GEMM cannot run these mm_fp4 launcher arguments at all, or None."""
-    a, b, a_scale, b_scale = args[0], args[1], args[2], args[3]
-    m, n, k = mm_problem(args)
-    if isinstance(a, torch.Tensor) and a.is_cuda and torch.cuda.get_device_capability(a.device) != (9, 0):
+def problem_reason(p: MmProblem) -> Optional[str]:
+    """Why the Hopper GEMM cannot run this mm_fp4 problem at all, or None."""
+    m, n, k = p.m, p.n, p.k
+    if p.is_cuda and p.capability != (9, 0):
         return "the Hopper mm_fp4 kernel (wgmma, sm_90a) needs compute capability 9.0"
     if k % 32:
         return f"the Hopper mm_fp4 kernel needs K % 32 == 0 (16-byte weight rows for TMA), got K={k}"
-    reason = F.sm90_layout_reason(n, k) if mm_weight_layout(args) is F.WeightLayout.SM90 else None
+    reason = F.sm90_layout_reason(n, k) if p.weight_layout is F.WeightLayout.SM90 else None
     if reason is None:
-        reason = half_mx_reason(args)
+        reason = half_mx_reason(p)
     if reason is not None:
         return reason
     if max(m, n, k) >= 2**31:
         return f"sizes beyond 2^31 (M={m}, N={n}, K={k})"
-    if a_scale is None and a.data_ptr() % 16:
+    if not p.w4a4 and p.a_align < 16:
         return "the activations a must be 16-byte aligned (TMA)"
-    if b.data_ptr() % 16 or b_scale.data_ptr() % 16:
+    if p.b_align < 16 or p.b_scale_align < 16:
         return "b and b_scale must be 16-byte aligned (TMA and bulk copies)"
     return None
 
@@ -111,19 +109,19 @@ def _steps(k: int) -> int:
     return -(-k // BLOCK_K)
 
 
-def _smem_limit(args, ctas_per_sm: int = 1) -> int:
+def _smem_limit(p: MmProblem, ctas_per_sm: int = 1) -> int:
     """Shared memory one CTA may take: the per-block opt-in limit, or with two CTAs per SM half of
     the SM's shared memory less the 1 KiB the hardware reserves per CTA."""
-    per_block = args_smem_per_block(args, SM90_SMEM_PER_BLOCK)
+    per_block = problem_smem_per_block(p, SM90_SMEM_PER_BLOCK)
     if ctas_per_sm == 1:
         return per_block
-    return min(per_block, (args_smem_per_sm(args, SM90_SMEM_PER_SM) - ctas_per_sm * 1024) // ctas_per_sm)
+    return min(per_block, (problem_smem_per_sm(p, SM90_SMEM_PER_SM) - ctas_per_sm * 1024) // ctas_per_sm)
 
 
-def why_not(t: Tactic, *args) -> Optional[str]:
+def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
     if not isinstance(t, WgmmaMmTactic):
         return f"{t.family} is not a cuda Hopper-GEMM tactic"
-    reason = problem_reason(args)
+    reason = problem_reason(p)
     if reason is not None:
         return reason
     if t.block_m not in BLOCK_MS:
@@ -140,10 +138,10 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return (f"ctas_per_sm={t.ctas_per_sm} must be 1, or 2 with block_m <= {TWO_CTA_MAX_BLOCK_M} "
                 f"(got block_m={t.block_m})")
 
-    steps = _steps(mm_problem(args)[2])
+    steps = _steps(p.k)
     if empty_k_slice(t.split_k, steps):
-        return f"split_k={t.split_k} leaves an empty K slice for K={mm_problem(args)[2]}"
-    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent), _smem_limit(args, t.ctas_per_sm))
+        return f"split_k={t.split_k} leaves an empty K slice for K={p.k}"
+    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent), _smem_limit(p, t.ctas_per_sm))
 
 
 def _split_for(ctas: int, k: int, sms: int) -> int:
@@ -153,7 +151,7 @@ def _split_for(ctas: int, k: int, sms: int) -> int:
     return largest_split(split, steps)
 
 
-def default(*args) -> Tactic:
+def default(p: MmProblem) -> Tactic:
     """The smallest block_m covering M (up to 256: more activation rows per weight decode won every
     H100 sweep, e.g. M = 128, N = 8192, K = 28672: block_m 128 with split 2 153 us, block_m 64
     266 us), split-K up to one wave, as many stages as fit, persistent without split-K; two CTAs
@@ -161,14 +159,14 @@ def default(*args) -> Tactic:
     weights: M = 32 79.2 -> 68.1 us, M = 64 86.5 -> 77.1 us; with fewer tiles the split-K
     launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2);
     stream-K where stream_k_pays."""
-    m, n, k = mm_problem(args)
+    m, n, k = p.m, p.n, p.k
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
     tiles = -(-m // bm) * -(-n // ROWS)
-    sms = args_sm_count(args)
+    sms = problem_sm_count(p)
     split = _split_for(tiles, k, sms)
     persistent = split == 1
     ctas = 2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1
-    stages = max_stages(bm, _smem_limit(args, ctas), persistent)
+    stages = max_stages(bm, _smem_limit(p, ctas), persistent)
     sk = persistent and stream_k_pays(tiles, ctas * sms, -(-n // ROWS), bm, k)
     return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk)
 
@@ -183,9 +181,9 @@ def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int) ->
     at different K offsets at once) stay within SK_MAX_ACT_BYTES. H100, sm90 weights, against the
     same tactic without it: N x K = 28672 x 8192 M = 256 (224 tiles on 132 slots) 176 -> 162 us,
     M = 512 380 -> 335 us, M = 128 112 -> 105 us (M = 64 at two CTAs per SM, 224 tiles on 264
-    slots, less than one wave: 79.8 -> 77.7 us, not taken); with 3% of the last wave idle it loses (8192 x 8192 M = 1024, 256 tiles: 180 -> 195 us); and with
-    K = 28672 four 256-row activation tiles (59 MB) at once thrash the L2 (8192 x 28672 M = 1024:
-    627 -> 1054 us)."""
+    slots, less than one wave: 79.8 -> 77.7 us, not taken); with 3% of the last wave idle it loses
+    (8192 x 8192 M = 1024, 256 tiles: 180 -> 195 us); and with K = 28672 four 256-row activation
+    tiles (59 MB) at once thrash the L2 (8192 x 28672 M = 1024: 627 -> 1054 us)."""
     if tiles <= slots or tiles % slots == 0:
         return False
     waves = -(-tiles // slots)
@@ -195,33 +193,32 @@ def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int) ->
     return (-(-sk_tiles // n_tiles) + 1) * block_m * k * 2 <= SK_MAX_ACT_BYTES
 
 
-def candidates(*args) -> list[Tactic]:
-    if problem_reason(args) is not None:
+def candidates(p: MmProblem) -> list[Tactic]:
+    if problem_reason(p) is not None:
         return []
-    m, n, k = mm_problem(args)
-    sms = args_sm_count(args)
-    out: list[Tactic] = [default(*args)]
+    m, n, k = p.m, p.n, p.k
+    sms = problem_sm_count(p)
+    out: list[Tactic] = [default(p)]
     for bm in BLOCK_MS:
         if bm > max(64, 2 * m):
             continue
         tiles = -(-m // bm) * -(-n // ROWS)
         base = _split_for(tiles, k, sms)
-        for stages in sorted({4, max_stages(bm, _smem_limit(args))}):
+        for stages in sorted({4, max_stages(bm, _smem_limit(p))}):
             for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
                 out.append(WgmmaMmTactic(bm, stages, split))
         for sk in (False, True):
-            out.append(WgmmaMmTactic(bm, max_stages(bm, _smem_limit(args), True), 1, True, stream_k=sk))
+            out.append(WgmmaMmTactic(bm, max_stages(bm, _smem_limit(p), True), 1, True, stream_k=sk))
         if bm <= TWO_CTA_MAX_BLOCK_M:
-            two = _smem_limit(args, 2)
+            two = _smem_limit(p, 2)
             base2 = _split_for(tiles, k, 2 * sms)
             for split in sorted({1, base2}):
                 out.append(WgmmaMmTactic(bm, max_stages(bm, two), split, ctas_per_sm=2))
             for sk in (False, True):
                 out.append(WgmmaMmTactic(bm, max_stages(bm, two, True), 1, True, 2, stream_k=sk))
-    return valid_unique(out, why_not, *args)
+    return valid_unique(out, why_not, p)
 
 
-def key(*args) -> str:
-    m = mm_problem(args)[0]
-    return mm_key(args, max(32, 1 << (m - 1).bit_length()))
+def key(p: MmProblem) -> str:
+    return mm_key(p, max(32, 1 << (p.m - 1).bit_length()))
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
-
 from ... import formats as F
-from .._common import cuda_requirement, mm_weight_layout
+from ...problems import MmProblem, MoeProblem, Problem
+from .._common import cuda_requirement
 
 # Kernels index blocks, scale slots and 16-byte vectors with 32-bit integers (grid-stride
 # steps included), so problems stay under 2^30 of them.
@@ -40,65 +39,64 @@ _MM_CAPABILITIES = ((10, 0), (10, 3))
 _MOE_CAPABILITIES = ((10, 0), (10, 3))
 
 
-def _index_count(op: str, args: tuple) -> int:
-    """The largest 32-bit index the op's kernel forms for these arguments."""
-    x = args[0]
+def _index_count(op: str, p: Problem) -> int:
+    """The largest 32-bit index the op's kernel forms for this problem."""
     if op == "compute_global_scale":
-        return x.numel() * x.element_size() // 16
+        return p.numel * p.dtype.itemsize // 16
     if op == "fp4_dequantize":
-        return x.numel() * 2 // args[3].block_size
-    block = 16 if op == "nvfp4_quantize" else 32
-    batches = x.shape[0] if x.dim() == 3 else 1
-    mp, kp = F.padded_scale_shape(x.shape[-2], x.shape[-1] // block, args[-1])
-    return batches * mp * kp
+        return (p.batch or 1) * p.rows * p.k // p.fmt.block_size
+    mp, kp = F.padded_scale_shape(p.rows, p.k // p.fmt.block_size, p.sf_layout)
+    return (p.batch or 1) * mp * kp
 
 
-def _mm_requirement(args: tuple) -> Optional[str]:
-    a, a_scale, layout = args[0], args[2], args[7]
-    t = a if isinstance(a, torch.Tensor) else None
-    if t is None or t.device.type != "cuda":
-        return f"needs CUDA tensors (got {'no tensor' if t is None else t.device})"
-    cap = tuple(torch.cuda.get_device_capability(t.device))
+def _mm_requirement(p: MmProblem) -> Optional[str]:
+    """mm_fp4's problem-level limits (the tactic space checks only each tactic's own)."""
+    if not p.is_cuda:
+        return f"needs CUDA tensors (got {p.device})"
+    cap = p.capability
     if cap not in _MM_CAPABILITIES and cap[0] != 12:
         return (f"mm_fp4 needs compute capability 10.0, 10.3 or 12.x (block-scaled MMA); "
                 f"device has {cap[0]}.{cap[1]}")
-    if a_scale is None:
+    if not p.w4a4:
         return "W4A4 only (a_scale is None: W4A16 is served by another backend)"
-    if mm_weight_layout(args) is not F.WeightLayout.ROW:
+    if p.weight_layout is not F.WeightLayout.ROW:
         return "the cute-dsl GEMMs read row-major weights only ('sm90' weights: the cuda backend on sm_90)"
-    if F.SfLayout.parse(layout) is not F.SfLayout.LAYOUT_128x4:
-        return f"the activation scales must use the 128x4 layout, got {F.SfLayout.parse(layout).value!r}"
-    if (2 * a.shape[1]) % 32:
-        return f"K = {2 * a.shape[1]} must be a multiple of 32 (TMA rows of 16 bytes)"
-    return cuda_requirement(args, "cutlass", (10, 0))
+    if p.sf_layout is not F.SfLayout.LAYOUT_128x4:
+        return f"the activation scales must use the 128x4 layout, got {p.sf_layout.value!r}"
+    if p.k % 32:
+        return f"K = {p.k} must be a multiple of 32 (TMA rows of 16 bytes)"
+    if p.m == 0 or p.n == 0:
+        return f"empty problem M={p.m} N={p.n} K={p.k}"
+    if max(p.m, p.n) >= 2**31 or p.m * p.k // 2 >= 2**40:
+        return "problem too large for 32-bit tile coordinates"
+    return cuda_requirement(p, "cutlass", (10, 0))
 
 
-def _moe_requirement(args: tuple) -> Optional[str]:
-    x, w1, w2, topk_ids, a1_gs, a2_gs = args[0], args[1], args[4], args[7], args[9], args[10]
-    if a1_gs is None:
+def _moe_requirement(p: MoeProblem) -> Optional[str]:
+    if not p.w4a4:
         return ("cute-dsl fused_moe needs W4A4 (a1_global_scale); W4A16 is served by the "
                 "triton backend")
-    if not isinstance(x, torch.Tensor) or x.device.type != "cuda":
-        return f"needs CUDA tensors (got {x.device if isinstance(x, torch.Tensor) else 'no tensor'})"
-    cap = tuple(torch.cuda.get_device_capability(x.device))
+    if not p.is_cuda:
+        return f"needs CUDA tensors (got {p.device})"
+    cap = p.capability
     if cap not in _MOE_CAPABILITIES:
         return ("cute-dsl fused_moe needs compute capability 10.0 or 10.3 (tcgen05 block-scaled "
                 f"MMA); device has {cap[0]}.{cap[1]}")
     for module in ("cutlass", "triton"):   # triton: grouping, quantize and finalize kernels
-        reason = cuda_requirement(args, module, (10, 0))
+        reason = cuda_requirement(p, module, (10, 0))
         if reason is not None:
             return reason
     from .moe_fused import shape_reason    # imports triton (not cutlass)
-    return shape_reason(x, w1, w2, topk_ids, a2_gs, cap)
+    return shape_reason(p)
 
 
-def requirement(op: str, *args) -> Optional[str]:
+def requirement(op: str, p: Problem) -> Optional[str]:
     if op == "mm_fp4":
-        return _mm_requirement(args)
+        return _mm_requirement(p)
     if op == "fused_moe":
-        return _moe_requirement(args)
+        return _moe_requirement(p)
     # The kernels use sm_90 instructions (max.u16x2, e4m3 conversions, TMA).
-    reason = cuda_requirement(args, "cutlass", (9, 0))
-    if reason is None and _index_count(op, args) >= _INDEX_LIMIT:
+    reason = cuda_requirement(p, "cutlass", (9, 0))
+    if reason is None and _index_count(op, p) >= _INDEX_LIMIT:
         reason = "the problem has 2^30 or more blocks or scale slots (32-bit indexing)"
     return reason

@@ -63,7 +63,8 @@ from cutlass.utils.gemm.sm100 import (epilogue_tmem_copy_and_partition,
 from ... import formats as F
 from ... import meta
 from ...tactics import Tactic
-from .._common import prepare_outputs
+from ...problems import MmProblem
+from .._common import prepare_outputs, tactic_or_default
 from .mm_tactics import MM_SPACE, Sm100MmTactic, Sm120MmTactic
 
 OUT_TYPES = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
@@ -524,19 +525,16 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
            alpha: Optional[torch.Tensor], out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
-           tactic: Optional[Tactic] = None) -> torch.Tensor:
+           tactic: Optional[Tactic] = None, problem: Optional[MmProblem] = None) -> torch.Tensor:
     """W4A4 out [M, N] = alpha * A @ B^T on the current stream (b = w.T, b_scale = w_scale.T,
-    both views of row-major [N, K/2] / [Np, Kp]). tactic None: MM_SPACE.default."""
+    both views of row-major [N, K/2] / [Np, Kp]). tactic None: MM_SPACE.default. Dispatch has
+    checked the problem (the backend's requirement) and the tactic."""
     if wlayout is not F.WeightLayout.ROW:
         raise ValueError(f"mm_fp4: the cute-dsl backend reads row-major weights, got {wlayout.value!r}")
-    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
-    if tactic is None:
-        tactic = MM_SPACE.default(*args)
-    reason = MM_SPACE.why_not(tactic, *args)
-    if reason is not None:
-        raise ValueError(f"mm_fp4: tactic {tactic.label()} cannot run this problem: {reason}")
+    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
+    tactic = tactic_or_default(tactic, MM_SPACE, p)
     out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
-    m, n, k = a.shape[0], b.shape[1], 2 * a.shape[1]
+    m, n, k = p.m, p.n, p.k
     if out.numel() == 0:
         return out
     device = a.device

@@ -21,12 +21,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Optional
 
-import torch
-
-from ... import formats as F
 from ...backends import Backend
+from ...problems import MmProblem
 from ...tactics import Tactic, TacticSpace, register_family
-from .._common import sm_count
+from .._common import problem_sm_count
 
 DATA_PARALLEL = "data_parallel"
 STREAM_K = "stream_k"
@@ -115,51 +113,22 @@ def tactics_for_capability(cap: tuple[int, int]) -> tuple[Tactic, ...]:
     return ()
 
 
-def _capability(t: torch.Tensor) -> tuple[int, int]:
-    if t.device.type != "cuda":
-        return (0, 0)
-    return tuple(torch.cuda.get_device_capability(t.device))
-
-
-def _problem(a, b, fmt):
-    m, half_k = a.shape
-    return m, b.shape[1], 2 * half_k
-
-
 def _pow2_bucket(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _why_not(tactic: Tactic, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout,
-             wlayout: F.WeightLayout = F.WeightLayout.ROW,
-             cap: Optional[tuple[int, int]] = None) -> Optional[str]:
-    cap = _capability(a) if cap is None else cap
+def _why_not(tactic: Tactic, p: MmProblem) -> Optional[str]:
+    """Why `tactic` cannot run problem `p` on its device; the problem-level limits (W4A4,
+    row-major weights, 128x4 activation scales, K % 32, sizes) are the backend's requirement."""
+    cap = p.capability
     if tactic not in tactics_for_capability(cap):
         return (f"{tactic.label()} is not a tactic of compute capability {cap[0]}.{cap[1]} "
                 f"(10.0: SM100 tiles; 10.3: SM103 + SM100 tiles; 12.x: SM120 tiles)")
-    bad = tactic.invalid()
-    if bad is not None:
-        return bad
-    if a_scale is None:
-        return "W4A4 only: a must be FP4 with block scales (a_scale is None)"
-    if wlayout is not F.WeightLayout.ROW:
-        return f"row-major weights only, got {wlayout.value!r}"
-    if F.SfLayout.parse(layout) is not F.SfLayout.LAYOUT_128x4:
-        return f"the activation scales must use the 128x4 layout, got {F.SfLayout.parse(layout).value!r}"
-    m, n, k = _problem(a, b, fmt)
-    if k % 32:
-        return f"K = {k} must be a multiple of 32 (TMA needs 16-byte rows of packed FP4)"
-    if m == 0 or n == 0 or k == 0:
-        return f"empty problem M={m} N={n} K={k}"
-    if max(m, n) >= 2**31 or m * k // 2 >= 2**40:
-        return "problem too large for 32-bit tile coordinates"
-    return None
+    return tactic.invalid()
 
 
-def _candidates(*args) -> list:
-    a = args[0]
-    cap = _capability(a)
-    return [t for t in tactics_for_capability(cap) if _why_not(t, *args, cap=cap) is None]
+def _candidates(p: MmProblem) -> list:
+    return [t for t in tactics_for_capability(p.capability) if _why_not(t, p) is None]
 
 
 def default_for(cap: tuple[int, int], m: int, n: int, k: int, sm_count: int = 148) -> Tactic:
@@ -181,17 +150,13 @@ def default_for(cap: tuple[int, int], m: int, n: int, k: int, sm_count: int = 14
     return T100(128, 128, 256, 1, 1)
 
 
-def _default(*args) -> Tactic:
-    a, b, fmt = args[0], args[1], args[6]
-    m, n, k = _problem(a, b, fmt)
-    return default_for(_capability(a), m, n, k, sm_count(a.device))
+def _default(p: MmProblem) -> Tactic:
+    return default_for(p.capability, p.m, p.n, p.k, problem_sm_count(p, 148))
 
 
-def _key(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout,
-         wlayout: F.WeightLayout = F.WeightLayout.ROW) -> str:
-    m, n, k = _problem(a, b, fmt)
-    return (f"M<={_pow2_bucket(m)},N={n},K={k},{fmt.name},{str(a.dtype).replace('torch.', '')},"
-            f"{str(out_dtype).replace('torch.', '')},{F.SfLayout.parse(layout).value}")
+def _key(p: MmProblem) -> str:
+    return (f"M<={_pow2_bucket(p.m)},N={p.n},K={p.k},{p.fmt.name},{str(p.a_dtype).replace('torch.', '')},"
+            f"{str(p.out_dtype).replace('torch.', '')},{p.sf_layout.value}")
 
 
 MM_SPACE = TacticSpace(candidates=_candidates, default=_default, key=_key, why_not=_why_not)

@@ -50,6 +50,7 @@ import triton.language as tl
 
 from ... import formats as F
 from ... import meta
+from ...problems import MoeProblem
 from .._common import prepare_outputs, use_pdl
 from ..triton.moe_align import align, max_blocks
 from ..triton.moe_fused import finalize
@@ -103,24 +104,22 @@ def _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu: bool):
     return grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=BLOCK_M)
 
 
-def shape_reason(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, topk_ids: torch.Tensor,
-                 a2_global_scale: torch.Tensor, cap: tuple[int, int]) -> Optional[str]:
+def shape_reason(p: MoeProblem) -> Optional[str]:
     """None when the grouped GEMMs' default tactics (moe_tactics.default_for) can run this
-    problem on a device of compute capability `cap`, else why not (moe_tactics.why_not)."""
+    problem on its device's compute capability, else why not (moe_tactics.why_not)."""
     from .moe_tactics import default_for, why_not
-    tokens, hidden = x.shape
-    experts, inter = w1.shape[0], w1.shape[1] // 2
-    n_blocks = max_blocks(topk_ids.numel(), experts, BLOCK_M)
+    n_blocks = max_blocks(p.tokens * p.top_k, p.experts, BLOCK_M)
     rows = n_blocks * BLOCK_M
     block_expert = torch.empty(n_blocks, dtype=torch.int32, device="meta")
-    for name, k, w, swiglu, n_out in (("FC1", hidden, w1, True, inter),
-                                      ("FC2", inter, w2, False, hidden)):
+    for name, k, n_w, swiglu, n_out in (("FC1", p.hidden, 2 * p.inter, True, p.inter),
+                                        ("FC2", p.inter, p.hidden, False, p.hidden)):
         a = torch.empty((rows, k // 2), dtype=torch.uint8, device="meta")
-        reason = why_not(default_for(cap, swiglu, n_out), a, None, w, None, None, block_expert,
-                         swiglu, BLOCK_M, cap=cap)
+        w = torch.empty((p.experts, n_w, k // 2), dtype=torch.uint8, device="meta")
+        reason = why_not(default_for(p.capability, swiglu, n_out), a, None, w, None, None, block_expert,
+                         swiglu, BLOCK_M, cap=p.capability)
         if reason is not None:
             return f"{name}: {reason}"
-    if a2_global_scale.numel() > 1 and n_blocks > MAX_QUANTIZE_BATCH:
+    if p.a2_per_expert and n_blocks > MAX_QUANTIZE_BATCH:
         return (f"a per-expert a2_global_scale quantizes the intermediate per 128-row block, at "
                 f"most {MAX_QUANTIZE_BATCH} blocks (grid z); this problem can use {n_blocks}")
     return None

@@ -107,9 +107,10 @@ def default_for(cap: tuple[int, int], swiglu: bool, n_out: int) -> Tactic:
     return T(128, 256, 1)
 
 
-def _candidates(*args) -> list:
-    cap = _capability(args[0])
-    return [t for t in tactics_for_capability(cap) if why_not(t, *args, cap=cap) is None]
+def _candidates(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=128) -> list:
+    cap = _capability(a)
+    return [t for t in tactics_for_capability(cap)
+            if why_not(t, a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m, cap=cap) is None]
 
 
 def _default(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=128) -> Tactic:

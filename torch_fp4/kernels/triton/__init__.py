@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ... import formats as F
-from .._common import cuda_requirement, mm_weight_layout
+from ...problems import Problem
+from .._common import cuda_requirement
 
 OPS = {
     "compute_global_scale": "quantize:compute_global_scale",
@@ -24,11 +25,11 @@ TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE"}
 ROUTE_MAX_EXPERTS = 512
 
 
-def requirement(op: str, *args) -> Optional[str]:
+def requirement(op: str, p: Problem) -> Optional[str]:
     # fp32 -> e4m3 conversion instructions need sm_89+.
-    reason = cuda_requirement(args, "triton", (8, 9))
-    if reason is None and op == "mm_fp4" and mm_weight_layout(args) is not F.WeightLayout.ROW:
+    reason = cuda_requirement(p, "triton", (8, 9))
+    if reason is None and op == "mm_fp4" and p.weight_layout is not F.WeightLayout.ROW:
         return "the triton GEMMs read row-major weights only ('sm90' weights: the cuda backend on sm_90)"
-    if reason is None and op == "route" and args[0].shape[1] > ROUTE_MAX_EXPERTS:
-        return f"the routing kernel handles at most {ROUTE_MAX_EXPERTS} experts (got {args[0].shape[1]})"
+    if reason is None and op == "route" and p.experts > ROUTE_MAX_EXPERTS:
+        return f"the routing kernel handles at most {ROUTE_MAX_EXPERTS} experts (got {p.experts})"
     return reason

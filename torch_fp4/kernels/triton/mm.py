@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ... import formats as F
 from ... import meta
+from ...problems import MmProblem
 from .._common import prepare_outputs, tactic_or_default, use_pdl
 from .mm_dot_scaled_tactics import DotScaledMmTactic
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
@@ -209,25 +210,26 @@ def _split_reduce_kernel(ws_ptr, alpha_ptr, out_ptr, MN, SPLIT: tl.constexpr,
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
-           tactic: TritonMmTactic | None = None) -> torch.Tensor:
+           tactic: TritonMmTactic | None = None, problem: MmProblem | None = None) -> torch.Tensor:
     if wlayout is not F.WeightLayout.ROW:
         raise ValueError(f"mm_fp4: the triton backend reads row-major weights, got {wlayout.value!r}")
     args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
-    t = tactic_or_default(tactic, MM_SPACE, args)
+    p = problem or MmProblem.of(*args)
+    t = tactic_or_default(tactic, MM_SPACE, p)
     if isinstance(t, DotScaledMmTactic):
         from .mm_dot_scaled import mm_fp4_dot_scaled
-        return mm_fp4_dot_scaled(*args, tactic=t)
+        return mm_fp4_dot_scaled(*args, tactic=t, problem=p)
     if isinstance(t, DequantMmTactic):
-        return _dequantize_then_mm(*args)
+        return _dequantize_then_mm(*args, half=dot_dtype(p))
     out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
-    m, n, k = a.shape[0], b.shape[1], 2 * b.shape[0]
+    m, n, k = p.m, p.n, p.k
     if m == 0 or n == 0:
         return out
-    per_split = k_per_split(args, t)
+    per_split = k_per_split(p, t)
     ws = torch.empty((t.split_k, m, n), dtype=torch.float32, device=a.device) if t.split_k > 1 else out
     pdl = use_pdl(a.device)
     a_fp4 = a_scale is not None
-    dot = dot_dtype(args)
+    dot = dot_dtype(p)
     a_kp = F.padded_scale_shape(m, k // fmt.block_size, layout)[1] if a_fp4 else 0
     b_kp = b_scale.shape[0]
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n), t.split_k)
@@ -250,10 +252,9 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     return out
 
 
-def _dequantize_then_mm(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout) -> torch.Tensor:
-    """DequantMmTactic: exact 16-bit operands, torch.mm accumulating into fp32, then
-    RN_out(alpha * acc)."""
-    half = dot_dtype((a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout))
+def _dequantize_then_mm(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, half) -> torch.Tensor:
+    """DequantMmTactic: exact 16-bit operands (`half`, the dot dtype), torch.mm accumulating into
+    fp32, then RN_out(alpha * acc)."""
     w = fp4_dequantize(b.T, b_scale.T, None, fmt, F.SfLayout.LAYOUT_128x4, half)
     x = fp4_dequantize(a, a_scale, None, fmt, layout, half) if a_scale is not None else a
     acc = torch.mm(x, w.T, out_dtype=torch.float32)

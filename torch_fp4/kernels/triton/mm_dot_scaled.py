@@ -39,7 +39,8 @@ import triton.language as tl
 from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, use_pdl
-from .mm_dot_scaled_tactics import DotScaledMmTactic, default, problem, why_not
+from ...problems import MmProblem
+from .mm_dot_scaled_tactics import DotScaledMmTactic, default, problem_reason, why_not
 from .numerics import LAYOUT_128x4, grouped_tile, scale_offsets
 from .quantize import _LAYOUT_ID
 
@@ -135,16 +136,20 @@ def _mm_dot_scaled_kernel(a_ptr, as_ptr, b_ptr, bs_ptr, alpha_ptr, out_ptr, M, N
 def mm_fp4_dot_scaled(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor,
                       b_scale: torch.Tensor, alpha: torch.Tensor | None, out_dtype: torch.dtype,
                       fmt: F.Fp4Format, layout: F.SfLayout,
-                      tactic: DotScaledMmTactic | None = None) -> torch.Tensor:
+                      tactic: DotScaledMmTactic | None = None,
+                      problem: MmProblem | None = None) -> torch.Tensor:
     """W4A4 out [M, N] = RN_out(alpha * A @ W^T) on the current stream; b = w.T and
-    b_scale = w_scale.T are views of row-major [N, K/2] / [Np, Kp] (128x4)."""
-    args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
-    t = tactic if tactic is not None else default(*args)
-    reason = why_not(t, *args)
-    if reason is not None:
-        raise ValueError(f"mm_fp4: tactic {t.label()} cannot run this problem: {reason}")
+    b_scale = w_scale.T are views of row-major [N, K/2] / [Np, Kp] (128x4). A tactic given with
+    its problem was checked by dispatch; otherwise the tactic (default: the heuristic's) is
+    checked here."""
+    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
+    t = tactic if tactic is not None else default(p)
+    if problem is None or tactic is None:
+        reason = problem_reason(p) or why_not(t, p)
+        if reason is not None:
+            raise ValueError(f"mm_fp4: tactic {t.label()} cannot run this problem: {reason}")
     out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
-    m, n, k = problem(args)
+    m, n, k = p.m, p.n, p.k
     if out.numel() == 0:
         return out
     layout = F.SfLayout.parse(layout)

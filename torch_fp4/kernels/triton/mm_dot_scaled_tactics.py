@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
 from ... import formats as F
 from ...backends import Backend
+from ...problems import MmProblem
 from ...tactics import Tactic, register_family
 
 # Where Triton (3.6 and 3.9 checked) lowers tl.dot_scaled of two e2m1 operands to block-scaled
@@ -73,69 +72,62 @@ class DotScaledMmTactic(Tactic):
         return None
 
 
-def _capability(t: torch.Tensor) -> tuple[int, int]:
-    if t.device.type != "cuda":
-        return (0, 0)
-    return tuple(torch.cuda.get_device_capability(t.device))
-
-
-def problem(args) -> tuple[int, int, int]:
-    a, b = args[0], args[1]
-    return a.shape[0], b.shape[1], 2 * b.shape[0]
-
-
 def smem_bytes(t: DotScaledMmTactic, fmt: F.Fp4Format) -> int:
     """Pipelined operand tiles (packed FP4) and their scale bytes."""
     scales = (t.block_m + t.block_n) * t.block_k // fmt.block_size
     return t.num_stages * ((t.block_m + t.block_n) * t.block_k // 2 + scales)
 
 
-def why_not(t: DotScaledMmTactic, *args, cap: Optional[tuple[int, int]] = None) -> Optional[str]:
-    a, a_scale, out_dtype, fmt = args[0], args[2], args[5], args[6]
-    cap = _capability(a) if cap is None else cap
+def problem_reason(p: MmProblem) -> Optional[str]:
+    """Why the kernel cannot run this problem with any tactic, or None (the Triton tactic space
+    checks it before a tactic's own limits, why_not)."""
+    cap = p.capability
     if not offered(cap):
         return (f"tl.dot_scaled lowers to block-scaled MMA on compute capability 10.0 / 10.3 "
                 f"(tcgen05) and 12.x (mma.sync) only; device has {cap[0]}.{cap[1]}")
-    if a_scale is None:
+    if not p.w4a4:
         return "W4A4 only: a must be FP4 with block scales (a_scale is None)"
-    if out_dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return f"out_dtype must be bfloat16, float16 or float32, got {out_dtype}"
-    bad = t.invalid(fmt)
-    if bad is not None:
-        return bad
-    m, n, k = problem(args)
-    if m == 0 or n == 0 or k == 0:
-        return f"empty problem M={m} N={n} K={k}"
-    smem = smem_bytes(t, fmt)
-    if smem > SMEM_LIMIT[cap[0]]:
-        return (f"needs about {smem // 1024} KiB of shared memory for {t.num_stages} stages "
-                f"(sm_{cap[0]}x budget {SMEM_LIMIT[cap[0]] // 1024} KiB)")
+    if p.m == 0 or p.n == 0 or p.k == 0:
+        return f"empty problem M={p.m} N={p.n} K={p.k}"
     return None
 
 
-def candidates(*args) -> list[DotScaledMmTactic]:
+def why_not(t: DotScaledMmTactic, p: MmProblem) -> Optional[str]:
+    """Why tactic `t` cannot run problem `p` that the kernel runs (problem_reason None)."""
+    bad = t.invalid(p.fmt)
+    if bad is not None:
+        return bad
+    major = p.capability[0]
+    smem = smem_bytes(t, p.fmt)
+    if smem > SMEM_LIMIT[major]:
+        return (f"needs about {smem // 1024} KiB of shared memory for {t.num_stages} stages "
+                f"(sm_{major}x budget {SMEM_LIMIT[major] // 1024} KiB)")
+    return None
+
+
+def candidates(p: MmProblem) -> list[DotScaledMmTactic]:
     """Tactics worth timing for this problem (every one passes why_not)."""
-    m = problem(args)[0]
+    if problem_reason(p) is not None:
+        return []
     bk = 256
     out = []
-    if m <= 64:
-        bm = max(16, 1 << max(0, (m - 1).bit_length()))
+    if p.m <= 64:
+        bm = max(16, 1 << max(0, (p.m - 1).bit_length()))
         for bn in (128, 256):
             for stages in (2, 3, 4):
                 out.append(DotScaledMmTactic(bm, bn, bk, swap_ab=True, num_stages=stages))
     for bm, bn, warps in ((128, 128, 4), (128, 128, 8), (128, 256, 8), (256, 128, 8)):
         for stages in (2, 3, 4):
             out.append(DotScaledMmTactic(bm, bn, bk, num_warps=warps, num_stages=stages))
-    return [t for t in out if why_not(t, *args) is None]
+    return [t for t in out if why_not(t, p) is None]
 
 
-def default(*args) -> DotScaledMmTactic:
+def default(p: MmProblem) -> DotScaledMmTactic:
     """Heuristic (never timed on a GPU): swap operands for decode-sized M, else 128x128 tiles;
     3 stages on sm_10x, 2 (and 8 warps, so the register accumulators do not spill) on sm_12x."""
-    m = problem(args)[0]
-    small_smem = _capability(args[0])[0] == 12
+    small_smem = p.capability[0] == 12
     stages = 2 if small_smem else 3
-    if m <= 64:
-        bm = max(16, 1 << max(0, (m - 1).bit_length()))
+    if p.m <= 64:
+        bm = max(16, 1 << max(0, (p.m - 1).bit_length()))
         return DotScaledMmTactic(bm, 128, 256, swap_ab=True, num_stages=stages)
     return DotScaledMmTactic(128, 128, 256, num_warps=8 if small_smem else 4, num_stages=stages)

@@ -16,7 +16,8 @@ import torch
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, TacticSpace, register_family, valid_unique
-from .._common import mm_key, mm_problem, sm_count
+from ...problems import MmProblem
+from .._common import mm_key, problem_sm_count
 from . import mm_dot_scaled_tactics as dot_scaled
 from .mm_dot_scaled_tactics import DotScaledMmTactic
 
@@ -47,32 +48,28 @@ class DequantMmTactic(Tactic):
     family = "triton_dequant_mm"
 
 
-problem = mm_problem
+def _dot_dtype_bytes(p: MmProblem) -> int:
+    return 4 if dot_dtype(p) == torch.float32 else 2
 
 
-def _dot_dtype_bytes(args) -> int:
-    return 4 if dot_dtype(args) == torch.float32 else 2
-
-
-def dot_dtype(args) -> torch.dtype:
+def dot_dtype(p: MmProblem) -> torch.dtype:
     """The operand type fed to the MMA: every decoded FP4 value is exact in it. bf16 covers both
     formats' ranges; fp16 activations with MXFP4 weights (whose values can exceed fp16's range)
     multiply in tf32, exact for fp16 inputs and FP4 values."""
-    a, a_scale, fmt = args[0], args[2], args[6]
-    if a_scale is not None:
+    if p.w4a4:
         return torch.bfloat16
-    if a.dtype == torch.float16:
-        return torch.float16 if fmt is F.NVFP4 else torch.float32
+    if p.a_dtype == torch.float16:
+        return torch.float16 if p.fmt is F.NVFP4 else torch.float32
     return torch.bfloat16
 
 
-def why_not(t: Tactic, *args) -> Optional[str]:
-    m, n, k = problem(args)
-    fmt = args[6]
+def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
+    """Why tactic `t` cannot run problem `p` (the tl.dot_scaled family's problem limits first)."""
+    k, fmt = p.k, p.fmt
     if isinstance(t, DotScaledMmTactic):
-        return dot_scaled.why_not(t, *args)
+        return dot_scaled.problem_reason(p) or dot_scaled.why_not(t, p)
     if isinstance(t, DequantMmTactic):
-        if dot_dtype(args) == torch.float32:
+        if dot_dtype(p) == torch.float32:
             return "fp16 activations with MXFP4 weights have no exact 16-bit dequantized form"
         return None
     if not isinstance(t, TritonMmTactic):
@@ -88,9 +85,9 @@ def why_not(t: Tactic, *args) -> Optional[str]:
         return f"split_k={t.split_k} leaves an empty K slice for K={k} with block_k={t.block_k}"
     # Pipelined raw tiles (packed FP4 or 16-bit activations, scale bytes) plus one decoded
     # operand tile staged for the MMA.
-    a_bytes = t.block_m * t.block_k // 2 if args[2] is not None else t.block_m * t.block_k * args[0].element_size()
+    a_bytes = t.block_m * t.block_k // 2 if p.w4a4 else t.block_m * t.block_k * p.a_itemsize
     w_bytes = t.block_n * t.block_k // 2 + t.block_n * t.block_k // 16
-    smem = t.num_stages * (a_bytes + w_bytes) + (t.block_m + t.block_n) * t.block_k * _dot_dtype_bytes(args)
+    smem = t.num_stages * (a_bytes + w_bytes) + (t.block_m + t.block_n) * t.block_k * _dot_dtype_bytes(p)
     if smem > 200 * 1024:
         return f"needs about {smem // 1024} KiB of shared memory (more than the 227 KiB of sm_90)"
     return None
@@ -101,8 +98,8 @@ def _k_per_split(k: int, t: TritonMmTactic) -> int:
     return -(-steps // t.split_k) * t.block_k
 
 
-def k_per_split(args, t: TritonMmTactic) -> int:
-    return _k_per_split(problem(args)[2], t)
+def k_per_split(p: MmProblem, t: TritonMmTactic) -> int:
+    return _k_per_split(p.k, t)
 
 
 def _split_for(m: int, n: int, k: int, bm: int, bn: int, bk: int, sms: int, waves: int = 2) -> int:
@@ -115,15 +112,15 @@ def _split_for(m: int, n: int, k: int, bm: int, bn: int, bk: int, sms: int, wave
     return split
 
 
-def default(*args) -> Tactic:
+def default(p: MmProblem) -> Tactic:
     """The heuristic tactic, from `bench mm --tactics` sweeps on H100 (N=8192, K=28672): M <= 32
     swaps operands, with 256 weight rows x 128 K per program and K split so that at most two
     waves of programs run (8 ways there); M around 128 splits K with 128x128 tiles; from
     M = 512 on, dequantize-then-cuBLAS is fastest (0.90x bf16 at M = 2048, against 0.48x for the
     best fused tile)."""
-    m, n, k = problem(args)
-    sms = sm_count(args[0].device) if args[0].is_cuda else 132
-    if dot_dtype(args) == torch.float32:
+    m, n, k = p.m, p.n, p.k
+    sms = problem_sm_count(p)
+    if dot_dtype(p) == torch.float32:
         bm = 16 if m <= 16 else 64
         return TritonMmTactic(bm, 64, 64, _split_for(m, n, k, bm, 64, 64, sms), swap_ab=m <= 64)
     if m >= 512:
@@ -139,10 +136,10 @@ def default(*args) -> Tactic:
     return TritonMmTactic(128, 128, 64, _split_for(m, n, k, 128, 128, 64, sms))
 
 
-def candidates(*args) -> list[TritonMmTactic]:
-    m, n, k = problem(args)
-    sms = sm_count(args[0].device) if args[0].is_cuda else 132
-    out: list[TritonMmTactic] = [default(*args)]
+def candidates(p: MmProblem) -> list[TritonMmTactic]:
+    m, n, k = p.m, p.n, p.k
+    sms = problem_sm_count(p)
+    out: list[TritonMmTactic] = [default(p)]
     if m <= 64:
         bm = max(16, 1 << (m - 1).bit_length())
         for bn, bk, warps in ((64, 256, 4), (128, 128, 4), (256, 128, 4), (256, 128, 8),
@@ -159,15 +156,14 @@ def candidates(*args) -> list[TritonMmTactic]:
             for stages in (3, 4):
                 for split in sorted({1, _split_for(m, n, k, bm, bn, bk, sms)}):
                     out.append(TritonMmTactic(bm, bn, bk, split, num_warps=warps, num_stages=stages))
-    if m >= 128 and dot_dtype(args) != torch.float32:
+    if m >= 128 and dot_dtype(p) != torch.float32:
         out.append(DequantMmTactic())
-    out.extend(dot_scaled.candidates(*args))   # none off sm_100/sm_103/sm_12x, none for W4A16
-    return valid_unique(out, why_not, *args)
+    out.extend(dot_scaled.candidates(p))   # none off sm_100/sm_103/sm_12x, none for W4A16
+    return valid_unique(out, why_not, p)
 
 
-def key(*args) -> str:
-    m = problem(args)[0]
-    return mm_key(args, 1 << max(0, (m - 1).bit_length()))
+def key(p: MmProblem) -> str:
+    return mm_key(p, 1 << max(0, (p.m - 1).bit_length()))
 
 
 MM_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)
