@@ -161,3 +161,27 @@ def test_persistent_ctas_take_many_tiles(n):
             assert torch.equal(got[True, 1, False], want.to(out_dtype)), (bm, out_dtype)
             for key, value in got.items():
                 assert torch.equal(value, got[True, 1, False]), (bm, out_dtype, key)
+
+
+def test_stream_k_under_cuda_graph_replay():
+    """A stream-K launch allocates its workspace and clears its flags on the stream, so it captures:
+    replays equal eager bit for bit, with the alpha and activations changed between replays."""
+    fmt, n, k = F.NVFP4, 1000, 2048
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    m = 3 * sms * 64 // -(-n // WT.ROWS) + 5          # about three tiles per SM: a partial last wave
+    args, _, _ = _operands(m, n, k, fmt, "bf16", False, seed=5)
+    a, b, _, b_scale = args
+    alpha = torch.tensor([0.75], device="cuda")
+    with t4.use_tactic(WT.WgmmaMmTactic(64, 4, 1, True, stream_k=True)):
+        eager = _call(args, fmt, torch.bfloat16, alpha)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _call(args, fmt, torch.bfloat16, alpha)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert torch.equal(out, eager)
+    a.mul_(-2.0)
+    alpha.fill_(0.5)
+    graph.replay()
+    with t4.use_tactic(WT.WgmmaMmTactic(64, 4, 1, True, stream_k=True)):
+        assert torch.equal(out, _call(args, fmt, torch.bfloat16, alpha))
