@@ -145,6 +145,15 @@ inline Schedule make_schedule(int total, int ksteps, int ctas, bool stream_k) {
   return sc;
 }
 
+// A stream-K launch's workspace: the partial sums [ctas][2 warpgroups][block_m / 2 accumulators]
+// [128 threads] fp32, then the flags [ctas][2 warpgroups] int32.
+__host__ __device__ constexpr int64_t stream_k_flags_offset(int block_m, int ctas) {
+  return static_cast<int64_t>(ctas) * 2 * (block_m / 2) * 128 * 4;
+}
+__host__ __device__ constexpr int64_t stream_k_bytes(int block_m, int ctas) {
+  return stream_k_flags_offset(block_m, ctas) + static_cast<int64_t>(ctas) * 2 * 4;
+}
+
 // One piece of a CTA's work: K steps [kb, ke) of output tile `tile`.
 struct Work {
   int tile, kb, ke;
@@ -666,8 +675,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       __syncwarp();
       release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
       if (t >= sc.dp && (cur.kb != 0 || cur.ke != tiles)) {  // a stream-K piece of a tile
+        static_assert(stream_k_flags_offset(Cfg::kBM, 1) == int64_t{Cfg::kWG} * Cfg::kAcc * 128 * 4,
+                      "the workspace holds each warpgroup's accumulators of every MMA thread");
         float* partials = static_cast<float*>(workspace);
-        int* flags = reinterpret_cast<int*>(partials + static_cast<int64_t>(sc.ctas) * Cfg::kWG * Cfg::kAcc * 128);
+        int* flags = reinterpret_cast<int*>(static_cast<char*>(workspace) + stream_k_flags_offset(Cfg::kBM, sc.ctas));
         if (cur.kb != 0) {  // the rest of the tile is another CTA's: hand the sums over
           sk_contribute<Cfg>(partials, flags, acc, cta, mwg, ct & 127);
           continue;
@@ -800,10 +811,6 @@ inline Schedule schedule_of(const WgmmaMmArgs& a) {
   return make_schedule(tiles, ksteps, slots, true);
 }
 
-// Bytes of a stream-K launch's partial sums: [ctas][2 warpgroups][block_m / 2 accumulators][128].
-inline int64_t stream_k_partial_bytes(int block_m, int ctas) {
-  return static_cast<int64_t>(ctas) * 2 * (block_m / 2) * 128 * 4;
-}
 
 template <class Cfg>
 bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
@@ -838,9 +845,9 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   const Schedule sc = schedule_of(a);
   if (sc.dp < sc.total) {  // stream-K: the flags start lowered
     if (a.workspace == nullptr) return false;
-    const int64_t flags = stream_k_partial_bytes(a.block_m, sc.ctas);
-    if (cudaMemsetAsync(static_cast<char*>(a.workspace) + flags, 0, wgmma_mm_workspace_bytes(a) - flags, stream) !=
-        cudaSuccess)
+    const int64_t flags = stream_k_flags_offset(a.block_m, sc.ctas);
+    if (cudaMemsetAsync(static_cast<char*>(a.workspace) + flags, 0, stream_k_bytes(a.block_m, sc.ctas) - flags,
+                        stream) != cudaSuccess)
       return false;
   }
   const dim3 grid(static_cast<unsigned>(sc.ctas), 1, static_cast<unsigned>(split));
@@ -893,7 +900,7 @@ int64_t wgmma_mm_workspace_bytes(const WgmmaMmArgs& args) {
   if (args.m <= 0 || args.n <= 0 || args.block_m <= 0) return 0;
   const Schedule sc = schedule_of(args);
   if (sc.dp == sc.total) return 0;
-  return stream_k_partial_bytes(args.block_m, sc.ctas) + static_cast<int64_t>(sc.ctas) * 2 * 4;
+  return stream_k_bytes(args.block_m, sc.ctas);
 }
 
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
