@@ -6,7 +6,7 @@
 source "$(dirname "$0")/device_common.sh"
 for step in "$@"; do
   case $step in
-    build) python -c "import torch; from torch_fp4.kernels.cuda.build import extension; extension(torch.device('cuda'))" 2>&1 | tail -20 | tee "$OUT/build.txt" ;;
+    build) python -c "import torch; from torch_fp4.kernels.cuda.native import load_all; load_all(torch.cuda.current_device())" 2>&1 | tail -20 | tee "$OUT/build.txt" ;;
     tests) timeout ${TEST_TIMEOUT:-400} python -m pytest -q -x -rs ${PYTEST_ARGS:-tests/test_gpu_mm_wgmma.py} ${PYTEST_K:+-k "$PYTEST_K"} 2>&1 | tail -25 | tee "$OUT/tests.txt" ;;
     wide) timeout ${BENCH_TIMEOUT:-400} python -c "
 import torch_fp4.tuning as T; T.HOPPER_MM_MS = (17, 1 << 30)   # the wgmma GEMM for every M > 16

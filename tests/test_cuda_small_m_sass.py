@@ -21,10 +21,9 @@ def sass(tmp_path_factory):
     cuobjdump = sass_tools._tool("cuobjdump")
     if NVCC is None or cuobjdump is None:
         pytest.skip("nvcc or cuobjdump not found")
-    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
     out = tmp_path_factory.mktemp("small_m_sass") / "mm_small_m.cubin"
-    cmd = [NVCC, "-cubin", "-O3", *COMMON_NVCC_FLAGS, build.gencode_flag((9, 0)), "-Xptxas", "-v",
+    cmd = [NVCC, "-cubin", *build.NVCC_FLAGS, build.gencode_flag((9, 0)), "-Xptxas", "-v",
            "-o", str(out), str(build.CSRC / "mm_small_m.cu")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

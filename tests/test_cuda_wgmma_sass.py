@@ -17,10 +17,9 @@ from torch_fp4.kernels.cuda import build
 def _compile(tmp_path, cap):
     if NVCC is None:
         pytest.skip("nvcc not found (PATH, CUDA_HOME or /usr/local/cuda)")
-    from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
     out = tmp_path / f"mm_wgmma_{build.arch_target(cap)}.cubin"
-    cmd = [NVCC, "-cubin", "-O3", *COMMON_NVCC_FLAGS, build.gencode_flag(cap), "-Xptxas", "-v",
+    cmd = [NVCC, "-cubin", *build.NVCC_FLAGS, build.gencode_flag(cap), "-Xptxas", "-v",
            "-o", str(out), str(build.CSRC / "mm_wgmma.cu")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

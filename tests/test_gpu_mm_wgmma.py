@@ -185,3 +185,18 @@ def test_stream_k_under_cuda_graph_replay():
     graph.replay()
     with t4.use_tactic(WT.WgmmaMmTactic(64, 4, 1, True, stream_k=True)):
         assert torch.equal(out, _call(args, fmt, torch.bfloat16, alpha))
+
+
+def test_a_tactic_the_library_lacks_raises_naming_it():
+    """The launcher trusts its tactic, but a kernel library with no kernel for it (capi.h's
+    kNotCompiled) raises instead of leaving the output unwritten."""
+    from torch_fp4.kernels.cuda import mm as cuda_mm
+
+    args, _, _ = _operands(64, 256, 256, F.NVFP4, "bf16", True, 0)
+    a, b, a_scale, b_scale = args
+    bad = WT.WgmmaMmTactic(64, 2)                     # fewer stages than the kernel compiles
+    assert WT.why_not(bad, MmProblem.of(a, b, a_scale, b_scale, None, torch.float32, F.NVFP4,
+                                        F.SfLayout.LAYOUT_128x4)) is not None
+    with pytest.raises(RuntimeError, match=r"wgmma0.*no kernel of this library matches"):
+        cuda_mm.mm_fp4(a, b, a_scale, b_scale, None, torch.float32, F.NVFP4, F.SfLayout.LAYOUT_128x4,
+                       tactic=bad)

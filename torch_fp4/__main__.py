@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     bov.add_argument("--profile", default=None, metavar="OP",
                      help="instead, print a cProfile of one row (e.g. 'mm_fp4 W4A16')")
     pre = sub.add_parser("precompile", help="build and load every kernel this GPU would run for "
-                                            "model shapes (CUDA extension, Triton kernels, optionally "
+                                            "model shapes (cuda kernel libraries, Triton kernels, optionally "
                                             "the tactic cache), so a new process starts without JIT waits")
     pre.add_argument("--shapes", default=None, metavar="FILE.json",
                      help='{"linear": [[N, K], ...], "moe": [[E, H, I, top_k], ...], "batches": [M, ...]} '

@@ -3,8 +3,8 @@ once, every kernel the current device would run for a set of model shapes, so th
 image can bake the result and a new process starts without JIT waits.
 
 What a first call in a fresh process would otherwise wait for, and where it is kept:
-- the CUDA C++ extension (torch_fp4/csrc, a ninja build of about a minute): the torch extensions
-  directory (TORCH_EXTENSIONS_DIR, default ~/.cache/torch_extensions);
+- the cuda backend's kernel libraries (torch_fp4/csrc, built by nvcc, all of them in parallel
+  here): $TORCH_FP4_CACHE_DIR/cuda (default ~/.cache/torch_fp4/cuda);
 - the Triton kernels, one per tactic and dtype: Triton's cache (TRITON_CACHE_DIR, default
   ~/.triton/cache);
 - with --autotune, the measured tactic of every problem: torch_fp4's tactic cache
@@ -140,10 +140,10 @@ def run(shapes: Shapes = DEFAULT, device: str | None = None, autotune: bool = Fa
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     start = time.perf_counter()
     if dev.type == "cuda":
-        from .kernels.cuda.build import extension
-        print("precompile: building / loading the CUDA extension ...", file=out, flush=True)
-        extension(dev)
-        print(f"precompile: extension ready ({time.perf_counter() - start:.1f} s)", file=out, flush=True)
+        from .kernels.cuda.native import load_all
+        print("precompile: building / loading the cuda kernel libraries ...", file=out, flush=True)
+        load_all(dev.index if dev.index is not None else torch.cuda.current_device())
+        print(f"precompile: kernel libraries ready ({time.perf_counter() - start:.1f} s)", file=out, flush=True)
     steps = [s for n, k in shapes.linear for s in _linear_steps(n, k, shapes.batches, dev)]
     steps += [s for m in shapes.moe for s in _moe_steps(m, shapes.batches, dev)]
     tune = tactics.autotune() if autotune else contextlib.nullcontext()

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include "fp4_numerics.cuh"
+#include "capi.h"
 #include "launch.h"
 #include "pdl.cuh"
 #include "scale_layout.cuh"
@@ -178,3 +179,29 @@ void launch_dequantize(const DequantizeArgs& args, int block_size, cudaStream_t 
 }
 
 }  // namespace torch_fp4
+
+// C entry point (capi.h): data [batch, rows, k/2] + scales -> out [batch, rows, k] (DequantizeArgs);
+// gs may be null; block_size 16 (NVFP4) or 32 (MXFP4); out_dtype: launch.h's DType.
+TORCH_FP4_CAPI int torch_fp4_dequantize(int device, void* stream, int pdl, const void* data, const void* scale,
+                                        const float* gs, int64_t gs_stride, void* out, int64_t batch, int64_t rows,
+                                        int64_t k, int64_t rows_padded, int64_t kb_padded, int layout,
+                                        int out_dtype, int block_size) {
+  if (const int e = torch_fp4::capi_begin(device)) return e;
+  if ((block_size != 16 && block_size != 32) || out_dtype < torch_fp4::kBFloat16 || out_dtype > torch_fp4::kFloat32)
+    return torch_fp4::kNotCompiled;
+  torch_fp4::DequantizeArgs a{};
+  a.data = static_cast<const uint8_t*>(data);
+  a.scale = static_cast<const uint8_t*>(scale);
+  a.gs = gs;
+  a.gs_stride = gs_stride;
+  a.out = out;
+  a.batch = batch;
+  a.rows = rows;
+  a.k = k;
+  a.rows_padded = rows_padded;
+  a.kb_padded = kb_padded;
+  a.layout = layout;
+  a.out_dtype = out_dtype;
+  torch_fp4::launch_dequantize(a, block_size, static_cast<cudaStream_t>(stream), pdl != 0);
+  return torch_fp4::capi_end(true);
+}

@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
+#include "capi.h"
 #include "launch.h"
 #include "pdl.cuh"
 
@@ -154,3 +155,17 @@ void launch_global_scale(const void* x, int64_t n, int in_dtype, float* out, uin
 }
 
 }  // namespace torch_fp4
+
+// C entry point (capi.h): out[0] = the NVFP4 global scale of the n elements at x (in_dtype:
+// launch.h's DType); workspace: two uint32 words, zero before and after the call.
+TORCH_FP4_CAPI int torch_fp4_global_scale(int device, void* stream, int pdl, const void* x, int64_t n, int in_dtype,
+                                          float* out, void* workspace) {
+  if (const int e = torch_fp4::capi_begin(device)) return e;
+  if (in_dtype < torch_fp4::kBFloat16 || in_dtype > torch_fp4::kFloat8E4M3) return torch_fp4::kNotCompiled;
+  int num_sms = 0;
+  if (const cudaError_t e = cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device))
+    return static_cast<int>(e);
+  torch_fp4::launch_global_scale(x, n, in_dtype, out, static_cast<uint32_t*>(workspace), num_sms,
+                                 static_cast<cudaStream_t>(stream), pdl != 0);
+  return torch_fp4::capi_end(true);
+}

@@ -1,5 +1,5 @@
-// Host interface of the kernels: plain structs of raw pointers and sizes, no torch types. The torch
-// binding (binding.cpp) fills these from tensors; the kernels (*.cu) never see a tensor.
+// Host interface of the kernels: plain structs of raw pointers and sizes, no torch types. Each
+// source's C entry points (capi.h) fill these from their arguments; the kernels never see a tensor.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@ namespace torch_fp4 {
 // Element types of a source or result tensor.
 enum DType : int { kBFloat16 = 0, kFloat16 = 1, kFloat32 = 2, kFloat8E4M3 = 3 };
 
-// Scale-factor layouts; values match the binding's mapping of the layout names.
+// Scale-factor layouts; values match the launchers' codes (kernels/cuda/quantize.py).
 enum Layout : int { kLayout128x4 = 0, kLayout8x4 = 1, kLayoutLinear = 2 };
 
 // x [batch, rows, k] (batch 1 for 2-D) -> packed data [batch, rows, k/2] and scales

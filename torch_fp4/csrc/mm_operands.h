@@ -22,10 +22,10 @@ struct MmOperands {
 
 // The kernel variants of each GEMM, by index: (fp16 activations ? 2 : MXFP4 ? 4 : 0) + "sm90"
 // weights (fp16 activations with MXFP4 are not compiled: fp16 cannot hold every MXFP4 value).
-// The extension build compiles each GEMM source once per variant (-DTORCH_FP4_PART=index: that
-// variant's kernels only) and once for its dispatch (-DTORCH_FP4_PART=-1: no kernels), so that a
-// parallel build's longest unit is one variant (torch_fp4/kernels/cuda/build.py); without
-// TORCH_FP4_PART a source holds everything.
+// Each variant of each GEMM is a kernel library of its own (torch_fp4/kernels/cuda/build.py:
+// the source compiled with -DTORCH_FP4_PART=index holds that variant's kernels only, and its
+// dispatch and C entry point refuse the other variants), built when a call first needs it;
+// without TORCH_FP4_PART a source holds every variant.
 struct MmVariant {
   bool fp16, mx, packed;
 };
@@ -44,6 +44,16 @@ struct MmVariantIndex {
   static constexpr MmVariant variant = kMmVariants[kV];
 };
 
+// Whether this translation unit holds variant kV's kernels.
+template <int kV>
+constexpr bool mm_variant_compiled() {
+#if defined(TORCH_FP4_PART)
+  return kV == TORCH_FP4_PART;
+#else
+  return true;
+#endif
+}
+
 // f(MmVariantIndex<v>{}) for the runtime index v (false for an index with no variant).
 template <class F>
 bool with_mm_variant(int v, F&& f) {
@@ -58,5 +68,26 @@ bool with_mm_variant(int v, F&& f) {
   }
 }
 static_assert(kNumMmVariants == 6, "with_mm_variant covers every variant");
+
+// The operands of a C entry point's arguments (capi.h), in MmOperands' field order.
+inline MmOperands make_mm_operands(const void* act, const void* w, const void* w_scale, const float* alpha,
+                                   void* out, int64_t m, int64_t n, int64_t k, int64_t kp, int act_fp16, int mx,
+                                   int out_dtype, int packed) {
+  MmOperands a{};
+  a.act = static_cast<const uint16_t*>(act);
+  a.w = static_cast<const uint8_t*>(w);
+  a.w_scale = static_cast<const uint8_t*>(w_scale);
+  a.alpha = alpha;
+  a.out = out;
+  a.m = m;
+  a.n = n;
+  a.k = k;
+  a.kp = kp;
+  a.act_fp16 = act_fp16;
+  a.mx = mx;
+  a.out_dtype = out_dtype;
+  a.packed = packed;
+  return a;
+}
 
 }  // namespace torch_fp4

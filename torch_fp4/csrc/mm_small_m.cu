@@ -6,6 +6,7 @@
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
+#include "capi.h"
 #include "launch.h"
 #include "mm_small_m.cuh"
 #include "pdl.cuh"
@@ -181,24 +182,19 @@ bool launch_format(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
   }
 }
 
-// Variant kV's kernels (mm_operands.h), defined where TORCH_FP4_PART allows.
-template <int kV>
-bool launch_variant(const SmallMMmArgs& a, cudaStream_t stream, bool pdl);
-
-#if !defined(TORCH_FP4_PART) || TORCH_FP4_PART >= 0
+// Variant kV's kernels (mm_operands.h), where this unit holds them.
 template <int kV>
 bool launch_variant(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
-  constexpr MmVariant v = kMmVariants[kV];
-  return launch_format<v.fp16, v.mx, v.packed>(a, stream, pdl);
+  if constexpr (mm_variant_compiled<kV>()) {
+    constexpr MmVariant v = kMmVariants[kV];
+    return launch_format<v.fp16, v.mx, v.packed>(a, stream, pdl);
+  } else {
+    return false;
+  }
 }
-#endif
-#if defined(TORCH_FP4_PART) && TORCH_FP4_PART >= 0
-template bool launch_variant<TORCH_FP4_PART>(const SmallMMmArgs&, cudaStream_t, bool);
-#endif
 
 }  // namespace small_m
 
-#if !defined(TORCH_FP4_PART) || TORCH_FP4_PART < 0
 bool launch_small_m_mm(const SmallMMmArgs& args, cudaStream_t stream, bool pdl) {
   if (args.stages < 2 || args.stages > 6 || args.split_k < 1 || args.split_k > small_m::kMaxSplit) return false;
   if (args.m <= 0 || args.n <= 0) return true;
@@ -206,6 +202,23 @@ bool launch_small_m_mm(const SmallMMmArgs& args, cudaStream_t stream, bool pdl) 
     return small_m::launch_variant<decltype(v)::value>(args, stream, pdl);
   });
 }
-#endif
 
 }  // namespace torch_fp4
+
+// C entry point (capi.h): the small-M GEMM on MmOperands (make_mm_operands) with the tactic warps,
+// tiles_per_warp, block_k, stages, split_k.
+TORCH_FP4_CAPI int torch_fp4_mm_small_m(int device, void* stream, int pdl, const void* act, const void* w,
+                                        const void* w_scale, const float* alpha, void* out, int64_t m, int64_t n,
+                                        int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
+                                        int warps, int tiles_per_warp, int block_k, int stages, int split_k) {
+  if (const int e = torch_fp4::capi_begin(device)) return e;
+  torch_fp4::SmallMMmArgs a{};
+  static_cast<torch_fp4::MmOperands&>(a) =
+      torch_fp4::make_mm_operands(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype, packed);
+  a.warps = warps;
+  a.tiles_per_warp = tiles_per_warp;
+  a.block_k = block_k;
+  a.stages = stages;
+  a.split_k = split_k;
+  return torch_fp4::capi_end(torch_fp4::launch_small_m_mm(a, static_cast<cudaStream_t>(stream), pdl != 0));
+}

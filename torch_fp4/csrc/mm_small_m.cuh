@@ -929,7 +929,7 @@ TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
 }  // namespace small_m
 
 // ---------------------------------------------------------------------------------------------
-// Launch interface (plain C++; binding.cpp fills it from tensors)
+// Launch interface (plain C++; the C entry point of mm_small_m.cu fills it, capi.h)
 // ---------------------------------------------------------------------------------------------
 // The operands (mm_operands.h) and the tactic: warps per CTA (4 or 8), MMA tiles per warp (1 or
 // 2), block_k (128 or 256), stages (2..6), split_k (1..8, a thread-block cluster along K).

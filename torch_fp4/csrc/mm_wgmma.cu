@@ -55,6 +55,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include "capi.h"
 #include "launch.h"
 #include "mm_small_m.cuh"
 #include "mm_wgmma.h"
@@ -873,24 +874,19 @@ bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   }
 }
 
-// Variant kV's kernels (mm_operands.h), defined where TORCH_FP4_PART allows.
-template <int kV>
-bool launch_variant(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl);
-
-#if !defined(TORCH_FP4_PART) || TORCH_FP4_PART >= 0
+// Variant kV's kernels (mm_operands.h), where this unit holds them.
 template <int kV>
 bool launch_variant(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
-  constexpr MmVariant v = kMmVariants[kV];
-  return launch_tile<v.fp16, v.mx, v.packed>(a, stream, pdl);
+  if constexpr (mm_variant_compiled<kV>()) {
+    constexpr MmVariant v = kMmVariants[kV];
+    return launch_tile<v.fp16, v.mx, v.packed>(a, stream, pdl);
+  } else {
+    return false;
+  }
 }
-#endif
-#if defined(TORCH_FP4_PART) && TORCH_FP4_PART >= 0
-template bool launch_variant<TORCH_FP4_PART>(const WgmmaMmArgs&, cudaStream_t, bool);
-#endif
 
 }  // namespace wgmma_mm
 
-#if !defined(TORCH_FP4_PART) || TORCH_FP4_PART < 0
 int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent) {
   return wgmma_mm::smem_bytes(block_m, 2, stages, persistent);
 }
@@ -922,6 +918,52 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
     return wgmma_mm::launch_variant<decltype(v)::value>(args, stream, pdl);
   });
 }
-#endif
 
 }  // namespace torch_fp4
+
+// C entry points (capi.h): the Hopper GEMM on MmOperands (make_mm_operands) with the tactic
+// block_m, stages, split_k, persistent, ctas_per_sm, stream_k; a stream-K launch needs
+// torch_fp4_mm_wgmma_workspace_bytes (same arguments) of global memory at `workspace`.
+namespace {
+torch_fp4::WgmmaMmArgs wgmma_args(const void* act, const void* w, const void* w_scale, const float* alpha, void* out,
+                                  int64_t m, int64_t n, int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype,
+                                  int packed, int block_m, int stages, int split_k, int persistent, int ctas_per_sm,
+                                  int stream_k, void* workspace) {
+  torch_fp4::WgmmaMmArgs a{};
+  static_cast<torch_fp4::MmOperands&>(a) =
+      torch_fp4::make_mm_operands(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype, packed);
+  a.block_m = block_m;
+  a.stages = stages;
+  a.split_k = split_k;
+  a.persistent = persistent != 0;
+  a.ctas_per_sm = ctas_per_sm;
+  a.stream_k = stream_k != 0;
+  a.workspace = workspace;
+  return a;
+}
+}  // namespace
+
+TORCH_FP4_CAPI int torch_fp4_mm_wgmma(int device, void* stream, int pdl, const void* act, const void* w,
+                                      const void* w_scale, const float* alpha, void* out, int64_t m, int64_t n,
+                                      int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
+                                      int block_m, int stages, int split_k, int persistent, int ctas_per_sm,
+                                      int stream_k, void* workspace) {
+  if (const int e = torch_fp4::capi_begin(device)) return e;
+  const torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype,
+                                              packed, block_m, stages, split_k, persistent, ctas_per_sm, stream_k,
+                                              workspace);
+  return torch_fp4::capi_end(torch_fp4::launch_wgmma_mm(a, static_cast<cudaStream_t>(stream), pdl != 0));
+}
+
+// Bytes of workspace the launch with these arguments needs (0: none), or minus a CUDA error.
+TORCH_FP4_CAPI int64_t torch_fp4_mm_wgmma_workspace_bytes(int device, const void* act, const void* w,
+                                                          const void* w_scale, const float* alpha, void* out,
+                                                          int64_t m, int64_t n, int64_t k, int64_t kp, int act_fp16,
+                                                          int mx, int out_dtype, int packed, int block_m, int stages,
+                                                          int split_k, int persistent, int ctas_per_sm,
+                                                          int stream_k) {
+  if (const int e = torch_fp4::capi_begin(device)) return -e;
+  return torch_fp4::wgmma_mm_workspace_bytes(wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx,
+                                                        out_dtype, packed, block_m, stages, split_k, persistent,
+                                                        ctas_per_sm, stream_k, nullptr));
+}

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "fp4_numerics.cuh"
+#include "capi.h"
 #include "launch.h"
 #include "pdl.cuh"
 #include "scale_layout.cuh"
@@ -166,3 +167,55 @@ void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool p
 }
 
 }  // namespace torch_fp4
+
+// C entry points (capi.h): x [batch, rows, k] -> data and scales (QuantizeArgs); gs is ignored by
+// MXFP4. in_dtype: launch.h's DType.
+namespace {
+torch_fp4::QuantizeArgs quantize_args(const void* x, const float* gs, int64_t gs_stride, void* data, void* scale,
+                                      int64_t batch, int64_t rows, int64_t k, int64_t rows_padded,
+                                      int64_t kb_padded, int layout, int in_dtype) {
+  torch_fp4::QuantizeArgs a{};
+  a.x = x;
+  a.gs = gs;
+  a.gs_stride = gs_stride;
+  a.data = static_cast<uint8_t*>(data);
+  a.scale = static_cast<uint8_t*>(scale);
+  a.batch = batch;
+  a.rows = rows;
+  a.k = k;
+  a.rows_padded = rows_padded;
+  a.kb_padded = kb_padded;
+  a.layout = layout;
+  a.in_dtype = in_dtype;
+  return a;
+}
+
+bool known_input(int in_dtype) { return in_dtype >= torch_fp4::kBFloat16 && in_dtype <= torch_fp4::kFloat8E4M3; }
+
+using QuantizeLauncher = void (*)(const torch_fp4::QuantizeArgs&, cudaStream_t, bool);
+
+int quantize_entry(QuantizeLauncher launch, int device, void* stream, int pdl, const torch_fp4::QuantizeArgs& a) {
+  if (const int e = torch_fp4::capi_begin(device)) return e;
+  if (!known_input(a.in_dtype)) return torch_fp4::kNotCompiled;
+  launch(a, static_cast<cudaStream_t>(stream), pdl != 0);
+  return torch_fp4::capi_end(true);
+}
+}  // namespace
+
+TORCH_FP4_CAPI int torch_fp4_nvfp4_quantize(int device, void* stream, int pdl, const void* x, const float* gs,
+                                            int64_t gs_stride, void* data, void* scale, int64_t batch, int64_t rows,
+                                            int64_t k, int64_t rows_padded, int64_t kb_padded, int layout,
+                                            int in_dtype) {
+  return quantize_entry(torch_fp4::launch_nvfp4_quantize, device, stream, pdl,
+                        quantize_args(x, gs, gs_stride, data, scale, batch, rows, k, rows_padded, kb_padded, layout,
+                                      in_dtype));
+}
+
+TORCH_FP4_CAPI int torch_fp4_mxfp4_quantize(int device, void* stream, int pdl, const void* x, const float* gs,
+                                            int64_t gs_stride, void* data, void* scale, int64_t batch, int64_t rows,
+                                            int64_t k, int64_t rows_padded, int64_t kb_padded, int layout,
+                                            int in_dtype) {
+  return quantize_entry(torch_fp4::launch_mxfp4_quantize, device, stream, pdl,
+                        quantize_args(x, gs, gs_stride, data, scale, batch, rows, k, rows_padded, kb_padded, layout,
+                                      in_dtype));
+}

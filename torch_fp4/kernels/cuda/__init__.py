@@ -1,13 +1,12 @@
-"""CUDA C++ backend: kernels in torch_fp4/csrc, built with ninja on first use, plus launchers with
-the reference backend's signatures.
+"""CUDA C++ backend: kernels in torch_fp4/csrc, built by nvcc into small libraries when a call
+first needs one (build.py) and called through their C entry points (native.py), plus launchers
+with the reference backend's signatures.
 
 Importing this package is cheap: nothing is compiled or loaded until an op runs on this backend.
 """
 from __future__ import annotations
 
 import functools
-import os
-import shutil
 from typing import Optional
 
 import torch
@@ -33,16 +32,13 @@ MAX_THREADS_PER_MATRIX = 2**31 - 1
 
 @functools.cache
 def toolchain_reason() -> Optional[str]:
-    """None when this PyTorch can build the extension (CUDA build, nvcc, ninja), else why not."""
+    """None when the kernels can be built here (a CUDA build of PyTorch and nvcc), else why not."""
     if torch.version.cuda is None:
         return "needs a CUDA build of PyTorch"
-    from torch.utils.cpp_extension import CUDA_HOME
+    from .build import nvcc
 
-    nvcc = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
-    if nvcc is None or not os.path.exists(nvcc):
+    if nvcc() is None:
         return "needs nvcc (set CUDA_HOME) to build its kernels"
-    if shutil.which("ninja") is None:
-        return "needs ninja on PATH to build its kernels"
     return None
 
 

@@ -1,30 +1,69 @@
-"""Builds and loads the extension of torch_fp4/csrc with `torch.utils.cpp_extension.load` (ninja) on
-first use, once per process and compute capability; the build is cached on disk in the default
-torch extensions directory (TORCH_EXTENSIONS_DIR) and rebuilt only when a source changes.
+"""Builds the cuda backend's kernel libraries from torch_fp4/csrc, each when a call first needs it.
 
-The build is parallel (ninja, MAX_JOBS workers) and its units are kept small, since the first call
-of a fresh process waits for it: the binding includes only the torch headers it uses, and each
-GEMM source is compiled once per kernel variant (csrc/mm_operands.h: `-DTORCH_FP4_PART=v` keeps
-variant v's kernels, `-1` only the dispatch), through two-line wrapper sources written once into
-`$TORCH_FP4_CACHE_DIR/csrc_parts`."""
+A library is a shared object built by nvcc alone (no torch headers, no torch C++ ABI): "core"
+(quantize, dequantize, global scale) and one per GEMM source and kernel variant ("small_m1",
+"wgmma4": csrc/mm_operands.h's variant index, the source compiled with -DTORCH_FP4_PART=index).
+So the first call of a fresh process waits only for the units it uses, compiled in parallel. A
+library links its own static CUDA runtime with its symbols kept inside (-Bsymbolic, no exported
+runtime), exports only its C entry points (csrc/capi.h; called through native.py), and is cached
+under `$TORCH_FP4_CACHE_DIR/cuda/sm<arch>-<hash>/`, the hash covering every csrc source, the
+flags and the compiler, so an edit or another nvcc builds afresh. A file lock per library keeps
+concurrent processes from building it twice.
+"""
 from __future__ import annotations
 
+import fcntl
 import functools
+import hashlib
 import os
-import threading
+import shutil
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-
-import torch
+from typing import Iterable, Optional
 
 from ...tactics import cache_dir
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
 KERNEL_SOURCES = ("quantize.cu", "dequantize.cu", "global_scale.cu", "mm_small_m.cu", "mm_wgmma.cu")
-SOURCES = ("binding.cpp", *KERNEL_SOURCES)
-PARTED_SOURCES = ("mm_small_m.cu", "mm_wgmma.cu")   # compiled per kernel variant
 MM_VARIANTS = 6                                       # kNumMmVariants in csrc/mm_operands.h
 
-_lock = threading.Lock()
+# Every unit: IEEE fp32 (no fast math), the half/bfloat16 operator macros that keep conversions
+# explicit, position-independent code whose symbols stay hidden but for the C entry points.
+NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-D__CUDA_NO_HALF_OPERATORS__",
+              "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
+              "-D__CUDA_NO_HALF2_OPERATORS__", "-Xcompiler", "-fPIC,-fvisibility=hidden")
+LINK_FLAGS = ("-shared", "-Xlinker", "-Bsymbolic,--exclude-libs,ALL")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One translation unit: a csrc source, or one kernel variant of a GEMM source."""
+    source: str
+    part: Optional[int] = None
+
+    @property
+    def stem(self) -> str:
+        base = self.source.removesuffix(".cu")
+        return base if self.part is None else f"{base}.part{self.part}"
+
+    def defines(self) -> tuple[str, ...]:
+        return () if self.part is None else (f"-DTORCH_FP4_PART={self.part}",)
+
+
+LIBRARIES: dict[str, tuple[Unit, ...]] = {
+    "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu")),
+    **{f"small_m{v}": (Unit("mm_small_m.cu", v),) for v in range(MM_VARIANTS)},
+    **{f"wgmma{v}": (Unit("mm_wgmma.cu", v),) for v in range(MM_VARIANTS)},
+}
+
+
+def mm_variant(fp16: bool, mx: bool, packed: bool) -> int:
+    """csrc/mm_operands.h's variant index: (fp16 activations ? 2 : MXFP4 ? 4 : 0) + "sm90" weights."""
+    return (2 if fp16 else 4 if mx else 0) + int(packed)
 
 
 def arch_target(capability: tuple[int, int]) -> str:
@@ -39,54 +78,96 @@ def gencode_flag(capability: tuple[int, int]) -> str:
     return f"-gencode=arch=compute_{target},code=sm_{target}"
 
 
-def part_text(source: str, part: int) -> str:
-    """The wrapper source compiling `part` of a parted source (-1: its dispatch)."""
-    return (f"// Part {part} of torch_fp4/csrc/{source} for the extension build "
-            f"(torch_fp4/kernels/cuda/build.py).\n#define TORCH_FP4_PART {part}\n#include \"{source}\"\n")
+@functools.cache
+def nvcc() -> Optional[str]:
+    """The nvcc that builds the libraries: $CUDA_HOME/bin/nvcc (or $CUDA_PATH), else nvcc on PATH,
+    else /usr/local/cuda/bin/nvcc; None when there is none."""
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")):
+        if home and os.path.exists(os.path.join(home, "bin", "nvcc")):
+            return os.path.join(home, "bin", "nvcc")
+    found = shutil.which("nvcc")
+    if found is None and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        found = "/usr/local/cuda/bin/nvcc"
+    return found
 
 
-def part_sources(folder: Path) -> list[Path]:
-    """Every translation unit of the build: the plain sources of csrc, and for each parted source
-    its dispatch and one unit per kernel variant as wrapper files in `folder` (written only when
-    missing or different, so their times, and ninja's view of them, stay put)."""
-    units = [CSRC / name for name in SOURCES if name not in PARTED_SOURCES]
-    folder.mkdir(parents=True, exist_ok=True)
-    for source in PARTED_SOURCES:
-        stem = source.removesuffix(".cu")
-        for part in range(-1, MM_VARIANTS):
-            path = folder / (f"{stem}.dispatch.cu" if part < 0 else f"{stem}.part{part}.cu")
-            text = part_text(source, part)
-            if not path.exists() or path.read_text() != text:
-                tmp = path.with_suffix(f".tmp{os.getpid()}")
-                tmp.write_text(text)
-                os.replace(tmp, path)
-            units.append(path)
-    return units
+def compile_command(unit: Unit, capability: tuple[int, int], obj: Path) -> list[str]:
+    return [nvcc() or "nvcc", "-c", *NVCC_FLAGS, gencode_flag(capability), f"-I{CSRC}", *unit.defines(),
+            str(CSRC / unit.source), "-o", str(obj)]
 
 
 @functools.cache
-def _load(capability: tuple[int, int]):
-    from torch.utils.cpp_extension import load
-
-    return load(
-        name=f"torch_fp4_cuda_sm{arch_target(capability)}",
-        sources=[str(p) for p in part_sources(cache_dir() / "csrc_parts")],
-        extra_include_paths=[str(CSRC)],
-        extra_cflags=["-O3"],
-        extra_cuda_cflags=["-O3", gencode_flag(capability)],
-        verbose=os.environ.get("TORCH_FP4_BUILD_VERBOSE") == "1",
-    )
+def build_dir(capability: tuple[int, int]) -> Path:
+    """The cache folder of this architecture's libraries: named by a hash of every csrc source,
+    the flags and the compiler's path."""
+    h = hashlib.sha256()
+    for path in sorted(CSRC.iterdir()):
+        if path.suffix in (".cu", ".cuh", ".h"):
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(" ".join((*NVCC_FLAGS, *LINK_FLAGS, gencode_flag(capability), str(nvcc()))).encode())
+    return cache_dir() / "cuda" / f"sm{arch_target(capability)}-{h.hexdigest()[:16]}"
 
 
-_BY_DEVICE: dict[int, object] = {}
+def library_path(capability: tuple[int, int], name: str) -> Path:
+    return build_dir(capability) / f"libtorch_fp4_{name}.so"
 
 
-def extension(device: torch.device):
-    """The compiled module for `device` (built on first use; afterwards one dict lookup)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    ext = _BY_DEVICE.get(index)
-    if ext is None:
-        capability = torch.cuda.get_device_capability(index)
-        with _lock:
-            ext = _BY_DEVICE[index] = _load(capability)
-    return ext
+def _run(cmd: list[str]) -> None:
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"torch_fp4: building the cuda kernels failed ({' '.join(cmd)}):\n"
+                           f"{(done.stderr or done.stdout)[-4000:]}")
+
+
+def _workers() -> int:
+    return max(1, int(os.environ.get("MAX_JOBS") or os.cpu_count() or 1))
+
+
+def build(capability: tuple[int, int], names: Iterable[str], progress=sys.stderr) -> dict[str, Path]:
+    """Builds the libraries `names` that are not cached yet (all their units at once, in
+    parallel) and returns every one's path. One line on `progress` per build."""
+    names = list(dict.fromkeys(names))
+    unknown = [n for n in names if n not in LIBRARIES]
+    if unknown:
+        raise ValueError(f"unknown kernel libraries {unknown}; known: {sorted(LIBRARIES)}")
+    paths = {n: library_path(capability, n) for n in names}
+    missing = [n for n in names if not paths[n].exists()]
+    if not missing:
+        return paths
+    if nvcc() is None:
+        raise RuntimeError("torch_fp4: the cuda backend needs nvcc (set CUDA_HOME) to build its kernels")
+    folder = build_dir(capability)
+    folder.mkdir(parents=True, exist_ok=True)
+    locks = []
+    try:
+        for name in missing:  # sorted order (dict order of LIBRARIES): no two processes deadlock
+            lock = open(folder / f"{name}.lock", "w")
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            locks.append(lock)
+        todo = [n for n in missing if not paths[n].exists()]   # another process may have built them
+        if not todo:
+            return paths
+        start = time.perf_counter()
+        if progress is not None:
+            print(f"torch_fp4: compiling the cuda kernels {', '.join(todo)} for sm_{arch_target(capability)} "
+                  f"(first use; cached in {folder}) ...", file=progress, flush=True)
+        tag = f".tmp{os.getpid()}"
+        units = {u for n in todo for u in LIBRARIES[n]}
+        objs = {u: folder / f"{u.stem}{tag}.o" for u in units}
+        with ThreadPoolExecutor(_workers()) as pool:
+            list(pool.map(lambda u: _run(compile_command(u, capability, objs[u])), sorted(units, key=str)))
+            def link(name: str) -> None:
+                tmp = paths[name].with_suffix(tag)
+                _run([nvcc(), *LINK_FLAGS, gencode_flag(capability), *(str(objs[u]) for u in LIBRARIES[name]),
+                      "-o", str(tmp)])
+                os.replace(tmp, paths[name])
+            list(pool.map(link, todo))
+        for obj in objs.values():
+            obj.unlink(missing_ok=True)
+        if progress is not None:
+            print(f"torch_fp4: compiled {', '.join(todo)} in {time.perf_counter() - start:.1f} s",
+                  file=progress, flush=True)
+        return paths
+    finally:
+        for lock in locks:
+            lock.close()

@@ -15,11 +15,12 @@ from ... import formats as F
 from ... import meta
 from ...problems import MmProblem
 from .._common import prepare_outputs, tactic_or_default, use_pdl
-from .build import extension
+from .build import mm_variant
 from .mm_space import MM_SPACE
 from .mm_tactics import CudaMmTactic
 from .mm_wgmma_tactics import WgmmaMmTactic
-from .quantize import _LAYOUT_CODES
+from .native import DTYPE_CODES, library, raw_stream
+from .quantize import dequantize_into
 
 
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
@@ -33,20 +34,33 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     m, n, k = p.m, p.n, p.k
     if m == 0 or n == 0:
         return out
-    ext = extension(a.device)
-    pdl = use_pdl(a.device)
+    i = a.get_device()
+    stream, pdl = raw_stream(i), use_pdl(a.device)
     if a_scale is not None:
-        act = torch.empty((m, k), dtype=torch.bfloat16, device=a.device)
-        ext.dequantize(a.view(torch.uint8), a_scale.view(torch.uint8), None, act, fmt.block_size,
-                       _LAYOUT_CODES[layout], pdl)
+        act = dequantize_into(torch.empty((m, k), dtype=torch.bfloat16, device=a.device), a, a_scale, None, fmt,
+                              layout)
     else:
         act = a
-    packed = p.packed
-    # The binding takes the weight and its scales transposed, as mm_fp4 does (no views here).
+    fp16, mx = act.dtype == torch.float16, fmt.block_size == 32
+    # Operands in make_mm_operands' order (csrc/mm_operands.h); b and b_scale are w.T and w_scale.T,
+    # whose storage is w [N, K/2] and its 128x4 scales [Np, Kp] (kp = the padded scale columns).
+    kp = -(-(k // fmt.block_size) // 4) * 4
+    ops = (act.data_ptr(), b.data_ptr(), b_scale.data_ptr(), None if alpha is None else alpha.data_ptr(),
+           out.data_ptr(), m, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], int(p.packed))
+    variant = mm_variant(fp16, mx, p.packed)
     if isinstance(t, WgmmaMmTactic):
-        ext.mm_fp4_wgmma(act, b, b_scale, alpha, out, fmt.block_size, t.block_m, t.stages, t.split_k,
-                         t.persistent, t.ctas_per_sm, t.stream_k, packed, pdl)
+        lib = library(i, f"wgmma{variant}")
+        tactic_args = (t.block_m, t.stages, t.split_k, int(t.persistent), t.ctas_per_sm, int(t.stream_k))
+        workspace = None
+        if t.stream_k:
+            size = lib.mm_wgmma_workspace_bytes(i, *ops, *tactic_args)
+            lib.check(max(0, -size), "mm_fp4 stream-K workspace size")
+            if size > 0:
+                workspace = torch.empty(size, dtype=torch.uint8, device=a.device)
+        status = lib.mm_wgmma(i, stream, pdl, *ops, *tactic_args,
+                              None if workspace is None else workspace.data_ptr())
     else:
-        ext.mm_fp4_small_m(act, b, b_scale, alpha, out, fmt.block_size, t.warps, t.tiles_per_warp, t.block_k,
-                           t.stages, t.split_k, packed, pdl)
+        lib = library(i, f"small_m{variant}")
+        status = lib.mm_small_m(i, stream, pdl, *ops, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k)
+    lib.check(status, f"mm_fp4 (M={m}, N={n}, K={k}) with {t}")
     return out
