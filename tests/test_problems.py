@@ -154,7 +154,7 @@ def test_auto_order_reads_the_problem():
     assert tuning.auto_order("mm_fp4", hopper)[0] is Backend.CUDA
     q = QuantizeProblem(device=torch.device("cuda", 0), capability=(9, 0), fmt=F.NVFP4,
                         sf_layout=F.SfLayout.LAYOUT_128x4, batch=None, rows=128, k=64, x_dtype=torch.bfloat16)
-    assert tuning.auto_order("nvfp4_quantize", q)[0] is Backend.CUTE_DSL
+    assert tuning.auto_order("nvfp4_quantize", q)[0] is Backend.CUDA
     assert tuning.auto_order("route", RouteProblem(device=q.device, capability=(9, 0), tokens=1, experts=4,
                                                    top_k=1, method="softmax", logits_dtype=torch.float32)) == (
         Backend.TRITON, Backend.REFERENCE)

@@ -17,9 +17,12 @@ _QUANTIZE_OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp
 SMALL, MEDIUM, LARGE = 0, 1, 2
 _BAND_EDGES = (1 << 20, 1 << 25)
 
-# Measured on H100 (sm_90) with `python -m torch_fp4 bench quantize` (BENCHMARKS.md): cute-dsl
-# fastest in 97 of 99 shapes, cuda within 1-2% of it, triton about 15% behind for M*K >= 2^25.
-_HOPPER = (Backend.CUTE_DSL, Backend.CUDA, Backend.TRITON)
+# Measured on H100 (sm_90) with `python -m torch_fp4 bench quantize` (BENCHMARKS.md): on the GPU
+# cute-dsl is fastest in 97 of 99 shapes, cuda within 1-5% of it (99% against 100% of copy for
+# M*K >= 2^25, 2.35 against 2.21 us at 128x4096 in a graph), triton about 15% behind. cuda goes
+# first: its launch costs about 100 us less host time per call than CuTe DSL's (`bench overhead`),
+# and its kernels are built once and cached, where CuTe DSL compiles again in every process.
+_HOPPER = (Backend.CUDA, Backend.CUTE_DSL, Backend.TRITON)
 PREFERENCE: dict[tuple[str, int, int], tuple[Backend, ...]] = {
     ("quantize", 9, SMALL): _HOPPER,
     ("quantize", 9, MEDIUM): _HOPPER,

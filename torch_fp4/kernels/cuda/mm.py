@@ -14,7 +14,8 @@ import torch
 from ... import formats as F
 from ... import meta
 from ...problems import MmProblem
-from .._common import prepare_outputs, tactic_or_default, use_pdl
+from .. import _common
+from .._common import prepare_outputs, tactic_or_default
 from .build import mm_variant
 from .mm_space import MM_SPACE
 from .mm_tactics import CudaMmTactic
@@ -35,7 +36,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     if m == 0 or n == 0:
         return out
     i = a.get_device()
-    stream, pdl = raw_stream(i), use_pdl(a.device)
+    stream, pdl = raw_stream(i), _common.PDL and p.capability >= (9, 0)   # use_pdl, from the problem
     if a_scale is not None:
         act = dequantize_into(torch.empty((m, k), dtype=torch.bfloat16, device=a.device), a, a_scale, None, fmt,
                               layout)
@@ -54,7 +55,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
         workspace = None
         if t.stream_k:
             size = lib.mm_wgmma_workspace_bytes(i, *ops, *tactic_args)
-            lib.check(max(0, -size), "mm_fp4 stream-K workspace size")
+            if size < 0:
+                lib.check(-size, "mm_fp4 stream-K workspace size")
             if size > 0:
                 workspace = torch.empty(size, dtype=torch.uint8, device=a.device)
         status = lib.mm_wgmma(i, stream, pdl, *ops, *tactic_args,
@@ -62,5 +64,6 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     else:
         lib = library(i, f"small_m{variant}")
         status = lib.mm_small_m(i, stream, pdl, *ops, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k)
-    lib.check(status, f"mm_fp4 (M={m}, N={n}, K={k}) with {t}")
+    if status:
+        lib.check(status, f"mm_fp4 (M={m}, N={n}, K={k}) with {t}")
     return out
