@@ -32,6 +32,27 @@ def tensors(op: str, **named) -> None:
         tensor(op, name, t)
 
 
+def integer(op: str, name: str, value, what: str = "an int") -> int:
+    """An int argument (a Python int, or a SymInt while tracing; not a bool, float or tensor)."""
+    if value.__class__ is bool or not isinstance(value, (int, torch.SymInt)):
+        fail(op, name, what, repr(value), TypeError)
+    return value
+
+
+def boolean(op: str, name: str, value) -> bool:
+    if not isinstance(value, (bool, torch.SymBool)):
+        fail(op, name, "a bool", repr(value), TypeError)
+    return value
+
+
+def real(op: str, name: str, value) -> float:
+    """A real number argument (an int or float, or their symbolic forms while tracing; not a bool
+    or a tensor)."""
+    if value.__class__ is bool or not isinstance(value, (int, float, torch.SymInt, torch.SymFloat)):
+        fail(op, name, "a float", repr(value), TypeError)
+    return value
+
+
 def dtype(op: str, name: str, t: torch.Tensor, allowed: Iterable[torch.dtype]) -> None:
     allowed = tuple(allowed)
     tensor(op, name, t)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
 import torch
+from torch import _C
 
 from .. import tactics
 from ..backends import Backend
@@ -175,9 +176,10 @@ _Tensor = torch.Tensor
 
 def _problem_key(validate: Callable, args: tuple) -> tuple:
     """What validation, requirements and tactics may look at: each tensor's dtype, shape, strides,
-    device and 16-byte alignment (never its values), any other argument itself."""
+    device and 16-byte alignment (never its values), any other argument itself with its type (so
+    2.0 or True never reuses the plan of 2 or 1: validation sees every type)."""
     return (validate, *[(a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 15) if isinstance(a, _Tensor)
-                        else a for a in args])
+                        else (a.__class__, a) for a in args])
 
 
 def _launch(plan: Plan, launch: tuple) -> Any:
@@ -220,6 +222,31 @@ def run(op: str, validate: Callable, args: tuple, build: Callable[[Problem], tup
             _PLANS.clear()
         _PLANS[key] = plan
     return _launch(plan, launch)
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def eager(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a public function may call its op's implementation directly, skipping PyTorch's
+    dispatcher (its custom-op path costs more host time than the whole implementation on a
+    repeated call): true only in plain eager mode, where the dispatcher would call that same
+    function. Not while torch.compile traces (Dynamo records the op), under a dispatch or
+    torch-function mode (FakeTensorMode, FlopCounterMode, `with torch.device(...)`), inside
+    functorch transforms or torch.jit.trace, while the autograd profiler records (it names the
+    op), for tensor subclasses or meta tensors, or when autograd could record the call (grad
+    enabled and an input requires grad: the op's backward refuses with INFERENCE_ONLY)."""
+    if torch.compiler.is_compiling():
+        return False
+    if (_C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled()
+            or _C._autograd._profiler_enabled() or _C._get_tracing_state() is not None
+            or _C._functorch.peek_interpreter_stack() is not None):
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (t.__class__ not in _PLAIN_TENSORS or t.is_meta or (grad and t.requires_grad)):
+            return False
+    return True
 
 
 INFERENCE_ONLY = ("torch_fp4 ops are inference-only: {op} has no backward. Run it under "

@@ -10,7 +10,7 @@ from .. import meta, reference
 from ..problems import MmProblem
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, register_problem, run, supported_backends
+from ._registry import define, eager, register_impl, register_problem, run, supported_backends
 from .. import tactics as T
 from .quantize import check_scale
 
@@ -18,7 +18,7 @@ OP = "mm_fp4"
 
 
 def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout):
-    fmt = F.format_for_block_size(block_size)
+    fmt = F.format_for_block_size(C.integer(OP, "block_size", block_size, "16 (NVFP4) or 32 (MXFP4)"))
     layout = F.SfLayout.parse(sf_layout)
     wlayout = F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout")
     C.dtype(OP, "b", b, F.FP4_DATA_DTYPES)
@@ -102,6 +102,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_
     weight_layout: the byte order of W: "row" (row-major, as quantized) or "sm90" (W made by
     `torch_fp4.prepack_weight`, read by the cuda backend's Hopper GEMM; N % 128 == 0, K % 64 == 0).
     """
+    if eager(a, b, a_scale, b_scale, alpha):
+        return _mm_fp4(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout)
     C.tensors(OP, a=a, b=b, b_scale=b_scale)
     return mm_fp4_op(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
                      F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)),

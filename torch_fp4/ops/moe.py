@@ -10,7 +10,7 @@ from .. import meta, reference
 from ..problems import MoeProblem, RouteProblem
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, register_problem, run
+from ._registry import define, eager, register_impl, register_problem, run
 from .quantize import check_scale
 
 ROUTING_METHODS = ("softmax", "renormalize", "deepseek_v3", "llama4")
@@ -26,6 +26,12 @@ def _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_grou
     C.dtype(op, "logits", logits, _LOGIT_DTYPES)
     C.ndim(op, "logits", logits, (2,), "a 2-D [T, E] tensor")
     experts = logits.shape[1]
+    C.integer(op, "top_k", top_k)
+    C.boolean(op, "renormalize", renormalize)
+    C.real(op, "routed_scaling_factor", routed_scaling_factor)
+    for name, value in (("n_group", n_group), ("topk_group", topk_group)):
+        if value is not None:
+            C.integer(op, name, value, "an int or None")
     if method not in ROUTING_METHODS:
         C.fail(op, "method", "one of " + ", ".join(map(repr, ROUTING_METHODS)), repr(method))
     if not 1 <= top_k <= experts:
@@ -99,6 +105,9 @@ def route(logits: torch.Tensor, top_k: int, method: str = "softmax", renormalize
     are the unbiased scores normalized and times `routed_scaling_factor`), "llama4" (top-1,
     sigmoid of the logit). Experts come largest score first; ties go to the lower expert id.
     """
+    if eager(logits, bias):
+        return _route(logits, top_k, method, renormalize, bias, n_group, topk_group,
+                      float(routed_scaling_factor), backend)
     C.tensors("route", logits=logits)
     return route_op(logits, top_k, method, renormalize, bias, n_group, topk_group,
                     float(routed_scaling_factor), int(Backend.parse(backend)))
@@ -155,6 +164,9 @@ def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scal
             C.fail(op, "a2_global_scale", "a [1] or [E] fp32 tensor when a1_global_scale is given "
                    "(W4A4 quantizes the intermediate activation)", None)
         C.global_scale(op, "a2_global_scale", a2_global_scale, experts)
+    C.integer(op, "local_expert_offset", local_expert_offset)
+    if num_local_experts is not None:
+        C.integer(op, "num_local_experts", num_local_experts, "an int or None")
     if local_expert_offset < 0:
         C.fail(op, "local_expert_offset", "a non-negative expert id", local_expert_offset)
     if num_local_experts is not None and num_local_experts != experts:
@@ -228,11 +240,16 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     NaN in every output column (checked on the device, so the call never synchronizes, eager,
     compiled or captured alike).
     """
+    if eager(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
+             a1_global_scale, a2_global_scale):
+        return _fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+                          topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
+                          num_local_experts, out_dtype, backend)
     C.tensors("fused_moe", x=x, w1=w1, w1_scale=w1_scale, w1_global_scale=w1_global_scale, w2=w2,
               w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
               topk_weights=topk_weights)
     return fused_moe_op(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
-                        topk_weights, a1_global_scale, a2_global_scale, int(local_expert_offset),
+                        topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                         num_local_experts, out_dtype, int(Backend.parse(backend)))
 
 

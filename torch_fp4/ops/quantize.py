@@ -10,7 +10,7 @@ from .. import meta, reference
 from ..problems import DequantizeProblem, GlobalScaleProblem, QuantizeProblem
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, register_impl, register_problem, run
+from ._registry import eager, define, register_impl, register_problem, run
 
 FP4_DATA = F.FP4_DATA_DTYPES
 _BATCH_DIMS = "a 2-D [M, K] or 3-D [E, M, K] tensor"
@@ -70,7 +70,7 @@ def _validate_mxfp4(x, sf_layout, backend) -> tuple[F.SfLayout, Backend]:
 
 def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_dtype, backend):
     op = "fp4_dequantize"
-    fmt = F.format_for_block_size(block_size)
+    fmt = F.format_for_block_size(C.integer(op, "block_size", block_size, "16 (NVFP4) or 32 (MXFP4)"))
     layout = F.SfLayout.parse(sf_layout)
     rows_k = _check_data(op, data, fmt)
     check_scale(op, "scale", scale, rows_k, fmt, layout)
@@ -174,6 +174,8 @@ def compute_global_scale(x: torch.Tensor, backend: Backend | str = "auto") -> to
     gs = RN(2688 / amax(|x|)), or 1.0 when amax is 0 or the quotient is not finite. Computed on
     the device with no host synchronization.
     """
+    if eager(x):
+        return _compute_global_scale(x, backend)
     C.tensors("compute_global_scale", x=x)
     return compute_global_scale_op(x, int(Backend.parse(backend)))
 
@@ -186,6 +188,8 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: F.SfL
     `compute_global_scale`). Returns (data float4_e2m1fn_x2 [..., K/2], scale float8_e4m3fn),
     scale [Mp, Kp] ([E, Mp, Kp]) for "128x4"/"8x4", [M, K/16] for "linear".
     """
+    if eager(x, global_scale):
+        return _nvfp4_quantize(x, global_scale, sf_layout, backend)
     C.tensors("nvfp4_quantize", x=x, global_scale=global_scale)
     return nvfp4_quantize_op(x, global_scale, F.SfLayout.parse(sf_layout).value,
                              int(Backend.parse(backend)))
@@ -194,6 +198,8 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: F.SfL
 def mxfp4_quantize(x: torch.Tensor, sf_layout: F.SfLayout | str = "128x4",
                    backend: Backend | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize x [M, K] or [E, M, K] (K a multiple of 32) to MXFP4: (data, float8_e8m0fnu scale)."""
+    if eager(x):
+        return _mxfp4_quantize(x, sf_layout, backend)
     C.tensors("mxfp4_quantize", x=x)
     return mxfp4_quantize_op(x, F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)))
 
@@ -208,6 +214,8 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Option
     (e8m0 scales, no global scale). Values are LUT(q) * scale * RN(1/global_scale) in fp32, then
     rounded to out_dtype. data and scale may be uint8 views.
     """
+    if eager(data, scale, global_scale):
+        return _fp4_dequantize(data, scale, global_scale, block_size, sf_layout, out_dtype, backend)
     C.tensors("fp4_dequantize", data=data, scale=scale)
     return fp4_dequantize_op(data, scale, global_scale, block_size,
                              F.SfLayout.parse(sf_layout).value, out_dtype,
