@@ -1,9 +1,13 @@
 """Checkpoint interop (torch_fp4.checkpoint): ModelOpt and compressed-tensors NVFP4 layers."""
 import contextlib
+import json
 import os
+import struct
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import torch_fp4 as t4
 from torch_fp4 import checkpoint as ck
@@ -380,3 +384,192 @@ def test_requested_prefix_must_be_complete(tmp_path):
         ck.save_safetensors({"a": w}, tmp_path / "x.safetensors", "compressed-tensors",
                             extra_tensors={"a.weight_packed": torch.zeros(1)})
     assert not os.path.exists(tmp_path / "x.safetensors")
+
+
+# --- incomplete layers in files -------------------------------------------------------------------
+REQUIRED = {"modelopt": ("weight", "weight_scale", "weight_scale_2"),
+            "compressed-tensors": ("weight_packed", "weight_scale", "weight_global_scale")}
+INCOMPLETE = [(fmt, name) for fmt in FMTS for name in REQUIRED[fmt]]
+
+
+def two_layers(fmt: str) -> dict:
+    """Layers m.k_proj (complete) and m.q_proj of format `fmt`, hand-built."""
+    q, _ = hand_built(fmt, per_tensor=torch.tensor([0.5]))
+    k, _ = hand_built(fmt, seed=4, per_tensor=torch.tensor([0.25]))
+    return {**q, **{key.replace("m.q_proj", "m.k_proj"): t for key, t in k.items()}}
+
+
+def present_keys(tensors: dict, prefix: str) -> list:
+    return [key for key in tensors if key.startswith(prefix + ".")]
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["prefixes=None", "prefixes=[...]"])
+@pytest.mark.parametrize("fmt,name", INCOMPLETE)
+def test_incomplete_layer_in_file_is_an_error(tmp_path, fmt, name, explicit):
+    tensors = two_layers(fmt)
+    del tensors[f"m.q_proj.{name}"]
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    assert ck.find_prefixes(tensors, fmt) == ["m.k_proj", "m.q_proj"]
+    prefixes = ["m.k_proj", "m.q_proj"] if explicit else None
+    with raises(ValueError, "load_safetensors", str(path), "layer 'm.q_proj'",
+                f"no such key 'm.q_proj.{name}'", *present_keys(tensors, "m.q_proj")):
+        ck.load_safetensors(path, prefixes=prefixes)
+
+
+@pytest.mark.parametrize("fmt,name", INCOMPLETE)
+def test_lone_incomplete_layer_is_an_error(tmp_path, fmt, name):
+    """The only layer of a file lacks a tensor: with fmt given it is reported as incomplete;
+    detected, the error names the file and the layer's keys either way."""
+    tensors, _ = hand_built(fmt, per_tensor=torch.tensor([0.5]))
+    del tensors[f"m.q_proj.{name}"]
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    with raises(ValueError, str(path), f"no such key 'm.q_proj.{name}'"):
+        ck.load_safetensors(path, fmt=fmt)
+    with raises(ValueError, str(path), "m.q_proj."):
+        ck.load_safetensors(path)
+
+
+def test_layer_without_marker_names_its_block_scales(tmp_path):
+    tensors = modelopt_dict()
+    del tensors["m.q_proj.weight_scale_2"]
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    with raises(ValueError, "detect_format", str(path), "'m.q_proj.weight_scale' holds e4m3 block scales"):
+        ck.load_safetensors(path)
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_weight_only_layers_need_no_input_scale(tmp_path, fmt):
+    tensors = {k: t for k, t in two_layers(fmt).items() if "input" not in k}
+    path = tmp_path / "m.safetensors"
+    save_file(tensors, str(path))
+    loaded = ck.load_safetensors(path)
+    assert sorted(loaded) == ["m.k_proj", "m.q_proj"]
+    assert all(w.input_global_scale is None for w in loaded.values())
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_unquantized_and_fp8_layers_are_not_nvfp4_layers(tmp_path, fmt):
+    """`weight`, fp32 `weight_scale` and `input_scale` are what bf16 and FP8 layers have too."""
+    tensors, _ = hand_built(fmt, per_tensor=torch.tensor([0.5]))
+    others = {"lm_head.weight": torch.zeros(8, 64, dtype=torch.bfloat16),
+              "m.o_proj.weight": torch.zeros(8, 64).to(torch.float8_e4m3fn),
+              "m.o_proj.weight_scale": torch.tensor(0.5),
+              "m.o_proj.input_scale": torch.tensor(0.25)}
+    path = tmp_path / "m.safetensors"
+    save_file({**tensors, **others}, str(path))
+    assert sorted(ck.load_safetensors(path)) == ["m.q_proj"]
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_complete_multi_layer_file_loads_identically(tmp_path, fmt):
+    weights = {f"model.layers.{i}.mlp.up_proj": quantized(seed=i)[0] for i in range(3)}
+    path = tmp_path / "m.safetensors"
+    ck.save_safetensors(weights, path, fmt,
+                        extra_tensors={"lm_head.weight": torch.zeros(4, 4, dtype=torch.bfloat16)})
+    loaded = ck.load_safetensors(path)
+    in_memory = read_file(path)
+    assert sorted(loaded) == sorted(weights)
+    for prefix, w in weights.items():
+        ref = ck.load_nvfp4(in_memory, prefix, fmt)
+        for field in ("data", "scale", "global_scale", "input_global_scale", "global_decode_scale",
+                      "input_decode_scale"):
+            got, want = getattr(loaded[prefix], field), getattr(ref, field)
+            assert (got is None and want is None) or same_bytes(got, want), field
+        assert torch.equal(dequant(loaded[prefix]), dequant(w))
+
+
+# --- unreadable files -----------------------------------------------------------------------------
+def valid_file(tmp_path) -> tuple:
+    """(bytes of a valid one-layer file, header length, {key: (start, end) byte offsets in it})."""
+    path = tmp_path / "valid.safetensors"
+    ck.save_safetensors({"lin": quantized()[0]}, path, "modelopt")
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    spans = {k: (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1])
+             for k, v in header.items() if k != "__metadata__"}
+    return raw, n, spans
+
+
+def corrupt(raw: bytes, n: int, spans: dict, case: str) -> tuple:
+    """(bytes of a corrupt file, fragments its error must hold besides the path)."""
+    start, end = spans["lin.weight"]
+    if case == "empty":
+        return b"", ("empty file",)
+    if case == "cut_in_data":
+        return raw[:(start + end) // 2], ("cut short", "'lin.weight'")
+    if case == "cut_in_header":
+        return raw[:8 + n // 2], ("header length", "cut short inside its header")
+    if case == "header_length_past_end":
+        return struct.pack("<Q", len(raw)) + raw[8:], ("header length", f"{len(raw)} bytes")
+    assert case == "bad_json"
+    return raw[:8] + b"{not json".ljust(n) + raw[8 + n:], ("not valid JSON",)
+
+
+@pytest.mark.parametrize("case", ["empty", "cut_in_data", "cut_in_header", "header_length_past_end",
+                                  "bad_json"])
+def test_corrupt_file_is_a_clear_error(tmp_path, case):
+    data, fragments = corrupt(*valid_file(tmp_path), case)
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(data)
+    with raises(ValueError, "load_safetensors", "expected a valid .safetensors file", str(path),
+                *fragments):
+        ck.load_safetensors(path)
+
+
+def test_missing_file_names_the_path(tmp_path):
+    path = tmp_path / "absent.safetensors"
+    with raises(FileNotFoundError, "load_safetensors", "no such file", str(path)):
+        ck.load_safetensors(path)
+
+
+def test_unreadable_tensor_names_file_and_key(tmp_path, monkeypatch):
+    import safetensors
+    path = tmp_path / "m.safetensors"
+    ck.save_safetensors({"lin": quantized()[0]}, path, "modelopt")
+    real_open = safetensors.safe_open
+
+    class FailingReads:
+        def __init__(self, *args, **kwargs):
+            self._handle = real_open(*args, **kwargs)
+
+        def __enter__(self):
+            self._handle.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self._handle.__exit__(*exc)
+
+        def __getattr__(self, name):
+            return getattr(self._handle, name)
+
+        def get_tensor(self, key):
+            raise safetensors.SafetensorError("simulated read failure")
+
+    monkeypatch.setattr(safetensors, "safe_open", FailingReads)
+    with raises(ValueError, "lin.weight: ", "simulated read failure", str(path)):
+        ck.load_safetensors(path)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.floats(0, 1, exclude_max=True))
+def test_truncated_file_never_loads(tmp_path, cut):
+    """A file cut at any byte is an error naming it, and the cut tensor when the cut is in data."""
+    raw, n, spans = valid_file(tmp_path)
+    size = int(cut * len(raw))
+    path = tmp_path / "cut.safetensors"
+    path.write_bytes(raw[:size])
+    cut_keys = [k for k, (start, end) in sorted(spans.items(), key=lambda kv: kv[1][1]) if end > size]
+    fragments = (f"{cut_keys[0]!r}",) if size >= 8 + n else ()
+    with raises(ValueError, str(path), *fragments):
+        ck.load_safetensors(path)
+
+
+def test_prefixes_given_as_one_string_is_an_error(tmp_path):
+    w, _ = quantized()
+    ck.save_safetensors({"lin": w}, tmp_path / "m.safetensors", "modelopt")
+    with pytest.raises(TypeError, match="load_safetensors: prefixes: expected None or a list"):
+        ck.load_safetensors(tmp_path / "m.safetensors", prefixes="lin")

@@ -70,6 +70,11 @@ Only 2-D weights (one linear layer per prefix) are handled. Every missing, mis-s
 wrong-dtype tensor raises ValueError/TypeError naming the checkpoint key, what was expected and
 what was found; nothing is filled in. Layers this module cannot represent are rejected, not
 loaded approximately: ModelOpt NVFP4-AWQ (`pre_quant_scale`) and compressed-tensors zero points.
+A layer is found by any tensor name only its format uses (`weight_scale_2`; `weight_packed`,
+`weight_global_scale`, `input_global_scale`) or by float8_e4m3fn `weight_scale` block scales, so
+one lacking a tensor is reported, not skipped; `weight` and `input_scale` alone mark nothing, as
+unquantized and FP8 layers have them too. A file that is missing or corrupt raises an error naming
+it (`load_safetensors`).
 
 Loading and constructing read scalar values on the host (checks), so build `NVFP4Weight`s at load
 time, not inside a captured CUDA graph. `safetensors` is needed only by `load_safetensors` /
@@ -77,6 +82,7 @@ time, not inside a captured CUDA graph. `safetensors` is needed only by `load_sa
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -87,6 +93,7 @@ import torch
 from . import formats as F
 from .ops import _checks as C
 from .ops.quantize import fp4_dequantize
+from .safetensors_file import LazyFile, open_file, safetensors_module
 
 __all__ = ["NVFP4Weight", "CHECKPOINT_FORMATS", "load_nvfp4", "save_nvfp4", "detect_format",
            "find_prefixes", "load_safetensors", "save_safetensors"]
@@ -104,14 +111,28 @@ class _Naming:
     decode: bool               # per-tensor scalars stored in the decode convention (amax / 2688)
     scalar_shape: tuple        # shape this format writes its per-tensor scalars with
     unsupported: tuple         # (suffix, reason) of tensors whose presence we refuse to ignore
+    # Names no other kind of layer has, so that one of them marks an NVFP4 layer of this format.
+    # `weight` and `input_scale` are left out: unquantized and FP8 layers have them too.
+    markers: tuple
+
+    @property
+    def required(self) -> tuple:
+        return (self.data, self.scale, self.global_scale)
+
+    @property
+    def names(self) -> tuple:
+        """Every tensor of a layer; the input scale is absent from weight-only (W4A16) layers."""
+        return self.required + (self.input_scale,)
 
 
 _NAMINGS = {
     "modelopt": _Naming("weight", "weight_scale", "weight_scale_2", "input_scale", True, (),
-                        (("pre_quant_scale", "NVFP4-AWQ pre-quantization scaling is not supported"),)),
+                        (("pre_quant_scale", "NVFP4-AWQ pre-quantization scaling is not supported"),),
+                        ("weight_scale_2",)),
     "compressed-tensors": _Naming("weight_packed", "weight_scale", "weight_global_scale",
                                   "input_global_scale", False, (1,),
-                                  (("weight_zero_point", "asymmetric (zero-point) NVFP4 is not supported"),)),
+                                  (("weight_zero_point", "asymmetric (zero-point) NVFP4 is not supported"),),
+                                  ("weight_packed", "weight_global_scale", "input_global_scale")),
 }
 CHECKPOINT_FORMATS = tuple(_NAMINGS)
 
@@ -258,20 +279,42 @@ class NVFP4Weight:
 # ---------------------------------------------------------------------------------------------
 # Format detection
 # ---------------------------------------------------------------------------------------------
-def _keys_with_suffix(keys, name: str) -> list[str]:
-    return [k for k in keys if k == name or k.endswith("." + name)]
+def _name_of(key: str) -> str:
+    return key.rpartition(".")[2]
+
+
+def _holds_e4m3(tensors: Mapping[str, torch.Tensor], key: str) -> bool:
+    """Whether tensors[key] is float8_e4m3fn (NVFP4 block scales; FP8 layers' scales are fp32).
+    A file's dtype is read from its header, not from the tensor's data."""
+    if isinstance(tensors, LazyFile):
+        return tensors.stored_dtype(key) == "F8_E4M3"
+    t = tensors[key]
+    return isinstance(t, torch.Tensor) and t.dtype == F.NVFP4.scale_dtype
 
 
 def _markers(keys) -> dict[str, list[str]]:
-    return {"modelopt": _keys_with_suffix(keys, "weight_scale_2"),
-            "compressed-tensors": _keys_with_suffix(keys, "weight_packed")
-            + _keys_with_suffix(keys, "weight_global_scale")}
+    return {fmt: [k for marker in naming.markers for k in keys if _name_of(k) == marker]
+            for fmt, naming in _NAMINGS.items()}
+
+
+def _marker_names() -> str:
+    return " or ".join(f"{' / '.join(repr(m) for m in naming.markers)} ({fmt})"
+                       for fmt, naming in _NAMINGS.items())
+
+
+def _orphan_block_scales(tensors: Mapping[str, torch.Tensor], keys) -> str:
+    """A hint for a file whose NVFP4 layers all lack their format's marker names."""
+    orphans = [k for k in keys if _name_of(k) == "weight_scale" and _holds_e4m3(tensors, k)]
+    if not orphans:
+        return ""
+    return (f" (but {orphans[0]!r} holds e4m3 block scales: an NVFP4 layer missing its per-tensor "
+            "scale or packed data?)")
 
 
 def detect_format(tensors: Mapping[str, torch.Tensor], prefix: Optional[str] = None) -> str:
     """"modelopt" if the keys (of `prefix`, when given) hold a `weight_scale_2`,
-    "compressed-tensors" if they hold `weight_packed` / `weight_global_scale`; ValueError when
-    neither or both are found."""
+    "compressed-tensors" if they hold `weight_packed` / `weight_global_scale` /
+    `input_global_scale`; ValueError when neither or both are found."""
     keys = list(tensors.keys())
     where = "tensors"
     if prefix is not None:
@@ -281,19 +324,44 @@ def detect_format(tensors: Mapping[str, torch.Tensor], prefix: Optional[str] = N
     if len(found) == 1:
         return next(iter(found))
     if not found:
-        C.fail("detect_format", where,
-               "NVFP4 keys ending in 'weight_scale_2' (modelopt) or 'weight_packed' / "
-               "'weight_global_scale' (compressed-tensors)", f"{len(keys)} keys, none of them")
+        C.fail("detect_format", where, f"NVFP4 keys ending in {_marker_names()}",
+               f"{len(keys)} keys, none of them{_orphan_block_scales(tensors, keys)}")
     examples = ", ".join(f"{fmt}: {hits[0]!r}" for fmt, hits in found.items())
     C.fail("detect_format", where, "the keys of one checkpoint format", f"both ({examples})")
 
 
+def _layers(tensors: Mapping[str, torch.Tensor], naming: _Naming) -> dict[str, list[str]]:
+    """{prefix: the names of `naming` it holds} for every prefix holding a marker name or e4m3
+    block scales, so that a layer missing any one of its tensors is still found."""
+    held: dict[str, list[str]] = {}
+    for key in tensors.keys():
+        prefix, _, name = key.rpartition(".")
+        if name in naming.names:
+            held.setdefault(prefix, []).append(name)
+    return {p: names for p, names in held.items()
+            if any(n in naming.markers or (n == naming.scale and _holds_e4m3(tensors, _key(p, n)))
+                   for n in names)}
+
+
 def find_prefixes(tensors: Mapping[str, torch.Tensor], fmt: str) -> list[str]:
-    """Sorted prefixes of the NVFP4 linear layers of format `fmt` among the keys."""
-    naming = _naming("find_prefixes", fmt)
-    marker = naming.global_scale if naming.decode else naming.data
-    hits = _keys_with_suffix(tensors.keys(), marker)
-    return sorted(k[: -len(marker) - 1] if k != marker else "" for k in hits)
+    """Sorted prefixes of the NVFP4 linear layers of format `fmt` among the keys: every prefix
+    holding one of the format's own tensor names (`_Naming.markers`) or float8_e4m3fn
+    `weight_scale` block scales, complete or not (`load_nvfp4` names what an incomplete one
+    lacks)."""
+    return sorted(_layers(tensors, _naming("find_prefixes", fmt)))
+
+
+def _require_complete(op: str, tensors: Mapping[str, torch.Tensor], fmt: str, prefix: str) -> None:
+    naming = _NAMINGS[fmt]
+    keys = [_key(prefix, name) for name in naming.names]
+    missing = [_key(prefix, name) for name in naming.required if _key(prefix, name) not in tensors]
+    if missing:
+        found = ", ".join(repr(k) for k in keys if k in tensors) or "none of them"
+        expected = (f"the tensors of a {fmt} NVFP4 layer: "
+                    f"{', '.join(repr(k) for k in keys[:-1])} and optionally {keys[-1]!r}")
+        C.fail(op, f"layer {prefix!r}", expected,
+               f"no such key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
+               f"(found {found})")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -397,37 +465,15 @@ def save_nvfp4(w: NVFP4Weight, prefix: str, fmt: str) -> dict[str, torch.Tensor]
 # ---------------------------------------------------------------------------------------------
 # safetensors files
 # ---------------------------------------------------------------------------------------------
-def _safetensors():
+@contextlib.contextmanager
+def _file_named_in_errors(path) -> Iterator[None]:
+    """ValueError / TypeError raised by checks on a file's tensors also name the file."""
     try:
-        import safetensors
-        import safetensors.torch  # noqa: F401
-    except ImportError as e:  # pragma: no cover - exercised only without the package
-        raise ImportError("torch_fp4.checkpoint: reading and writing .safetensors files needs the "
-                          "safetensors package (pip install safetensors)") from e
-    return safetensors
-
-
-class _LazyFile(Mapping):
-    """The tensors of an open safetensors file, each read on first access."""
-
-    def __init__(self, handle):
-        self._handle = handle
-        self._keys = list(handle.keys())
-        self._key_set = set(self._keys)
-
-    def __getitem__(self, key: str) -> torch.Tensor:
-        if key not in self._key_set:
-            raise KeyError(key)
-        return self._handle.get_tensor(key)
-
-    def __contains__(self, key) -> bool:
-        return key in self._key_set
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._keys)
-
-    def __len__(self) -> int:
-        return len(self._keys)
+        yield
+    except (ValueError, TypeError) as e:
+        if type(e) not in (ValueError, TypeError):
+            raise
+        raise type(e)(f"{e} (file {str(path)!r})") from e
 
 
 def load_safetensors(path, prefixes: Optional[list[str]] = None, fmt: Optional[str] = None,
@@ -435,16 +481,25 @@ def load_safetensors(path, prefixes: Optional[list[str]] = None, fmt: Optional[s
     """The NVFP4 linear layers of a .safetensors file: {prefix: NVFP4Weight}.
 
     fmt: None detects it from the file's keys. prefixes: None loads every NVFP4 layer of that
-    format (`find_prefixes`); otherwise exactly those, each of which must be complete. Only the
-    tensors of the requested layers are read.
+    format (`find_prefixes`: a layer is found from any one of its format's own tensors, or from
+    e4m3 block scales); otherwise exactly those. Every layer loaded must be complete: one lacking
+    a required tensor (all but the input scale, absent from W4A16 layers) is a ValueError naming
+    the file, the missing keys and those found. Only the tensors of the requested layers are read.
+
+    Errors name the file: FileNotFoundError (or another OSError) when it cannot be opened,
+    ValueError when it is not a valid safetensors file (empty, cut short, a header length past
+    its end, a header that is not JSON; the tensor whose data is cut off, when one is), and the
+    ValueError / TypeError of `detect_format` and `load_nvfp4` with the file appended.
     """
-    st = _safetensors()
-    with st.safe_open(str(path), framework="pt", device=str(device)) as handle:
-        tensors = _LazyFile(handle)
+    op = "load_safetensors"
+    if isinstance(prefixes, str):
+        C.fail(op, "prefixes", "None or a list of layer prefixes", repr(prefixes), TypeError)
+    with open_file(op, path, device) as tensors, _file_named_in_errors(path):
         fmt = detect_format(tensors) if fmt is None else fmt
-        _naming("load_safetensors", fmt)
-        if prefixes is None:
-            prefixes = find_prefixes(tensors, fmt)
+        _naming(op, fmt)
+        prefixes = find_prefixes(tensors, fmt) if prefixes is None else list(prefixes)
+        for prefix in prefixes:
+            _require_complete(op, tensors, fmt, prefix)
         return {p: load_nvfp4(tensors, p, fmt) for p in prefixes}
 
 
@@ -453,7 +508,7 @@ def save_safetensors(weights: Mapping[str, NVFP4Weight], path, fmt: str,
                      metadata: Optional[dict[str, str]] = None) -> None:
     """Write {prefix: NVFP4Weight} (plus `extra_tensors`, e.g. unquantized layers) to a
     .safetensors file in format `fmt`. A key produced twice is a ValueError."""
-    st = _safetensors()
+    st = safetensors_module()
     op = "save_safetensors"
     _naming(op, fmt)
     out: dict[str, torch.Tensor] = {}
