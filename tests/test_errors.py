@@ -259,3 +259,45 @@ def test_moe_global_scale_shape():
 def test_swap_gate_up_rejects_odd_rows():
     with raises(ValueError, "w1", "even"):
         t4.swap_gate_up(torch.zeros(2, 3, 8, dtype=torch.uint8))
+
+
+# --- every parse and scalar error names the op (eager and through torch.ops alike) --------------
+@pytest.mark.parametrize("call,fragments", [
+    (lambda: t4.nvfp4_quantize(X, GS, sf_layout="64x4"), ("nvfp4_quantize: sf_layout", "'64x4'")),
+    (lambda: t4.mxfp4_quantize(X, backend="fast"), ("mxfp4_quantize: backend", "'fast'")),
+    (lambda: t4.compute_global_scale(X, backend="fast"), ("compute_global_scale: backend",)),
+    (lambda: t4.fp4_dequantize(D, S, sf_layout="x"), ("fp4_dequantize: sf_layout",)),
+    (lambda: t4.fp4_dequantize(D, S, block_size=8), ("fp4_dequantize: block_size", "16 (NVFP4) or 32", "8")),
+    (lambda: t4.mm_fp4(D, WQ.T, S, WS.T, block_size=64), ("mm_fp4: block_size", "64")),
+    (lambda: t4.mm_fp4(D, WQ.T, S, WS.T, backend="fast"), ("mm_fp4: backend", "'fast'")),
+    (lambda: t4.route(torch.randn(4, 8), 2, backend="fast"), ("route: backend",)),
+])
+def test_parse_errors_name_the_op(call, fragments):
+    with raises(ValueError, *fragments):
+        call()
+    with torch.device("cpu"):        # the op path (a torch-function mode: no eager shortcut)
+        with raises(ValueError, *fragments):
+            call()
+
+
+@pytest.mark.parametrize("factor", [float("nan"), float("inf"), -1.0, 0.0])
+def test_route_scaling_factor_must_be_positive_and_finite(factor):
+    logits = torch.randn(4, 8)
+    with raises(ValueError, "route: routed_scaling_factor", "a positive finite number"):
+        t4.route(logits, 2, "deepseek_v3", bias=torch.zeros(8), routed_scaling_factor=factor)
+
+
+def test_mxfp4_weights_with_the_default_block_size_name_block_size():
+    wq, ws, _ = T.quantized_weight(64, 64, t4.MXFP4)
+    with raises(TypeError, "mm_fp4: b_scale", "block_size=32", "float8_e8m0fnu"):
+        t4.mm_fp4(torch.randn(2, 64, dtype=torch.bfloat16), wq.T, None, ws.T)
+    dm, sm = t4.mxfp4_quantize(X)
+    with raises(TypeError, "fp4_dequantize: scale", "block_size=32"):
+        t4.fp4_dequantize(dm, sm)
+
+
+def test_moe_meta_topk_ids_is_a_device_error():
+    kw = T.moe_problem(w4a4=False)
+    kw["topk_ids"] = kw["topk_ids"].to("meta")
+    with raises(ValueError, "fused_moe: topk_ids", "got meta"):
+        t4.fused_moe(**kw)

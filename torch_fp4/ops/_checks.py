@@ -39,6 +39,16 @@ def integer(op: str, name: str, value, what: str = "an int") -> int:
     return value
 
 
+def block_size(op: str, value):
+    """The format of a block_size argument: 16 (NVFP4) or 32 (MXFP4)."""
+    from .. import formats as F
+
+    integer(op, "block_size", value, "16 (NVFP4) or 32 (MXFP4)")
+    if value not in (16, 32):
+        fail(op, "block_size", "16 (NVFP4) or 32 (MXFP4)", repr(value))
+    return F.format_for_block_size(value)
+
+
 def boolean(op: str, name: str, value) -> bool:
     if not isinstance(value, (bool, torch.SymBool)):
         fail(op, name, "a bool", repr(value), TypeError)

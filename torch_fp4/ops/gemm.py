@@ -12,14 +12,14 @@ from ..backends import Backend
 from . import _checks as C
 from ._registry import define, eager, register_impl, register_problem, run, supported_backends
 from .. import tactics as T
-from .quantize import check_scale
+from .quantize import check_scale, check_scale_dtype
 
 OP = "mm_fp4"
 
 
 def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout):
-    fmt = F.format_for_block_size(C.integer(OP, "block_size", block_size, "16 (NVFP4) or 32 (MXFP4)"))
-    layout = F.SfLayout.parse(sf_layout)
+    fmt = C.block_size(OP, block_size)
+    layout = F.SfLayout.parse(sf_layout, f"{OP}: sf_layout")
     wlayout = F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout")
     C.dtype(OP, "b", b, F.FP4_DATA_DTYPES)
     C.ndim(OP, "b", b, (2,), "a 2-D [K/2, N] tensor (the weight [N, K/2] passed as w.T)")
@@ -47,7 +47,7 @@ def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, b
         check_scale(OP, "a_scale", a_scale, (a.shape[0], k), fmt, layout)
         C.contiguous(OP, "a_scale", a_scale)
     C.contiguous(OP, "a", a)
-    C.dtype(OP, "b_scale", b_scale, (fmt.scale_dtype, torch.uint8))
+    check_scale_dtype(OP, "b_scale", b_scale, fmt)
     np_, kp = F.padded_scale_shape(n, k // fmt.block_size, F.SfLayout.LAYOUT_128x4)
     C.shape(OP, "b_scale", b_scale, (kp, np_),
             f"(the 128x4 scales [{np_}, {kp}] of b, passed transposed as w_scale.T)")
@@ -58,7 +58,7 @@ def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, b
             C.fail(OP, "alpha", "a one-element fp32 tensor", f"shape {tuple(alpha.shape)}")
     C.dtype_arg(OP, "out_dtype", out_dtype, C.OUT_DTYPES)
     C.same_device(OP, a=a, b=b, a_scale=a_scale, b_scale=b_scale, alpha=alpha)
-    return fmt, layout, wlayout, Backend.parse(backend)
+    return fmt, layout, wlayout, Backend.parse(backend, f"{OP}: backend")
 
 
 def _problem(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
@@ -106,7 +106,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_
         return _mm_fp4(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout)
     C.tensors(OP, a=a, b=b, b_scale=b_scale)
     return mm_fp4_op(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
-                     F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)),
+                     F.SfLayout.parse(sf_layout, f"{OP}: sf_layout").value, int(Backend.parse(backend, f"{OP}: backend")),
                      F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout").value)
 
 

@@ -29,6 +29,8 @@ def _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_grou
     C.integer(op, "top_k", top_k)
     C.boolean(op, "renormalize", renormalize)
     C.real(op, "routed_scaling_factor", routed_scaling_factor)
+    if not 0 < routed_scaling_factor < float("inf"):
+        C.fail(op, "routed_scaling_factor", "a positive finite number", routed_scaling_factor)
     for name, value in (("n_group", n_group), ("topk_group", topk_group)):
         if value is not None:
             C.integer(op, name, value, "an int or None")
@@ -47,7 +49,7 @@ def _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_grou
             if value is not default and value != default:
                 C.fail(op, name, f"{default} for method {method!r} (only 'deepseek_v3' uses it)",
                        "a tensor" if isinstance(value, torch.Tensor) else value)
-        return Backend.parse(backend)
+        return Backend.parse(backend, f"{op}: backend")
     if bias is None:
         C.fail(op, "bias", f"a [{experts}] correction-bias tensor for method 'deepseek_v3'", None)
     C.dtype(op, "bias", bias, _LOGIT_DTYPES)
@@ -64,7 +66,7 @@ def _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_grou
         if top_k > topk_group * (experts // n_group):
             C.fail(op, "top_k", f"at most topk_group * experts per group = "
                    f"{topk_group * (experts // n_group)}", top_k)
-    return Backend.parse(backend)
+    return Backend.parse(backend, f"{op}: backend")
 
 
 def _route_problem(logits, top_k, method, renormalize, bias, n_group, topk_group,
@@ -110,7 +112,7 @@ def route(logits: torch.Tensor, top_k: int, method: str = "softmax", renormalize
                       float(routed_scaling_factor), backend)
     C.tensors("route", logits=logits)
     return route_op(logits, top_k, method, renormalize, bias, n_group, topk_group,
-                    float(routed_scaling_factor), int(Backend.parse(backend)))
+                    float(routed_scaling_factor), int(Backend.parse(backend, "route: backend")))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,7 +179,7 @@ def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scal
                   w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
                   topk_weights=topk_weights, a1_global_scale=a1_global_scale,
                   a2_global_scale=a2_global_scale)
-    return out_dtype, Backend.parse(backend)
+    return out_dtype, Backend.parse(backend, f"{op}: backend")
 
 
 def _moe_problem(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
@@ -250,7 +252,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               topk_weights=topk_weights)
     return fused_moe_op(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                         topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
-                        num_local_experts, out_dtype, int(Backend.parse(backend)))
+                        num_local_experts, out_dtype, int(Backend.parse(backend, "fused_moe: backend")))
 
 
 register_problem("route", route, _route_problem)

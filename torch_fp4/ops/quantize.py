@@ -31,10 +31,21 @@ def _batch(t: torch.Tensor) -> Optional[int]:
     return t.shape[0] if t.dim() == 3 else None
 
 
+def check_scale_dtype(op: str, name: str, scale: torch.Tensor, fmt: F.Fp4Format) -> None:
+    """Block scales of `fmt` (or their uint8 view); the other format's scales name block_size."""
+    C.tensor(op, name, scale)
+    other = F.MXFP4 if fmt is F.NVFP4 else F.NVFP4
+    if scale.dtype == other.scale_dtype:
+        C.fail(op, name, f"{fmt.name.upper()} block scales ({fmt.scale_dtype}) for block_size="
+               f"{fmt.block_size}; {other.name.upper()} scales need block_size={other.block_size}",
+               scale.dtype, TypeError)
+    C.dtype(op, name, scale, (fmt.scale_dtype, torch.uint8))
+
+
 def check_scale(op: str, name: str, scale: torch.Tensor, rows_k: tuple[int, ...],
                 fmt: F.Fp4Format, layout: F.SfLayout) -> None:
     """Block scales of `fmt` for an unpacked [*batch, rows, K] operand, stored in `layout`."""
-    C.dtype(op, name, scale, (fmt.scale_dtype, torch.uint8))
+    check_scale_dtype(op, name, scale, fmt)
     expected = F.scale_shape(rows_k, fmt.block_size, layout)
     C.shape(op, name, scale, expected,
             f"({layout.value} scales of a {list(rows_k)} {fmt.name.upper()} operand)")
@@ -52,7 +63,7 @@ def _check_data(op: str, data: torch.Tensor, fmt: F.Fp4Format) -> tuple[int, ...
 
 def _validate_global_scale(x: torch.Tensor, backend: int) -> Backend:
     C.dtype("compute_global_scale", "x", x, C.FLOAT_INPUT_DTYPES)
-    return Backend.parse(backend)
+    return Backend.parse(backend, "compute_global_scale: backend")
 
 
 def _validate_nvfp4(x, global_scale, sf_layout, backend) -> tuple[F.SfLayout, Backend]:
@@ -60,18 +71,19 @@ def _validate_nvfp4(x, global_scale, sf_layout, backend) -> tuple[F.SfLayout, Ba
     _check_source(op, x, F.NVFP4)
     C.global_scale(op, "global_scale", global_scale, _batch(x))
     C.same_device(op, x=x, global_scale=global_scale)
-    return F.SfLayout.parse(sf_layout), Backend.parse(backend)
+    return F.SfLayout.parse(sf_layout, f"{op}: sf_layout"), Backend.parse(backend, f"{op}: backend")
 
 
 def _validate_mxfp4(x, sf_layout, backend) -> tuple[F.SfLayout, Backend]:
-    _check_source("mxfp4_quantize", x, F.MXFP4)
-    return F.SfLayout.parse(sf_layout), Backend.parse(backend)
+    op = "mxfp4_quantize"
+    _check_source(op, x, F.MXFP4)
+    return F.SfLayout.parse(sf_layout, f"{op}: sf_layout"), Backend.parse(backend, f"{op}: backend")
 
 
 def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_dtype, backend):
     op = "fp4_dequantize"
-    fmt = F.format_for_block_size(C.integer(op, "block_size", block_size, "16 (NVFP4) or 32 (MXFP4)"))
-    layout = F.SfLayout.parse(sf_layout)
+    fmt = C.block_size(op, block_size)
+    layout = F.SfLayout.parse(sf_layout, f"{op}: sf_layout")
     rows_k = _check_data(op, data, fmt)
     check_scale(op, "scale", scale, rows_k, fmt, layout)
     C.contiguous(op, "scale", scale)
@@ -82,7 +94,7 @@ def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_d
         C.global_scale(op, "global_scale", global_scale, _batch(data))
     C.dtype_arg(op, "out_dtype", out_dtype, C.OUT_DTYPES)
     C.same_device(op, data=data, scale=scale, global_scale=global_scale)
-    return fmt, layout, Backend.parse(backend)
+    return fmt, layout, Backend.parse(backend, f"{op}: backend")
 
 
 # The validated arguments as one problem object, and the requested backend (ops._registry.run).
@@ -177,7 +189,7 @@ def compute_global_scale(x: torch.Tensor, backend: Backend | str = "auto") -> to
     if eager(x):
         return _compute_global_scale(x, backend)
     C.tensors("compute_global_scale", x=x)
-    return compute_global_scale_op(x, int(Backend.parse(backend)))
+    return compute_global_scale_op(x, int(Backend.parse(backend, "compute_global_scale: backend")))
 
 
 def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: F.SfLayout | str = "128x4",
@@ -191,8 +203,8 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: F.SfL
     if eager(x, global_scale):
         return _nvfp4_quantize(x, global_scale, sf_layout, backend)
     C.tensors("nvfp4_quantize", x=x, global_scale=global_scale)
-    return nvfp4_quantize_op(x, global_scale, F.SfLayout.parse(sf_layout).value,
-                             int(Backend.parse(backend)))
+    return nvfp4_quantize_op(x, global_scale, F.SfLayout.parse(sf_layout, "nvfp4_quantize: sf_layout").value,
+                             int(Backend.parse(backend, "nvfp4_quantize: backend")))
 
 
 def mxfp4_quantize(x: torch.Tensor, sf_layout: F.SfLayout | str = "128x4",
@@ -201,7 +213,8 @@ def mxfp4_quantize(x: torch.Tensor, sf_layout: F.SfLayout | str = "128x4",
     if eager(x):
         return _mxfp4_quantize(x, sf_layout, backend)
     C.tensors("mxfp4_quantize", x=x)
-    return mxfp4_quantize_op(x, F.SfLayout.parse(sf_layout).value, int(Backend.parse(backend)))
+    return mxfp4_quantize_op(x, F.SfLayout.parse(sf_layout, "mxfp4_quantize: sf_layout").value,
+                             int(Backend.parse(backend, "mxfp4_quantize: backend")))
 
 
 def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Optional[torch.Tensor] = None,
@@ -218,8 +231,8 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Option
         return _fp4_dequantize(data, scale, global_scale, block_size, sf_layout, out_dtype, backend)
     C.tensors("fp4_dequantize", data=data, scale=scale)
     return fp4_dequantize_op(data, scale, global_scale, block_size,
-                             F.SfLayout.parse(sf_layout).value, out_dtype,
-                             int(Backend.parse(backend)))
+                             F.SfLayout.parse(sf_layout, "fp4_dequantize: sf_layout").value, out_dtype,
+                             int(Backend.parse(backend, "fp4_dequantize: backend")))
 
 
 register_problem("compute_global_scale", compute_global_scale, _global_scale_problem)
