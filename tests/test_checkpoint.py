@@ -371,6 +371,27 @@ def test_weight_consistency_checks():
         ck.NVFP4Weight(w.data, w.linear_scale(), w.global_scale)
 
 
+@pytest.mark.parametrize("name", ["global_scale", "input_global_scale", "global_decode_scale",
+                                  "input_decode_scale"])
+@pytest.mark.parametrize("value", [0.0, -1.0, float("inf"), float("nan"), 1e-45])
+def test_weight_refuses_per_tensor_scales_the_loader_refuses(name, value):
+    """The constructor checks what load_nvfp4 checks (test_bad_per_tensor_scales): 1e-45 is
+    positive but its reciprocal overflows. A bad decode scale comes with its own reciprocal as
+    the encode scale, so only its value is wrong."""
+    w, _ = quantized()
+    bad = torch.tensor([value])
+    scales = dict(global_scale=w.global_scale, input_global_scale=w.input_global_scale)
+    if name == "global_decode_scale":
+        scales.update(global_decode_scale=bad, global_scale=rcp(bad))
+    elif name == "input_decode_scale":
+        scales.update(input_decode_scale=bad, input_global_scale=rcp(bad))
+    else:
+        scales[name] = bad
+    with raises(ValueError, f"NVFP4Weight: {name}: expected a positive finite ",
+                f"with a finite reciprocal, got {float(bad)!r}"):
+        ck.NVFP4Weight(w.data, w.scale, **scales)
+
+
 def test_requested_prefix_must_be_complete(tmp_path):
     w, _ = quantized()
     path = tmp_path / "m.safetensors"

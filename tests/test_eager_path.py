@@ -12,7 +12,8 @@ import torch_fp4 as t4
 from torch_fp4 import testing as T
 from torch_fp4.ops import _registry, gemm, moe, quantize
 
-from test_ops import SAMPLES, _as_list, _bits
+SAMPLES = T.op_samples()
+_as_list, _bits = T.as_list, T.bits
 
 # op -> (module holding the public function and its `<op>_op`)
 _MODULES = {"compute_global_scale": quantize, "nvfp4_quantize": quantize, "mxfp4_quantize": quantize,

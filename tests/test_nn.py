@@ -1,5 +1,6 @@
 """FP4Linear and quantize_model: same numbers as the ops they wrap, close to the dense layer,
 robust storage (dtype casts, state_dict), torch.compile(fullgraph=True)."""
+import re
 import warnings
 
 import pytest
@@ -84,16 +85,66 @@ def test_static_input_scale_w4a4():
 
 
 def test_bad_arguments_name_themselves():
-    with pytest.raises(ValueError, match=r"in_features: expected a multiple of 16 \(the NVFP4 block size\), got 40"):
+    with pytest.raises(ValueError, match=r"in_features: expected a positive multiple of 16 \(the NVFP4 block size\), got 40"):
         FP4Linear(40, 8)
     with pytest.raises(ValueError, match="activations"):
         FP4Linear(32, 8, activations="int4")
     mod = FP4Linear(32, 8)
-    with pytest.raises(ValueError, match="x: expected last dimension 32"):
+    with pytest.raises(ValueError, match=r"x: expected at least 1-D with last dimension 32 \(in_features\)"):
         mod(torch.randn(2, 16, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="scale: expected a 1-byte tensor of shape"):
         mod.set_quantized(mod.weight, torch.zeros(8, 2, dtype=torch.uint8))
 
+
+@pytest.mark.parametrize("activations", ["bf16", "fp4"])
+def test_output_has_the_input_dtype(activations):
+    # fp64 is computed as fp32 is (x rounded to compute_dtype, fp32 GEMM output) and widened
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", activations)
+    x = torch.randn(2, 3, 64, dtype=torch.float64)
+    y = mod(x)
+    assert y.dtype == torch.float64 and y.shape == (2, 3, 48)
+    assert torch.equal(y, mod(x.to(torch.bfloat16).float()).double())
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert mod(x.to(dtype)).dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool,
+                                   torch.float8_e4m3fn, torch.complex64])
+def test_inputs_of_other_dtypes_are_refused(dtype):
+    mod = FP4Linear(32, 8)
+    x = torch.ones(2, 32).to(dtype)
+    with pytest.raises(TypeError, match=r"^FP4Linear: x: expected dtype bfloat16, float16, float32 "
+                                        r"or float64, got " + re.escape(str(dtype)) + "$"):
+        mod(x)
+    with pytest.raises(TypeError, match=r"^FP4Linear: x: expected a torch.Tensor, got list$"):
+        mod([[1.0] * 32])
+
+
+def test_zero_dimensional_input_is_refused():
+    mod = FP4Linear(32, 8)
+    with pytest.raises(ValueError, match=r"^FP4Linear: x: expected at least 1-D with last dimension "
+                                         r"32 \(in_features\), got shape \(\)$"):
+        mod(torch.tensor(1.0))
+    with pytest.raises(ValueError, match=r"^FP4Linear: x: expected at least 1-D with last dimension "
+                                         r"32 \(in_features\), got shape \(2, 16\)$"):
+        mod(torch.randn(2, 16))
+
+
+@pytest.mark.parametrize("args,exc,message", [
+    ((0, 8), ValueError, "in_features: expected a positive multiple of 16 (the NVFP4 block size), got 0"),
+    ((-16, 8), ValueError, "in_features: expected a positive multiple of 16 (the NVFP4 block size), got -16"),
+    ((32, 0), ValueError, "out_features: expected a positive int, got 0"),
+    ((32, -8), ValueError, "out_features: expected a positive int, got -8"),
+    ((32.0, 8), TypeError, "in_features: expected an int, got 32.0"),
+    ((32, "8"), TypeError, "out_features: expected an int, got '8'"),
+    ((32, True), TypeError, "out_features: expected an int, got True"),
+])
+def test_bad_sizes_name_themselves(args, exc, message):
+    with pytest.raises(exc, match="^" + re.escape("FP4Linear: " + message) + "$"):
+        FP4Linear(*args)
+    with pytest.raises(ValueError, match=r"^FP4Linear: in_features: expected a positive multiple of "
+                                         r"32 \(the MXFP4 block size\), got 48$"):
+        FP4Linear(48, 8, fmt="mxfp4")
 
 class _MLP(torch.nn.Module):
     def __init__(self):
@@ -128,6 +179,21 @@ def test_quantize_model_filters():
     assert isinstance(model.up, FP4Linear) and model.up.fmt is t4.MXFP4
     assert not isinstance(model.down, FP4Linear)
 
+
+def test_quantize_model_checks_its_arguments():
+    with pytest.raises(TypeError, match=r"^quantize_model: model: expected an nn.Module, got str$"):
+        quantize_model("str")
+    for config, got in (({"fmt": "nvfp4"}, "dict"), ("nvfp4", "str"), (None, "NoneType")):
+        with pytest.raises(TypeError, match=rf"^quantize_model: config: expected a QuantConfig, got {got}$"):
+            quantize_model(_MLP(), config)
+    with pytest.raises(ValueError, match=r"^QuantConfig: fmt: expected 'nvfp4' or 'mxfp4', got 'int4'$"):
+        QuantConfig(fmt="int4")
+    with pytest.raises(ValueError, match=r"^QuantConfig: activations: expected 'bf16' \(W4A16\) or "
+                                         r"'fp4' \(W4A4\), got 'int4'$"):
+        QuantConfig(activations="int4")
+    with pytest.raises(TypeError, match=r"^QuantConfig: exclude: expected None, a glob string or a "
+                                        r"predicate \(name, module\) -> bool, got int$"):
+        QuantConfig(exclude=3)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("activations", ["bf16", "fp4"])
@@ -313,9 +379,49 @@ def test_fp4moe_bad_arguments_name_themselves():
         FP4MoE.from_experts(router, w1, w2, top_k=2).set_activation_scales(
             torch.ones(1), torch.ones(3))
     mod = FP4MoE.from_experts(router, w1, w2, top_k=2)
-    with pytest.raises(ValueError, match="x: expected last dimension 64"):
+    with pytest.raises(ValueError, match=r"x: expected at least 1-D with last dimension 64 \(hidden_size\)"):
         mod(torch.randn(2, 32, dtype=torch.bfloat16))
 
+
+@pytest.mark.parametrize("activations", ["bf16", "fp4"])
+def test_fp4moe_output_has_the_input_dtype(activations):
+    router, w1, w2 = _experts()
+    x = torch.randn(3, 5, H, dtype=torch.float64)
+    mod = FP4MoE.from_experts(router, w1, w2, top_k=2, activations=activations,
+                              calibration=x.to(torch.bfloat16))
+    y = mod(x)
+    assert y.dtype == torch.float64 and y.shape == x.shape
+    assert torch.equal(y, mod(x.to(torch.bfloat16).float()).double())
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        assert mod(x.to(dtype)).dtype == dtype
+
+
+def test_fp4moe_refuses_bad_inputs():
+    mod = FP4MoE.from_experts(*_experts(), top_k=2)
+    for where, call in (("forward", mod), ("calibrate", mod.calibrate)):
+        for dtype in (torch.int64, torch.bool, torch.float8_e4m3fn):
+            with pytest.raises(TypeError, match=rf"^FP4MoE.{where}: x: expected dtype bfloat16, "
+                                                rf"float16, float32 or float64, got {dtype}$"):
+                call(torch.ones(2, H).to(dtype))
+        with pytest.raises(ValueError, match=rf"^FP4MoE.{where}: x: expected at least 1-D with last "
+                                             rf"dimension {H} \(hidden_size\), got shape \(\)$"):
+            call(torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("kwargs,exc,message", [
+    (dict(hidden_size=64.0), TypeError, "hidden_size: expected an int, got 64.0"),
+    (dict(intermediate_size="32"), TypeError, "intermediate_size: expected an int, got '32'"),
+    (dict(num_experts=4.0), TypeError, "num_experts: expected an int, got 4.0"),
+    (dict(num_experts=True), TypeError, "num_experts: expected an int, got True"),
+    (dict(hidden_size=0), ValueError, "hidden_size: expected a positive multiple of 16 (the NVFP4 block size), got 0"),
+    (dict(intermediate_size=-16), ValueError, "intermediate_size: expected a positive multiple of 16 (the NVFP4 block size), got -16"),
+    (dict(num_experts=0), ValueError, "num_experts: expected a positive int, got 0"),
+    (dict(num_experts=-1), ValueError, "num_experts: expected a positive int, got -1"),
+])
+def test_fp4moe_bad_sizes_name_themselves(kwargs, exc, message):
+    args = dict(hidden_size=H, intermediate_size=I, num_experts=E, top_k=1)
+    with pytest.raises(exc, match="^" + re.escape("FP4MoE: " + message) + "$"):
+        FP4MoE(**{**args, **kwargs})
 
 @pytest.mark.slow
 @pytest.mark.parametrize("activations", ["bf16", "fp4"])

@@ -187,6 +187,9 @@ class NVFP4Weight:
     stored them (amax/2688, any of shape [] or [1]), or None. When given, the matching encode scale
     must equal RN(1/decode) bit for bit. They exist so that saving back to ModelOpt writes the
     bytes that were read; see the module docstring.
+
+    Every per-tensor scale given must be positive and finite with a finite reciprocal, as
+    `load_nvfp4` requires of a checkpoint's (ValueError naming it).
     """
     data: torch.Tensor
     scale: torch.Tensor
@@ -209,21 +212,23 @@ class NVFP4Weight:
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 (frozen)
         set_("data", self.data.view(torch.float4_e2m1fn_x2))
         set_("scale", self.scale.view(F.NVFP4.scale_dtype))
-        set_("global_scale", _scalar(op, "global_scale", self.global_scale,
-                                     "encode global scale").reshape(1))
-        if self.input_global_scale is not None:
-            set_("input_global_scale", _scalar(op, "input_global_scale", self.input_global_scale,
-                                               "activation encode global scale").reshape(1))
-        for enc, dec in (("global_scale", "global_decode_scale"),
-                         ("input_global_scale", "input_decode_scale")):
-            decode = getattr(self, dec)
-            if decode is None:
+        # The per-tensor scalars pass the checks load_nvfp4 applies to a checkpoint's, the decode
+        # scale first: when given, it is the value a checkpoint stored.
+        for enc, dec, what in (("global_scale", "global_decode_scale", "encode global scale"),
+                               ("input_global_scale", "input_decode_scale",
+                                "activation encode global scale")):
+            decode, encode = getattr(self, dec), getattr(self, enc)
+            if decode is not None:
+                _scalar(op, dec, decode, "decode scale as stored by ModelOpt")
+                _positive_finite(op, dec, decode, "decode scale")
+            if encode is None and enc == "input_global_scale":
+                if decode is not None:
+                    C.fail(op, enc, f"a tensor (RN(1/{dec})) since {dec} is given", "None")
                 continue
-            _scalar(op, dec, decode, "decode scale as stored by ModelOpt")
-            encode = getattr(self, enc)
-            if encode is None:
-                C.fail(op, enc, f"a tensor (RN(1/{dec})) since {dec} is given", "None")
-            if not torch.equal(encode, torch.reciprocal(decode.reshape(1))):
+            encode = _scalar(op, enc, encode, what).reshape(1)
+            set_(enc, encode)
+            _positive_finite(op, enc, encode, what)
+            if decode is not None and not torch.equal(encode, torch.reciprocal(decode.reshape(1))):
                 C.fail(op, enc, f"RN(1/{dec}) = {torch.reciprocal(decode).item()!r}",
                        repr(encode.item()))
         C.same_device(op, data=self.data, scale=self.scale, global_scale=self.global_scale,

@@ -17,11 +17,37 @@ import torch
 
 from . import formats as F
 from . import ops
-from .ops._checks import OUT_DTYPES
+from .ops import _checks as C
 from .ops.moe import _validate_route
 from .reference.moe import silu_mul
 
 _COMPUTE_DTYPES = (torch.bfloat16, torch.float16)
+# What the modules take as x: the output has x's dtype, as nn.Linear's. The ops write at most
+# fp32, so an fp64 output is the fp32 result widened (x is rounded to compute_dtype anyway).
+_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _input(op: str, x, features: int, what: str) -> torch.dtype:
+    """Check a module's input x [..., features]; returns the dtype the ops should write."""
+    C.dtype(op, "x", x, _INPUT_DTYPES)
+    if x.dim() < 1 or x.shape[-1] != features:
+        C.fail(op, "x", f"at least 1-D with last dimension {features} ({what})",
+               f"shape {tuple(x.shape)}")
+    return x.dtype if x.dtype in C.OUT_DTYPES else torch.float32
+
+
+def _widen(y: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The ops' output in the input's dtype (only fp64 differs; no call otherwise, as every
+    `.to` costs host time on the per-call path)."""
+    return y if y.dtype == dtype else y.to(dtype)
+
+
+def _size(op: str, name: str, value) -> int:
+    """A positive int size argument."""
+    C.integer(op, name, value)
+    if value <= 0:
+        C.fail(op, name, "a positive int", repr(value))
+    return value
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -33,8 +59,12 @@ class FP4Linear(torch.nn.Module):
 
     activations="bf16" (W4A16): x stays in bf16/fp16; activations="fp4" (W4A4): x is quantized
     to the weight's format on every call (NVFP4 with a per-call global scale computed on the
-    device, or a fixed `input_global_scale` when one is set). Inputs may have any number of
-    leading dimensions; fp32 inputs are computed in `compute_dtype` and returned in fp32.
+    device, or a fixed `input_global_scale` when one is set).
+
+    x: [..., in_features] (any number of leading dimensions, at least 1-D) of dtype bf16, fp16,
+    fp32 or fp64; it is rounded to `compute_dtype` for the GEMM, and the output has x's dtype
+    (as nn.Linear's): fp32 is the GEMM's fp32 output, fp64 that output widened. Other dtypes
+    (integer, bool, fp8, complex) are a TypeError.
 
     weight_layout: the byte order the FP4 weight is kept in: "row" (as quantized), "sm90" (the
     register-fragment order of the cuda backend's Hopper GEMMs: faster from M = 32 on H100,
@@ -51,15 +81,15 @@ class FP4Linear(torch.nn.Module):
                  compute_dtype: torch.dtype = torch.bfloat16,
                  device: Optional[torch.device] = None, weight_layout: str = "auto"):
         super().__init__()
-        self.fmt = _format(fmt)
+        self.fmt = _format("FP4Linear", fmt)
+        C.integer("FP4Linear", "in_features", in_features)
+        _size("FP4Linear", "out_features", out_features)
+        if in_features <= 0 or in_features % self.fmt.block_size:
+            C.fail("FP4Linear", "in_features", f"a positive multiple of {self.fmt.block_size} "
+                   f"(the {self.fmt.name.upper()} block size)", in_features)
         self.weight_layout_choice = _weight_layout("FP4Linear", weight_layout, in_features, out_features)
         self.weight_layout = _resolve_layout(self.weight_layout_choice, device, out_features, in_features)
-        if activations not in ("bf16", "fp4"):
-            raise ValueError(f"FP4Linear: activations: expected 'bf16' (W4A16) or 'fp4' (W4A4), "
-                             f"got {activations!r}")
-        if in_features % self.fmt.block_size:
-            raise ValueError(f"FP4Linear: in_features: expected a multiple of {self.fmt.block_size} "
-                             f"(the {self.fmt.name.upper()} block size), got {in_features}")
+        _activations("FP4Linear", activations)
         if compute_dtype not in _COMPUTE_DTYPES:
             raise TypeError(f"FP4Linear: compute_dtype: expected torch.bfloat16 or torch.float16, "
                             f"got {compute_dtype}")
@@ -180,11 +210,8 @@ class FP4Linear(torch.nn.Module):
         return self.input_global_scale_bits.view(torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[-1] != self.in_features:
-            raise ValueError(f"FP4Linear: x: expected last dimension {self.in_features}, "
-                             f"got shape {tuple(x.shape)}")
+        out_dtype = _input("FP4Linear", x, self.in_features, "in_features")
         lead = x.shape[:-1]
-        out_dtype = x.dtype if x.dtype in OUT_DTYPES else self.compute_dtype
         a = x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous()
         nv = self.fmt is F.NVFP4
         if self.activations == "bf16":
@@ -203,7 +230,7 @@ class FP4Linear(torch.nn.Module):
                            weight_layout=self.weight_layout)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
-        return y.reshape(*lead, self.out_features)
+        return _widen(y.reshape(*lead, self.out_features), x.dtype)
 
     def extra_repr(self) -> str:
         mode = "W4A16" if self.activations == "bf16" else "W4A4"
@@ -260,13 +287,19 @@ def _resolve_layout(choice: str, device: Optional[torch.device], out_features: i
                                        in_features).value
 
 
-def _format(fmt: Union[str, F.Fp4Format]) -> F.Fp4Format:
+def _format(where: str, fmt: Union[str, F.Fp4Format]) -> F.Fp4Format:
     if isinstance(fmt, F.Fp4Format):
         return fmt
     for f in F.FORMATS:
         if f.name == fmt:
             return f
-    raise ValueError(f"fmt: expected 'nvfp4' or 'mxfp4', got {fmt!r}")
+    C.fail(where, "fmt", "'nvfp4' or 'mxfp4'", repr(fmt))
+
+
+def _activations(where: str, activations) -> str:
+    if activations not in ("bf16", "fp4"):
+        C.fail(where, "activations", "'bf16' (W4A16) or 'fp4' (W4A4)", repr(activations))
+    return activations
 
 
 ExpertWeights = Union[torch.Tensor, Sequence]
@@ -328,6 +361,10 @@ class FP4MoE(torch.nn.Module):
     Routing config (top_k, method, renormalize, and for "deepseek_v3" the correction bias
     `routing_bias`, n_group, topk_group, routed_scaling_factor) is that of `torch_fp4.route`.
     Traces with torch.compile(fullgraph=True) and has no host synchronization.
+
+    x: [..., H] (at least 1-D) of dtype bf16, fp16, fp32 or fp64, rounded to `compute_dtype`
+    for the router and the experts; the output has x's dtype, as FP4Linear's (fp32: the fused
+    MoE's fp32 output, fp64: that output widened). Other dtypes are a TypeError.
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
@@ -336,18 +373,15 @@ class FP4MoE(torch.nn.Module):
                  activations: str = "bf16", compute_dtype: torch.dtype = torch.bfloat16,
                  router_bias: bool = False, device: Optional[torch.device] = None):
         super().__init__()
-        if activations not in ("bf16", "fp4"):
-            raise ValueError(f"FP4MoE: activations: expected 'bf16' (W4A16) or 'fp4' (W4A4), "
-                             f"got {activations!r}")
+        _activations("FP4MoE", activations)
         if compute_dtype not in _COMPUTE_DTYPES:
             raise TypeError(f"FP4MoE: compute_dtype: expected torch.bfloat16 or torch.float16, "
                             f"got {compute_dtype}")
         for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+            C.integer("FP4MoE", name, value)
             if value <= 0 or value % 16:
-                raise ValueError(f"FP4MoE: {name}: expected a positive multiple of 16 (the NVFP4 "
-                                 f"block size), got {value}")
-        if num_experts < 1:
-            raise ValueError(f"FP4MoE: num_experts: expected at least 1, got {num_experts}")
+                C.fail("FP4MoE", name, "a positive multiple of 16 (the NVFP4 block size)", value)
+        _size("FP4MoE", "num_experts", num_experts)
         meta = torch.device("meta")
         _validate_route(torch.empty(0, num_experts, device=meta), top_k, method, renormalize,
                         torch.empty(num_experts, device=meta) if method == "deepseek_v3" else None,
@@ -522,7 +556,7 @@ class FP4MoE(torch.nn.Module):
         maxima on the host): a1 = 2688 / amax(x); a2[e] = 2688 / amax of expert e's intermediate
         activation silu(gate) * up (W4A16 experts) over the tokens routed to it (all tokens when
         none is)."""
-        a = self._tokens(x, "calibrate")
+        a = self._tokens(x, "calibrate")[0]
         ids = self._route(a)[0]
         a2 = []
         for e in range(self.num_experts):
@@ -543,13 +577,10 @@ class FP4MoE(torch.nn.Module):
     a2_global_scale = property(lambda self: self._f32("a2_global_scale"))
     routing_bias = property(lambda self: self._f32("routing_bias") if self.method == "deepseek_v3" else None)
 
-    def _tokens(self, x: torch.Tensor, where: str) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"FP4MoE.{where}: x: expected a torch.Tensor, got {type(x).__name__}")
-        if x.dim() < 1 or x.shape[-1] != self.hidden_size:
-            raise ValueError(f"FP4MoE.{where}: x: expected last dimension {self.hidden_size}, "
-                             f"got shape {tuple(x.shape)}")
-        return x.reshape(-1, self.hidden_size).to(self.compute_dtype).contiguous()
+    def _tokens(self, x: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.dtype]:
+        """x as [T, H] tokens in compute_dtype, and the dtype the ops should write."""
+        out_dtype = _input(f"FP4MoE.{where}", x, self.hidden_size, "hidden_size")
+        return x.reshape(-1, self.hidden_size).to(self.compute_dtype).contiguous(), out_dtype
 
     def _route(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.router(a.to(self.router.weight.dtype))
@@ -557,15 +588,14 @@ class FP4MoE(torch.nn.Module):
                          self.n_group, self.topk_group, self.routed_scaling_factor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self._tokens(x, "forward")
-        out_dtype = x.dtype if x.dtype in OUT_DTYPES else self.compute_dtype
+        a, out_dtype = self._tokens(x, "forward")
         ids, weights = self._route(a)
         scales = {}
         if self.activations == "fp4":
             scales = dict(a1_global_scale=self.a1_global_scale, a2_global_scale=self.a2_global_scale)
         y = ops.fused_moe(a, self.w1, self.w1_scale, self.w1_global_scale, self.w2, self.w2_scale,
                           self.w2_global_scale, ids, weights, out_dtype=out_dtype, **scales)
-        return y.reshape(*x.shape[:-1], self.hidden_size)
+        return _widen(y.reshape(*x.shape[:-1], self.hidden_size), x.dtype)
 
     def extra_repr(self) -> str:
         mode = "W4A16" if self.activations == "bf16" else "W4A4"
@@ -587,12 +617,23 @@ class QuantConfig:
     weight_layout: "auto" (each layer in its device's preferred layout, following the module
     across devices), "row", or "sm90" for every converted layer the layout can hold
     (out_features % 128 == 0, in_features % 64 == 0; the others stay "row"): see FP4Linear.
+    Each field is checked on construction (ValueError / TypeError naming it).
     """
     fmt: str = "nvfp4"
     activations: str = "bf16"
     include: Filter = None
     exclude: Filter = None
     weight_layout: str = "auto"
+
+    def __post_init__(self):
+        _format("QuantConfig", self.fmt)
+        _activations("QuantConfig", self.activations)
+        for name in ("include", "exclude"):
+            flt = getattr(self, name)
+            if not (flt is None or isinstance(flt, str) or callable(flt)):
+                C.fail("QuantConfig", name, "None, a glob string or a predicate (name, module) -> bool",
+                       type(flt).__name__, TypeError)
+        _layout_choice("QuantConfig", self.weight_layout)
 
 
 def _matches(flt: Filter, name: str, module: torch.nn.Module, default: bool) -> bool:
@@ -608,9 +649,14 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) 
     Modules inside an FP4MoE (its dense router) are left alone.
 
     Layers whose in_features is not a multiple of the block size stay dense, and a warning
-    names each of them. Returns the model.
+    names each of them. Returns the model. A model that is not an nn.Module, or a config that is
+    not a QuantConfig, is a TypeError.
     """
-    fmt = _format(config.fmt)
+    if not isinstance(model, torch.nn.Module):
+        C.fail("quantize_model", "model", "an nn.Module", type(model).__name__, TypeError)
+    if not isinstance(config, QuantConfig):
+        C.fail("quantize_model", "config", "a QuantConfig", type(config).__name__, TypeError)
+    fmt = _format("QuantConfig", config.fmt)
     layout = _layout_choice("QuantConfig", config.weight_layout)
     skipped = []
     # FP4MoE keeps its router dense: nothing inside one is touched.

@@ -114,3 +114,57 @@ def moe_problem(tokens: int = 6, hidden: int = 64, inter: int = 32, experts: int
         kw["a1_global_scale"] = ops.compute_global_scale(x)
         kw["a2_global_scale"] = torch.full((1,), 448.0, device=device)
     return kw
+
+
+def op_samples() -> list[tuple[str, str, tuple]]:
+    """(id, op name, schema arguments) covering every op of torch.ops.torch_fp4 and its modes
+    (CPU tensors, the reference backend): for opcheck, fake/real and eager/op comparisons."""
+    from . import ops
+    from .backends import Backend
+
+    REF = int(Backend.REFERENCE)
+    x = torch.randn(130, 64, dtype=torch.bfloat16)
+    x3 = torch.randn(3, 20, 32, dtype=torch.float16)
+    gs = ops.compute_global_scale(x)
+    gs3 = torch.rand(3) * 100 + 1
+    out = []
+    out.append(("global_scale", "compute_global_scale", (x, REF)))
+    for lay in ("128x4", "8x4", "linear"):
+        out.append((f"nvfp4_{lay}", "nvfp4_quantize", (x, gs, lay, REF)))
+        out.append((f"mxfp4_{lay}", "mxfp4_quantize", (x, lay, REF)))
+    out.append(("nvfp4_3d", "nvfp4_quantize", (x3, gs3, "128x4", REF)))
+    d, s = ops.nvfp4_quantize(x, gs)
+    out.append(("deq_nvfp4", "fp4_dequantize", (d, s, gs, 16, "128x4", torch.bfloat16, REF)))
+    dm, sm = ops.mxfp4_quantize(x, "8x4")
+    out.append(("deq_mxfp4", "fp4_dequantize", (dm, sm, None, 32, "8x4", torch.float32, REF)))
+    wq, ws, wgs = quantized_weight(72, 64)
+    alpha = F.nvfp4_alpha(gs, wgs)
+    out.append(("mm_w4a4", "mm_fp4", (d, wq.T, s, ws.T, alpha, torch.bfloat16, 16, "128x4", REF)))
+    mq, ms, _ = quantized_weight(72, 64, F.MXFP4)
+    out.append(("mm_mxfp4", "mm_fp4", (dm, mq.T, sm, ms.T, None, torch.float32, 32, "8x4", REF)))
+    out.append(("mm_w4a16", "mm_fp4", (x, wq.T, None, ws.T, alpha, torch.float16, 16, "128x4", REF)))
+    pq, ps, _ = quantized_weight(128, 64)
+    packed = ops.prepack_weight(pq)
+    out.append(("mm_sm90", "mm_fp4", (x, packed.T, None, ps.T, None, torch.bfloat16, 16, "128x4", REF, "sm90")))
+    out.append(("prepack", "prepack_weight", (pq.view(torch.uint8), "sm90")))
+    out.append(("unprepack", "unprepack_weight", (packed, "sm90")))
+    logits = torch.randn(9, 16)
+    out.append(("route_softmax", "route", (logits, 3, "softmax", True, None, None, None, 1.0, REF)))
+    out.append(("route_ds", "route", (logits, 4, "deepseek_v3", False, torch.randn(16), 4, 2, 2.5, REF)))
+    for w4a4 in (False, True):
+        kw = moe_problem(w4a4=w4a4)
+        args = (kw["x"], kw["w1"], kw["w1_scale"], kw["w1_global_scale"], kw["w2"], kw["w2_scale"],
+                kw["w2_global_scale"], kw["topk_ids"], kw["topk_weights"], kw.get("a1_global_scale"),
+                kw.get("a2_global_scale"), 0, None, None, REF)
+        out.append((f"moe_{'w4a4' if w4a4 else 'w4a16'}", "fused_moe", args))
+    return out
+
+
+def as_list(result) -> list:
+    """An op's result as a list of tensors."""
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """A tensor to compare bit for bit: 1-byte dtypes (FP4, FP8 scales) as uint8."""
+    return t.view(torch.uint8) if t.element_size() == 1 else t
