@@ -11,12 +11,33 @@ settings.register_profile("dev", deadline=None, max_examples=40,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci" if os.environ.get("CI") else "dev"))
 
 
+def pytest_addoption(parser):
+    parser.addoption("--full", action="store_true",
+                     help="also run the full GPU sweep (tests and cases marked `full`)")
+
+
+def _in_quick_tier(item) -> bool:
+    """A GPU test module may name, in QUICK = {test name: {case ids}}, the cases of a
+    parametrized test that the quick tier runs; its other cases belong to the full sweep."""
+    quick = getattr(item.module, "QUICK", {})
+    name = getattr(item, "originalname", item.name)
+    if name not in quick or not hasattr(item, "callspec"):
+        return True
+    return item.callspec.id in quick[name]
+
+
 def pytest_collection_modifyitems(config, items):
-    if torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
         return
-    skip = pytest.mark.skip(reason="needs a CUDA device")
+    if config.getoption("--full"):
+        return
+    skip = pytest.mark.skip(reason="the full GPU sweep: run with --full")
     for item in items:
-        if "gpu" in item.keywords:
+        if "full" in item.keywords or ("gpu" in item.keywords and not _in_quick_tier(item)):
             item.add_marker(skip)
 
 

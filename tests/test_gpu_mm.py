@@ -18,6 +18,17 @@ from torch_fp4.backends import Backend
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_fresh_tactics")]
 FMTS = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}
 GPU_BACKENDS = ("triton", "cute-dsl", "cuda")
+# The quick GPU tier (conftest.py): one case per kernel family, activation kind and backend; the
+# other cases run with --full. Case ids: m-activations-layout-format-backend.
+QUICK = {
+    "test_grid_exact_every_structural_tactic": {
+        "1-bf16-128x4-nvfp4-cuda", "129-fp4-8x4-nvfp4-cuda", "1-fp16-128x4-mxfp4-cuda",
+        "129-fp4-128x4-nvfp4-triton", "1-bf16-128x4-mxfp4-triton",
+        "129-fp4-128x4-nvfp4-cute-dsl", "1-bf16-128x4-mxfp4-cute-dsl"},
+    "test_random_within_bound": {
+        "fp4-128x4-nvfp4-cuda", "bf16-128x4-mxfp4-cuda", "bf16-128x4-nvfp4-triton",
+        "fp4-128x4-nvfp4-cute-dsl"},
+}
 
 
 def _gen(seed):
@@ -118,6 +129,7 @@ def test_random_within_bound(backend, fmt_name, a_mode, layout):
         T.assert_mm_within_bound(out, ahat, what, alpha)
 
 
+@pytest.mark.full
 def test_every_tactic_of_one_problem():
     fmt = F.NVFP4
     for a_mode, m in (("bf16", 8), ("fp4", 300)):

@@ -17,6 +17,10 @@ from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("poisoned_fresh_tactics")]
 CASES = [("nvfp4", "bf16"), ("nvfp4", "fp16"), ("nvfp4", "fp4"), ("mxfp4", "bf16"), ("mxfp4", "fp4")]
+# The quick GPU tier (conftest.py): each activation kind and format once, small-M and wgmma sizes;
+# M = 1 with bf16/fp16 activations (every small-M tile, 15-21 s each on H100) runs with --full.
+QUICK = {"test_every_tile_equals_row_major_and_is_exact": {
+    "1-nvfp4-fp4", "16-nvfp4-bf16", "16-mxfp4-bf16", "33-nvfp4-fp16", "129-mxfp4-fp4", "4097-nvfp4-bf16"}}
 
 
 @pytest.fixture(autouse=True)

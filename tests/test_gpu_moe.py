@@ -31,6 +31,14 @@ from torch_fp4 import testing as T
 from torch_fp4.kernels import _common
 
 pytestmark = pytest.mark.gpu
+# The quick GPU tier (conftest.py): W4A16 and W4A4 each through every kernel at least once; the
+# other cases of these parametrized tests run with --full.
+QUICK = {
+    "test_exact_every_tile": {"w4a16"},
+    "test_exact_expert_parallel_slices": {"w4a16"},
+    "test_exact_default_tiles": {"1-8-2-w4a4", "100-8-4-w4a16", "300-8-2-w4a4"},
+    "test_random_model_shapes": {"qwen3-T3-w4a16", "deepseek-T2-w4a4", "qwen3-T200-w4a16"},
+}
 BF16 = torch.bfloat16
 DEV = "cuda"
 
