@@ -450,3 +450,171 @@ def test_fp4moe_from_quantized_checks_scale_layout():
     with pytest.raises(ValueError, match="a1_global_scale: expected a1_global_scale and a2_global_scale"):
         FP4MoE.from_quantized(router, w1q, w1s, gs1, w2q, w2s, gs2, top_k=2, sf_layout="linear",
                               activations="fp4")
+
+
+# -- batch invariance of W4A4 ------------------------------------------------------------------
+def _batches(tok, k, seed=1):
+    """(batch, row of tok) pairs: random neighbours, zero padding rows, a huge-magnitude row,
+    and a 3-D padded batch."""
+    g = torch.Generator().manual_seed(seed)
+    others = torch.randn(7, k, generator=g).to(tok.dtype)
+    zeros = torch.zeros(4, k, dtype=tok.dtype)
+    huge = (3e4 * torch.randn(1, k, generator=g)).to(tok.dtype)
+    tiny = (1e-3 * torch.randn(2, k, generator=g)).to(tok.dtype)
+    yield torch.cat([tok, others]), 0
+    yield torch.cat([others[:3], tok, others[3:]]), 3
+    yield torch.cat([others, tok, zeros]), 7
+    yield torch.cat([zeros[:1], tok, huge]), 1
+    yield torch.cat([huge, tiny, tok]), 3
+    padded = torch.cat([others[:2], tok, zeros[:1], others[2:5], zeros[:1]]).reshape(2, 4, k)
+    yield padded, (0, 2)
+
+
+def _assert_batch_invariant(mod, k, seed=1):
+    g = torch.Generator().manual_seed(seed + 100)
+    for _ in range(2):
+        tok = torch.randn(1, k, generator=g).to(torch.bfloat16)
+        alone = mod(tok)[0]
+        for batch, row in _batches(tok, k, seed):
+            assert torch.equal(mod(batch)[row], alone), row
+
+
+def test_w4a4_nvfp4_dynamic_scale_depends_on_the_batch():
+    # Documented behaviour: the per-call global scale spans the whole batch.
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", "fp4")
+    assert not mod.static_input_scale
+    tok = torch.randn(1, 64, dtype=torch.bfloat16)
+    alone = mod(tok)[0]
+    big = torch.cat([tok, (1e3 * torch.randn(1, 64)).to(torch.bfloat16)])
+    assert not torch.equal(mod(big)[0], alone)
+
+
+def test_w4a4_mxfp4_is_batch_invariant_without_calibration():
+    mod = FP4Linear.from_linear(_linear(), "mxfp4", "fp4")
+    _assert_batch_invariant(mod, 64)
+
+
+def test_w4a16_is_batch_invariant():
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", "bf16")
+    _assert_batch_invariant(mod, 64)
+
+
+def test_calibrate_fixes_the_input_scale():
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", "fp4")
+    x = torch.randn(3, 5, 64) * 4                       # fp32: the scale is that of x in bf16
+    mod.calibrate(x)
+    assert mod.static_input_scale
+    assert torch.equal(mod.input_global_scale, t4.compute_global_scale(x.to(torch.bfloat16)))
+    _assert_batch_invariant(mod, 64)
+    # the fixed scale is the one the dynamic mode computes on the whole calibration input
+    dyn = FP4Linear.from_linear(_linear(), "nvfp4", "fp4")
+    assert torch.equal(mod(x), dyn(x))
+
+
+def test_calibrate_refuses_layers_without_an_input_scale():
+    x = torch.randn(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^FP4Linear.calibrate: fmt: expected 'nvfp4' \(MXFP4 has "
+                                         r"no global scale.*got 'mxfp4'$"):
+        FP4Linear.from_linear(_linear(), "mxfp4", "fp4").calibrate(x)
+    with pytest.raises(ValueError, match=r"^FP4Linear.calibrate: activations: expected 'fp4' .*got 'bf16'$"):
+        FP4Linear.from_linear(_linear(), "nvfp4", "bf16").calibrate(x)
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", "fp4")
+    with pytest.raises(ValueError, match=r"^FP4Linear.calibrate: x: expected at least one token, got shape \(0, 64\)$"):
+        mod.calibrate(x[:0])
+    with pytest.raises(ValueError, match=r"FP4Linear.calibrate: x: expected at least 1-D with last dimension 64"):
+        mod.calibrate(x[:, :32])
+    assert not mod.static_input_scale
+
+
+class _Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = torch.nn.Linear(64, 128)
+        self.down = torch.nn.Linear(128, 64)
+        self.unused = torch.nn.Linear(64, 32)
+
+    def forward(self, x, gain=1.0):
+        return self.down(torch.relu(self.up(x * gain)))
+
+
+def _net():
+    torch.manual_seed(0)
+    return _Net().to(torch.bfloat16)
+
+
+def test_quantize_model_calibration_fixes_each_input_scale():
+    x = torch.randn(6, 64, dtype=torch.bfloat16)
+    with pytest.warns(UserWarning, match=r"calibration: 1 layer\(s\) saw no input .*: unused$"):
+        model = quantize_model(_net(), QuantConfig(activations="fp4"), calibration=x)
+    assert model.up.static_input_scale and model.down.static_input_scale
+    assert not model.unused.static_input_scale and model.up.activations == "fp4"
+    # each layer's scale is that of the inputs it sees with FP4 weights and unquantized inputs
+    dense = _net()
+    up16 = FP4Linear.from_linear(dense.up, "nvfp4", "bf16")
+    assert torch.equal(model.up.input_global_scale, t4.compute_global_scale(x))
+    assert torch.equal(model.down.input_global_scale, t4.compute_global_scale(torch.relu(up16(x))))
+    for name in ("up", "down"):
+        _assert_batch_invariant(getattr(model, name), getattr(model, name).in_features)
+    # the whole model too: one token alone and inside batches
+    tok = torch.randn(1, 64, dtype=torch.bfloat16)
+    alone = model(tok)[0]
+    for batch, row in _batches(tok, 64):
+        assert torch.equal(model(batch)[row], alone)
+
+
+def test_quantize_model_calibration_forms_and_accumulation():
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    scales = []
+    for calibration in (x, (x,), {"x": x}, (x, 2.0), {"x": x, "gain": 2.0}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m = quantize_model(_net(), QuantConfig(activations="fp4", exclude="unused"),
+                               calibration=calibration)
+        scales.append((m.up.input_global_scale.clone(), m.down.input_global_scale.clone()))
+    for s in scales[1:3]:
+        assert torch.equal(s[0], scales[0][0]) and torch.equal(s[1], scales[0][1])
+    for s in scales[3:]:
+        assert torch.equal(s[0], t4.compute_global_scale(x * 2.0))
+
+    class _Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(64, 64)
+
+        def forward(self, a, b):
+            return self.lin(a), self.lin(b)
+
+    a = torch.randn(3, 64, dtype=torch.bfloat16)
+    b = 5 * torch.randn(4, 64, dtype=torch.bfloat16)
+    m = quantize_model(_Twice().to(torch.bfloat16), QuantConfig(activations="fp4"), calibration=(a, b))
+    assert torch.equal(m.lin.input_global_scale, t4.compute_global_scale(torch.cat([a, b])))
+
+
+def test_quantize_model_calibration_checks_its_argument():
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match=r"^quantize_model: calibration: expected None, a tensor, a "
+                                        r"tuple of positional arguments or a dict of keyword "
+                                        r"arguments, got list$"):
+        quantize_model(_net(), QuantConfig(activations="fp4"), calibration=[x])
+    for config in (QuantConfig(), QuantConfig(fmt="mxfp4", activations="fp4")):
+        model = _net()
+        with pytest.raises(ValueError, match=r"^quantize_model: calibration: expected None unless "
+                                             r"fmt='nvfp4' and activations='fp4'"):
+            quantize_model(model, config, calibration=x)
+        assert not isinstance(model.up, FP4Linear)      # refused before anything is converted
+
+
+def test_checkpoint_input_scale_makes_w4a4_batch_invariant():
+    from torch_fp4 import checkpoint as ckpt
+    lin = _linear(k=96, n=40)
+    ref_mod = FP4Linear.from_linear(lin, "nvfp4")
+    gs_in = t4.compute_global_scale(torch.randn(16, 96, dtype=torch.bfloat16))
+    for fmt in ("compressed-tensors", "modelopt"):
+        w = ckpt.NVFP4Weight(ref_mod.weight.clone(), ref_mod.weight_scale.clone(),
+                             ref_mod.weight_global_scale.clone(), gs_in)
+        loaded = ckpt.load_nvfp4(ckpt.save_nvfp4(w, "layer", fmt), "layer", fmt)
+        assert loaded.input_global_scale is not None
+        mod = FP4Linear.from_checkpoint(loaded, bias=lin.bias, activations="fp4")
+        assert mod.static_input_scale
+        assert torch.equal(mod.input_global_scale, loaded.input_global_scale)
+        _assert_batch_invariant(mod, 96)

@@ -61,6 +61,13 @@ class FP4Linear(torch.nn.Module):
     to the weight's format on every call (NVFP4 with a per-call global scale computed on the
     device, or a fixed `input_global_scale` when one is set).
 
+    Batch invariance (W4A4 NVFP4): without a fixed input scale, the activation global scale is
+    computed on each call over the whole x, so one token's output depends on the other tokens
+    in the batch (and on padding rows). With a fixed scale (`calibrate`, `quantize_model(...,
+    calibration=...)`, `set_quantized` or a checkpoint's input scale via `from_checkpoint`) each
+    token's output is bit-identical alone and inside any batch. W4A16 and MXFP4 W4A4 (per-block
+    e8m0 scales only, no global scale) are batch-invariant as they are.
+
     x: [..., in_features] (any number of leading dimensions, at least 1-D) of dtype bf16, fp16,
     fp32 or fp64; it is rounded to `compute_dtype` for the GEMM, and the output has x's dtype
     (as nn.Linear's): fp32 is the GEMM's fp32 output, fp64 that output widened. Other dtypes
@@ -174,6 +181,34 @@ class FP4Linear(torch.nn.Module):
                                  f"tensor, got {t.dtype} {tuple(t.shape)}")
             buf.copy_(_bits(t))
         self.static_input_scale = input_global_scale is not None
+
+    def _check_static_scale(self, op: str) -> None:
+        """Only W4A4 NVFP4 has an activation global scale to fix."""
+        if self.fmt is not F.NVFP4:
+            C.fail(op, "fmt", "'nvfp4' (MXFP4 has no global scale: its per-block scales are "
+                   "batch-invariant already)", repr(self.fmt.name))
+        if self.activations != "fp4":
+            C.fail(op, "activations", "'fp4' (W4A16 does not quantize its input, so it needs no "
+                   "input scale)", repr(self.activations))
+
+    @torch.no_grad()
+    def calibrate(self, x: torch.Tensor) -> None:
+        """Fix the W4A4 NVFP4 activation global scale from sample inputs x [..., in_features]:
+        the scale a call on all of x would compute (`compute_global_scale` of x rounded to
+        compute_dtype), used for every later call, so outputs no longer depend on the batch.
+        ValueError for MXFP4 (no global scale) or W4A16 (activations not quantized), or an x
+        holding no token."""
+        op = "FP4Linear.calibrate"
+        self._check_static_scale(op)
+        _input(op, x, self.in_features, "in_features")
+        a = x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous()
+        if a.shape[0] == 0:
+            C.fail(op, "x", "at least one token", f"shape {tuple(x.shape)}")
+        self._set_input_scale(ops.compute_global_scale(a))
+
+    def _set_input_scale(self, gs: torch.Tensor) -> None:
+        self.input_global_scale_bits.copy_(_bits(gs.to(torch.float32)))
+        self.static_input_scale = True
 
     def set_weight_layout(self, weight_layout: str) -> None:
         """Keep the weight in `weight_layout` ("row", "sm90" or "auto") from now on (its bytes are
@@ -644,13 +679,24 @@ def _matches(flt: Filter, name: str, module: torch.nn.Module, default: bool) -> 
     return bool(flt(name, module))
 
 
-def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) -> torch.nn.Module:
+def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig(),
+                   calibration=None) -> torch.nn.Module:
     """Replace the nn.Linear modules of `model` selected by `config` with FP4Linear, in place.
     Modules inside an FP4MoE (its dense router) are left alone.
 
     Layers whose in_features is not a multiple of the block size stay dense, and a warning
     names each of them. Returns the model. A model that is not an nn.Module, or a config that is
     not a QuantConfig, is a TypeError.
+
+    W4A4 NVFP4 (fmt="nvfp4", activations="fp4") without `calibration` computes each layer's
+    activation global scale on every call over the whole batch, so a token's output depends on
+    the other tokens (and padding) in the batch. `calibration`, sample inputs to the model (a
+    tensor, a tuple of positional arguments or a dict of keyword arguments, passed to
+    `model(...)` once under torch.no_grad(), in the model's current train/eval mode), fixes each
+    converted layer's input scale to `compute_global_scale` of all the inputs that layer saw in
+    that run; outputs are then batch-invariant (see FP4Linear). A converted layer the run never
+    reaches keeps the per-call scale, and a warning names it. `calibration` with any other
+    config is a ValueError (W4A16 and MXFP4 have no activation global scale to fix).
     """
     if not isinstance(model, torch.nn.Module):
         C.fail("quantize_model", "model", "an nn.Module", type(model).__name__, TypeError)
@@ -658,6 +704,14 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) 
         C.fail("quantize_model", "config", "a QuantConfig", type(config).__name__, TypeError)
     fmt = _format("QuantConfig", config.fmt)
     layout = _layout_choice("QuantConfig", config.weight_layout)
+    if calibration is not None:
+        if not isinstance(calibration, (torch.Tensor, tuple, dict)):
+            C.fail("quantize_model", "calibration", "None, a tensor, a tuple of positional "
+                   "arguments or a dict of keyword arguments", type(calibration).__name__, TypeError)
+        if fmt is not F.NVFP4 or config.activations != "fp4":
+            C.fail("quantize_model", "calibration", "None unless fmt='nvfp4' and activations='fp4' "
+                   "(only W4A4 NVFP4 has an activation global scale)",
+                   f"sample inputs with fmt={fmt.name!r}, activations={config.activations!r}")
     skipped = []
     # FP4MoE keeps its router dense: nothing inside one is touched.
     moe = tuple(name + "." if name else "" for name, mod in model.named_modules()
@@ -667,6 +721,7 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) 
                and not (moe and name.startswith(moe))
                and _matches(config.include, name, mod, True)
                and not _matches(config.exclude, name, mod, False)]
+    converted = []
     for name, linear in targets:
         if linear.in_features % fmt.block_size:
             skipped.append(f"{name} (in_features={linear.in_features})")
@@ -675,8 +730,62 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig()) 
         parent = model.get_submodule(parent_name) if parent_name else model
         fits = F.sm90_layout_reason(linear.out_features, linear.in_features) is None
         wl = layout if fits or layout == "auto" else "row"
-        setattr(parent, child, FP4Linear.from_linear(linear, fmt, config.activations, wl))
+        mod = FP4Linear.from_linear(linear, fmt, config.activations, wl)
+        setattr(parent, child, mod)
+        converted.append((name, mod))
     if skipped:
         warnings.warn(f"quantize_model: kept {len(skipped)} layer(s) dense because in_features is "
                       f"not a multiple of {fmt.block_size}: " + ", ".join(skipped), stacklevel=2)
+    if calibration is not None and converted:
+        _calibrate_linears(model, converted, calibration)
     return model
+
+
+@torch.no_grad()
+def _calibrate_linears(model: torch.nn.Module, layers: list, calibration) -> None:
+    """Fix each W4A4 layer's input scale from the inputs it sees in one run of the model.
+
+    The run keeps the FP4 weights but leaves activations unquantized (W4A16), as FP4MoE.calibrate
+    measures its intermediate activation through W4A16 experts: each layer sees the inputs the
+    quantized model gives it, without the per-call W4A4 scales whose batch dependence
+    calibration exists to remove.
+    """
+    amax: dict = {}
+
+    def record(mod, args, kwargs):
+        x = args[0] if args else kwargs.get("x")
+        _input("FP4Linear", x, mod.in_features, "in_features")
+        # The running maximum is kept in compute_dtype, the dtype forward quantizes in, so
+        # compute_global_scale of it is bit-identical to that of all the inputs concatenated.
+        a = x.detach().reshape(-1, mod.in_features).to(mod.compute_dtype)
+        if a.shape[0] == 0:
+            return
+        m = a.abs().amax().reshape(1)
+        amax[mod] = m if mod not in amax else torch.maximum(amax[mod], m)
+
+    hooks = []
+    try:
+        for _, mod in layers:
+            mod.activations = "bf16"
+            hooks.append(mod.register_forward_pre_hook(record, with_kwargs=True))
+        if isinstance(calibration, dict):
+            model(**calibration)
+        elif isinstance(calibration, tuple):
+            model(*calibration)
+        else:
+            model(calibration)
+    finally:
+        for h in hooks:
+            h.remove()
+        for _, mod in layers:
+            mod.activations = "fp4"
+    missed = []
+    for name, mod in layers:
+        if mod in amax:
+            mod._set_input_scale(ops.compute_global_scale(amax[mod].contiguous()))
+        else:
+            missed.append(name)
+    if missed:
+        warnings.warn(f"quantize_model: calibration: {len(missed)} layer(s) saw no input and keep "
+                      "the per-call (batch-dependent) activation global scale: " + ", ".join(missed),
+                      stacklevel=3)
