@@ -618,3 +618,49 @@ def test_checkpoint_input_scale_makes_w4a4_batch_invariant():
         assert mod.static_input_scale
         assert torch.equal(mod.input_global_scale, loaded.input_global_scale)
         _assert_batch_invariant(mod, 96)
+
+
+def _fresh_like(mod: FP4Linear) -> FP4Linear:
+    return FP4Linear(mod.in_features, mod.out_features, bias=mod.bias is not None, fmt=mod.fmt,
+                     activations=mod.activations, weight_layout=mod.weight_layout_choice)
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_state_dict_keeps_whether_the_input_scale_is_fixed(tmp_path, static):
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", "fp4")
+    if static:
+        mod.calibrate(torch.randn(8, 64) * 3)
+    sd = mod.state_dict()
+    assert sd["_extra_state"].dtype == torch.uint8 and all(isinstance(v, torch.Tensor) for v in sd.values())
+    back = _fresh_like(mod)
+    back.load_state_dict(sd)
+    assert back.static_input_scale is static
+    x = torch.randn(5, 64, dtype=torch.bfloat16)
+    assert torch.equal(back(x), mod(x))
+    if static:
+        _assert_batch_invariant(back, 64)
+    safetensors = pytest.importorskip("safetensors.torch")     # a state_dict of tensors only
+    safetensors.save_file(sd, tmp_path / "m.safetensors")
+    again = _fresh_like(mod)
+    again.load_state_dict(safetensors.load_file(tmp_path / "m.safetensors"))
+    assert again.static_input_scale is static
+
+
+def test_a_state_dict_without_the_flag_infers_it_from_the_scale():
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", "fp4")
+    sd = {k: v for k, v in mod.state_dict().items() if k != "_extra_state"}
+    back = _fresh_like(mod)
+    back.load_state_dict(sd)                         # a per-call layer: its scale is still 1.0
+    assert not back.static_input_scale
+    mod.calibrate(torch.randn(8, 64) * 3)
+    sd = {k: v for k, v in mod.state_dict().items() if k != "_extra_state"}
+    back.load_state_dict(sd)
+    assert back.static_input_scale
+
+
+def test_a_bad_flag_in_a_state_dict_is_an_error():
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", "fp4")
+    sd = mod.state_dict()
+    sd["_extra_state"] = torch.tensor([7], dtype=torch.uint8)
+    with pytest.raises(ValueError, match="FP4Linear.load_state_dict: _extra_state: expected a one-element"):
+        mod.load_state_dict(sd)

@@ -66,7 +66,8 @@ class FP4Linear(torch.nn.Module):
     in the batch (and on padding rows). With a fixed scale (`calibrate`, `quantize_model(...,
     calibration=...)`, `set_quantized` or a checkpoint's input scale via `from_checkpoint`) each
     token's output is bit-identical alone and inside any batch. W4A16 and MXFP4 W4A4 (per-block
-    e8m0 scales only, no global scale) are batch-invariant as they are.
+    e8m0 scales only, no global scale) are batch-invariant as they are. state_dict keeps whether
+    the scale is fixed (`_extra_state`, a one-byte tensor), so a reloaded layer stays so.
 
     x: [..., in_features] (any number of leading dimensions, at least 1-D) of dtype bf16, fp16,
     fp32 or fp64; it is rounded to `compute_dtype` for the GEMM, and the output has x's dtype
@@ -115,6 +116,7 @@ class FP4Linear(torch.nn.Module):
                                        requires_grad=False) if bias else None
         self.register_state_dict_post_hook(_weight_to_row)
         self.register_load_state_dict_pre_hook(_weight_from_row)
+        self.register_load_state_dict_pre_hook(_static_flag_of_older_state)
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -181,6 +183,20 @@ class FP4Linear(torch.nn.Module):
                                  f"tensor, got {t.dtype} {tuple(t.shape)}")
             buf.copy_(_bits(t))
         self.static_input_scale = input_global_scale is not None
+
+    # Whether the activation global scale is fixed is a Python flag (forward branches on it
+    # without reading a tensor, also under torch.compile); state_dict keeps it beside the scale
+    # as a one-byte tensor, so a saved and reloaded calibrated layer stays batch-invariant and
+    # the state_dict still holds only tensors (safetensors can save it).
+    def get_extra_state(self) -> torch.Tensor:
+        return torch.tensor([int(self.static_input_scale)], dtype=torch.uint8)
+
+    def set_extra_state(self, state) -> None:
+        if not isinstance(state, torch.Tensor) or state.numel() != 1 or int(state) not in (0, 1):
+            C.fail("FP4Linear.load_state_dict", "_extra_state",
+                   "a one-element tensor: 1 when the input global scale is fixed, else 0",
+                   repr(state))
+        self.static_input_scale = bool(int(state))
 
     def _check_static_scale(self, op: str) -> None:
         """Only W4A4 NVFP4 has an activation global scale to fix."""
@@ -291,6 +307,20 @@ def _weight_from_row(module: FP4Linear, state_dict: dict, prefix: str, local_met
     if (module.weight_layout != "row" and isinstance(t, torch.Tensor) and t.element_size() == 1
             and tuple(t.shape) == tuple(module.weight.shape)):
         state_dict[key] = F.to_weight_layout(t.contiguous(), module.weight_layout)
+
+
+_UNSET_SCALE_BITS = 0x3F800000   # the bits of 1.0, input_global_scale_bits until a scale is fixed
+
+
+def _static_flag_of_older_state(module: FP4Linear, state_dict: dict, prefix: str, local_metadata,
+                                strict, missing_keys, unexpected_keys, error_msgs) -> None:
+    """A state_dict saved before the flag was kept has no `_extra_state`: a layer whose input
+    scale was fixed is recognised by that scale (a per-call scale is never stored, so the
+    buffer keeps 1.0 otherwise); a fixed scale of exactly 1.0 loads as per-call there."""
+    key, scale = prefix + "_extra_state", state_dict.get(prefix + "input_global_scale_bits")
+    if key not in state_dict and isinstance(scale, torch.Tensor) and scale.numel() == 1:
+        state_dict[key] = torch.tensor([int(int(scale.reshape(())) != _UNSET_SCALE_BITS)],
+                                       dtype=torch.uint8)
 
 
 def _layout_choice(where: str, weight_layout) -> str:
