@@ -664,3 +664,26 @@ def test_a_bad_flag_in_a_state_dict_is_an_error():
     sd["_extra_state"] = torch.tensor([7], dtype=torch.uint8)
     with pytest.raises(ValueError, match="FP4Linear.load_state_dict: _extra_state: expected a one-element"):
         mod.load_state_dict(sd)
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), float("nan"), 1e-45])
+def test_setters_refuse_global_scales_that_are_not_positive_and_finite(bad):
+    mod = FP4Linear.from_linear(_linear(), "nvfp4", "fp4")
+    before = {k: v.clone() for k, v in mod.state_dict().items()}
+    w = mod.weight.clone()
+    for kw in ({"global_scale": torch.tensor([bad])}, {"global_scale": torch.ones(1),
+                                                        "input_global_scale": torch.tensor([bad])}):
+        with pytest.raises(ValueError, match=r"FP4Linear.set_quantized: \w*global_scale: expected "
+                                             "positive finite global scales"):
+            mod.set_quantized(torch.zeros_like(w), mod.weight_scale.clone(), **kw)
+        assert all(torch.equal(v, before[k]) for k, v in mod.state_dict().items())   # nothing changed
+    moe = FP4MoE(64, 32, 4, 2, activations="fp4")
+    with pytest.raises(ValueError, match="FP4MoE: a2_global_scale: expected positive finite"):
+        moe.set_activation_scales(torch.ones(1), torch.tensor([1.0, bad, 1.0, 1.0]))
+
+
+def test_fp4moe_routing_errors_name_fp4moe():
+    with pytest.raises(TypeError, match="^FP4MoE: top_k: expected an int, got 2.0"):
+        FP4MoE(64, 32, 4, 2.0)
+    with pytest.raises(ValueError, match="^FP4MoE: top_k: expected 1 <= top_k <= 4"):
+        FP4MoE(64, 32, 4, 5)

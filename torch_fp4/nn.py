@@ -172,16 +172,20 @@ class FP4Linear(torch.nn.Module):
             if tuple(t.shape) != tuple(buf.shape) or t.element_size() != 1:
                 raise ValueError(f"FP4Linear.set_quantized: {name}: expected a 1-byte tensor of "
                                  f"shape {tuple(buf.shape)}, got {t.dtype} {tuple(t.shape)}")
-        self.weight.copy_(F.to_weight_layout(data, self.weight_layout))
-        self.weight_scale.copy_(scale.view(torch.uint8))
-        for name, t, buf in (("global_scale", global_scale, self.weight_global_scale_bits),
-                             ("input_global_scale", input_global_scale, self.input_global_scale_bits)):
+        scales = (("global_scale", global_scale, self.weight_global_scale_bits),
+                  ("input_global_scale", input_global_scale, self.input_global_scale_bits))
+        for name, t, _ in scales:     # every check before any copy: a refused call changes nothing
             if t is None:
                 continue
             if t.dtype != torch.float32 or t.numel() != 1:
                 raise ValueError(f"FP4Linear.set_quantized: {name}: expected a one-element fp32 "
                                  f"tensor, got {t.dtype} {tuple(t.shape)}")
-            buf.copy_(_bits(t))
+            C.positive_finite_scales("FP4Linear.set_quantized", name, t)
+        self.weight.copy_(F.to_weight_layout(data, self.weight_layout))
+        self.weight_scale.copy_(scale.view(torch.uint8))
+        for _, t, buf in scales:
+            if t is not None:
+                buf.copy_(_bits(t))
         self.static_input_scale = input_global_scale is not None
 
     # Whether the activation global scale is fixed is a Python flag (forward branches on it
@@ -450,7 +454,7 @@ class FP4MoE(torch.nn.Module):
         meta = torch.device("meta")
         _validate_route(torch.empty(0, num_experts, device=meta), top_k, method, renormalize,
                         torch.empty(num_experts, device=meta) if method == "deepseek_v3" else None,
-                        n_group, topk_group, float(routed_scaling_factor), "auto")
+                        n_group, topk_group, float(routed_scaling_factor), "auto", op="FP4MoE")
         h, i, e = hidden_size, intermediate_size, num_experts
         self.hidden_size, self.intermediate_size, self.num_experts = h, i, e
         self.top_k, self.method, self.renormalize = top_k, method, renormalize
@@ -613,6 +617,7 @@ class FP4MoE(torch.nn.Module):
             got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
             want = " or ".join(f"[{n}]" for n in sizes)
             raise ValueError(f"FP4MoE: {name}: expected an fp32 tensor of shape {want}, got {got}")
+        C.positive_finite_scales("FP4MoE", name, t)
         buf.copy_(t.reshape(-1).to(buf.device).view(torch.int32).expand(buf.numel()))
 
     @torch.no_grad()

@@ -49,6 +49,17 @@ def block_size(op: str, value):
     return F.format_for_block_size(value)
 
 
+def positive_finite_scales(op: str, name: str, t: torch.Tensor) -> None:
+    """Encode global scales whose every value and reciprocal are positive and finite (reads them
+    on the host: for load-time setters, not per-call paths)."""
+    v = t.detach().float().reshape(-1).cpu()
+    r = torch.reciprocal(v)
+    bad = ~((v > 0) & (r > 0) & torch.isfinite(v) & torch.isfinite(r))
+    if bool(bad.any()):
+        fail(op, name, "positive finite global scales with finite reciprocals",
+             repr(float(v[bad][0])))
+
+
 def boolean(op: str, name: str, value) -> bool:
     if not isinstance(value, (bool, torch.SymBool)):
         fail(op, name, "a bool", repr(value), TypeError)

@@ -21,8 +21,8 @@ _LOGIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # route
 # ---------------------------------------------------------------------------------------------
 def _validate_route(logits, top_k, method, renormalize, bias, n_group, topk_group,
-                    routed_scaling_factor, backend) -> Backend:
-    op = "route"
+                    routed_scaling_factor, backend, *, op: str = "route") -> Backend:
+    """route's checks; `op` names the caller in errors (FP4MoE checks its routing config here)."""
     C.dtype(op, "logits", logits, _LOGIT_DTYPES)
     C.ndim(op, "logits", logits, (2,), "a 2-D [T, E] tensor")
     experts = logits.shape[1]
