@@ -687,3 +687,10 @@ def test_fp4moe_routing_errors_name_fp4moe():
         FP4MoE(64, 32, 4, 2.0)
     with pytest.raises(ValueError, match="^FP4MoE: top_k: expected 1 <= top_k <= 4"):
         FP4MoE(64, 32, 4, 5)
+
+
+def test_quantize_model_of_a_bare_linear_says_what_to_use():
+    lin = torch.nn.Linear(128, 64)
+    with pytest.raises(TypeError, match=r"quantize_model: model: .*FP4Linear.from_linear.*got an nn.Linear"):
+        quantize_model(lin)
+    assert dict(lin.named_children()) == {} and set(lin.state_dict()) == {"weight", "bias"}

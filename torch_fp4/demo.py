@@ -220,6 +220,17 @@ def plot_speed(rows: list[Row], path: str, title: str) -> None:
     plt.close(fig)
 
 
+def _fp4_vs_bf16(rows: list[Row]) -> str:
+    """The measured eager speed of the FP4 variants against bf16's, per model kind."""
+    parts = []
+    for kind in dict.fromkeys(r.model for r in rows):
+        base = next(r.eager_tps for r in rows if r.model == kind and r.variant == "bf16")
+        ratios = [r.eager_tps / base for r in rows if r.model == kind and r.variant != "bf16"]
+        if ratios:
+            parts.append(f"{kind} {min(ratios):.2f}-{max(ratios):.2f}x")
+    return "here FP4 ran eager at " + ", ".join(parts) + " of bf16's tokens/s."
+
+
 def run(device: Optional[str] = None, seed: int = 0, quick: bool = False,
         compile: Optional[bool] = None, plot: Optional[str] = None) -> list[Row]:
     """Build, quantize, measure and print; returns the table's rows. compile=None compiles
@@ -240,8 +251,8 @@ def run(device: Optional[str] = None, seed: int = 0, quick: bool = False,
         why = "--quick on the CPU; --compile adds about 40 s" if compile is None else "--no-compile"
         print(f"compiled: off ({why})", flush=True)
     elif not cuda:
-        print("compiling 8 models on the CPU: about a minute on 2 cores the first time, less "
-              "once inductor's cache is warm (--no-compile skips it)", flush=True)
+        print("compiling 8 models on the CPU after the eager runs (minutes the first time; "
+              "--no-compile skips it)", flush=True)
     gen = torch.Generator().manual_seed(seed + 1)
     tokens, calib = (torch.randint(cfg.vocab, (sizes.batch, sizes.seq), generator=gen).to(dev)
                      for _ in range(2))
@@ -249,6 +260,7 @@ def run(device: Optional[str] = None, seed: int = 0, quick: bool = False,
     moe = TinyLM(cfg, moe=True, seed=seed, device=dev)
     variants = _variants(dense, moe, calib)
     bar = progress(len(variants) * (3 + do_compile), "demo")
+    started = time.perf_counter()
     models, rows, refs, base_bytes = [], [], {}, {}
     per_s = sizes.batch * sizes.seq
     try:
@@ -295,10 +307,11 @@ def run(device: Optional[str] = None, seed: int = 0, quick: bool = False,
               "(BENCHMARKS.md: mm_fp4 and fused_moe at decode sizes).")
     else:
         print("On the CPU every torch_fp4 op runs the reference backend, which dequantizes the "
-              "weights on every call: FP4 is slower than bf16 here (the fast FP4 kernels are GPU "
-              "backends).")
+              "weights on every call (the fast FP4 kernels are GPU backends): " + _fp4_vs_bf16(rows))
     print("Weights: every parameter and buffer; the token embedding, norms, routers and LM head "
           "stay in bf16. MoE experts are NVFP4 only (fused_moe).")
+    print(f"The demo took {time.perf_counter() - started:.0f} s on {where} (building, measuring"
+          f"{' and compiling' if do_compile else ''}).")
     if plot is not None:
         plot_speed(rows, plot, f"torch_fp4 demo: tokens/s on {where}")
         print(f"Speed chart written to {plot}")

@@ -720,8 +720,9 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig(),
     Modules inside an FP4MoE (its dense router) are left alone.
 
     Layers whose in_features is not a multiple of the block size stay dense, and a warning
-    names each of them. Returns the model. A model that is not an nn.Module, or a config that is
-    not a QuantConfig, is a TypeError.
+    names each of them. Returns the model. A model that is not an nn.Module, a bare nn.Linear
+    (which cannot replace itself: use FP4Linear.from_linear), or a config that is not a
+    QuantConfig, is a TypeError.
 
     W4A4 NVFP4 (fmt="nvfp4", activations="fp4") without `calibration` computes each layer's
     activation global scale on every call over the whole batch, so a token's output depends on
@@ -735,6 +736,9 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig(),
     """
     if not isinstance(model, torch.nn.Module):
         C.fail("quantize_model", "model", "an nn.Module", type(model).__name__, TypeError)
+    if isinstance(model, torch.nn.Linear):     # it cannot replace itself in place
+        C.fail("quantize_model", "model", "a module holding nn.Linear layers (for one nn.Linear use "
+               "FP4Linear.from_linear(linear, fmt, activations))", "an nn.Linear", TypeError)
     if not isinstance(config, QuantConfig):
         C.fail("quantize_model", "config", "a QuantConfig", type(config).__name__, TypeError)
     fmt = _format("QuantConfig", config.fmt)
