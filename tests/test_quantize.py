@@ -709,3 +709,14 @@ def test_dequantize_uint8_views_and_out_dtypes(fmt, layout):
             assert same(deq(d, s, gsd, block, layout, out_dtype), ref)
     if fmt == "nvfp4":  # NVFP4 without a global scale: LUT * sf only
         assert same(deq(data, scale, None, 16, layout), oracle_dequant(codes, sbytes, 16))
+
+
+def test_expert_global_scales_give_one_scale_per_expert():
+    w = torch.randn(5, 32, 64) * torch.arange(1, 6).view(5, 1, 1)
+    gs = torch_fp4.expert_global_scales(w)
+    assert gs.shape == (5,) and gs.dtype == torch.float32
+    assert torch.equal(gs, torch.cat([torch_fp4.compute_global_scale(e) for e in w]))
+    d, s = torch_fp4.nvfp4_quantize(w, gs)                  # a 3-D quantize takes them as they are
+    assert d.shape == (5, 32, 32)
+    with pytest.raises(ValueError, match=r"expert_global_scales: w: expected a 3-D \[E, rows, K\] tensor"):
+        torch_fp4.expert_global_scales(torch.randn(4, 64))

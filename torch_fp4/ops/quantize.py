@@ -192,6 +192,15 @@ def compute_global_scale(x: torch.Tensor, backend: Backend | str = "auto") -> to
     return compute_global_scale_op(x, int(Backend.parse(backend, "compute_global_scale: backend")))
 
 
+def expert_global_scales(w: torch.Tensor, backend: Backend | str = "auto") -> torch.Tensor:
+    """One NVFP4 encode global scale per expert of a 3-D weight w [E, rows, K]: an fp32 [E]
+    tensor, entry e = compute_global_scale(w[e]) (what fused_moe's w1/w2_global_scale and a
+    3-D nvfp4_quantize take). One launch per expert: meant for load time."""
+    C.tensor("expert_global_scales", "w", w)
+    C.ndim("expert_global_scales", "w", w, (3,), "a 3-D [E, rows, K] tensor")
+    return torch.cat([compute_global_scale(e, backend) for e in w])
+
+
 def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor, sf_layout: F.SfLayout | str = "128x4",
                    backend: Backend | str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize x [M, K] or [E, M, K] (bf16, fp16, fp32 or fp8 e4m3; K a multiple of 16) to NVFP4.
