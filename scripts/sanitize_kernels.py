@@ -1,0 +1,195 @@
+"""Every GPU kernel family of every installed backend on small, odd-shaped problems, one case at a
+time, for compute-sanitizer (scripts/sanitize_kernels.sh runs it under memcheck, racecheck,
+synccheck and initcheck and tabulates the errors per case).
+
+`python scripts/sanitize_kernels.py --sanitize` first runs every case plainly (compiling and
+caching every kernel, so the sanitized runs check kernels, not JIT compilers), then runs them all
+under each tool in one process per tool and prints a table of errors per case and tool (exit
+status 1 if any). Driver API calls that fail by design (the CuTe DSL runtime probing entry points
+with cuGetProcAddress) are not errors here (`--report-api-errors no`): they are API results, not
+memory or synchronization errors. Without `--sanitize` it runs every case once; `--list` prints
+the case names; `--case NAME` runs one. Each case prints `=== case NAME` before it and
+`=== done NAME` after it, so a report is attributed to the case that launched the kernel.
+Shapes: M = 1, 16, 33 and 129 (partial tiles), N = 136 (not a multiple of 128 or 64), K a
+multiple of the block only; fused_moe with empty experts, one expert taking every pair, T = 1
+and expert-parallel offsets.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Callable
+
+import torch
+
+import torch_fp4 as t4
+from torch_fp4 import testing as T
+from torch_fp4.backends import Backend
+
+DEV = "cuda"
+GPU_BACKENDS = (Backend.TRITON, Backend.CUTE_DSL, Backend.CUDA)
+
+
+def _quantize(backend: Backend) -> None:
+    x = torch.randn(129, 96, device=DEV, dtype=torch.bfloat16)
+    x3 = torch.randn(3, 9, 64, device=DEV, dtype=torch.float16)
+    gs = t4.compute_global_scale(x, backend=backend)
+    for layout in ("128x4", "8x4", "linear"):
+        d, s = t4.nvfp4_quantize(x, gs, layout, backend=backend)
+        t4.fp4_dequantize(d, s, gs, sf_layout=layout, backend=backend)
+        dm, sm = t4.mxfp4_quantize(x3, layout, backend=backend)
+        t4.fp4_dequantize(dm, sm, block_size=32, sf_layout=layout, out_dtype=torch.float32,
+                          backend=backend)
+
+
+def _mm_every_tactic(backend: Backend, weight_layout: str) -> None:
+    """Every tactic `mm_fp4_tactics` lists for `backend`, W4A16 and W4A4, NVFP4 and MXFP4."""
+    n, k = (136, 192) if weight_layout == "row" else (256, 192)
+    for fmt in (t4.NVFP4, t4.MXFP4):
+        wq, ws, _ = T.quantized_weight(n, k, fmt, DEV)
+        if weight_layout != "row":
+            wq = t4.prepack_weight(wq, weight_layout)
+        for m in (1, 16, 33, 129):
+            x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+            if fmt is t4.NVFP4:
+                xq, xs = t4.nvfp4_quantize(x, torch.ones(1, device=DEV))
+            else:
+                xq, xs = t4.mxfp4_quantize(x)
+            for a, a_scale in ((x, None), (xq, xs)):
+                args = (a, wq.T, a_scale, ws.T, None, torch.bfloat16, fmt.block_size, "128x4",
+                        backend, weight_layout)
+                if t4.unsupported_reason("mm_fp4", backend, *args) is not None:
+                    continue
+                for tactic in t4.mm_fp4_tactics(*args):
+                    with t4.use_tactic(tactic):
+                        t4.mm_fp4(*args)
+
+
+def _moe(backend: Backend) -> None:
+    for w4a4 in (False, True):
+        for tokens, experts, top_k in ((1, 4, 2), (33, 8, 2), (129, 8, 4)):
+            kw = T.moe_problem(tokens, 64, 32, experts, top_k, DEV, w4a4=w4a4)
+            logits = torch.randn(tokens, experts, device=DEV)
+            ids, weights = t4.route(logits, top_k, backend=backend)
+            kw.update(topk_ids=ids, topk_weights=weights)
+            t4.fused_moe(**kw, backend=backend)
+            kw["topk_ids"] = torch.zeros_like(ids)                    # one expert takes every pair
+            t4.fused_moe(**kw, backend=backend)
+            kw["topk_ids"] = (ids + 2).to(torch.int32)     # expert parallelism: local experts 3..E+2,
+            t4.fused_moe(**kw, local_expert_offset=3,      # pairs with id 2 belong to another rank
+                         num_local_experts=experts, backend=backend)
+
+
+def _route(backend: Backend) -> None:
+    for tokens, experts, top_k in ((1, 8, 2), (129, 64, 6), (33, 256, 8)):
+        logits = torch.randn(tokens, experts, device=DEV)
+        t4.route(logits, top_k, backend=backend)
+        t4.route(logits, top_k, "softmax", renormalize=True, backend=backend)
+        t4.route(logits, top_k, "renormalize", backend=backend)
+        t4.route(logits, top_k, "deepseek_v3", bias=torch.randn(experts, device=DEV),
+                 n_group=experts // 4 if experts >= 32 else None,
+                 topk_group=2 if experts >= 32 else None, routed_scaling_factor=2.5, backend=backend)
+    t4.route(torch.randn(17, 16, device=DEV), 1, "llama4", backend=backend)
+
+
+def cases() -> dict[str, Callable[[], None]]:
+    """Case name -> what it runs (only the backends installed and able to run on this GPU)."""
+    out: dict[str, Callable[[], None]] = {}
+    probe = torch.randn(128, 64, device=DEV, dtype=torch.bfloat16)
+    for b in GPU_BACKENDS:
+        if t4.unsupported_reason("nvfp4_quantize", b, probe, torch.ones(1, device=DEV)) is None:
+            out[f"quantize/{b.label}"] = lambda b=b: _quantize(b)
+    for b in (Backend.TRITON, Backend.CUDA, Backend.CUTE_DSL):
+        out[f"mm_fp4 row/{b.label}"] = lambda b=b: _mm_every_tactic(b, "row")
+    out["mm_fp4 sm90/cuda"] = lambda: _mm_every_tactic(Backend.CUDA, "sm90")
+    out["route/triton"] = lambda: _route(Backend.TRITON)
+    out["fused_moe/triton"] = lambda: _moe(Backend.TRITON)
+    return out
+
+
+def run(name: str, fn: Callable[[], None]) -> None:
+    print(f"=== case {name}", flush=True)
+    fn()
+    torch.cuda.synchronize()
+    print(f"=== done {name}", flush=True)
+
+
+TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
+
+
+def _errors_per_case(output: str) -> dict[str, int]:
+    """Sanitizer error reports per case: a report starts with '========= ' and a word (its
+    details are indented further); summaries and banners are not reports."""
+    counts: dict[str, int] = {}
+    case = "(before any case)"
+    for line in output.splitlines():
+        if line.startswith("=== case "):
+            case = line[len("=== case "):].strip()
+            counts.setdefault(case, 0)
+        elif line.startswith("========= ") and not line.startswith("=========  "):
+            text = line[len("========= "):]
+            if not text.startswith(("ERROR SUMMARY", "COMPUTE-SANITIZER", "RACECHECK SUMMARY",
+                                    "Target application", "LEAK SUMMARY")):
+                counts[case] = counts.get(case, 0) + 1
+    return counts
+
+
+def sanitize(tools: tuple[str, ...], timeout: int) -> int:
+    import subprocess
+
+    names = list(cases())
+    run_all = [sys.executable, __file__]
+    subprocess.run(run_all, check=True, stdout=subprocess.DEVNULL)        # compile and cache
+    table: dict[str, dict[str, str]] = {n: {} for n in names}
+    failed = False
+    for tool in tools:
+        cmd = ["compute-sanitizer", "--tool", tool, "--report-api-errors", "no",
+               "--target-processes", "all", *run_all]
+        try:
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            text = out.stdout + out.stderr
+        except subprocess.TimeoutExpired as e:
+            text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+            text += "\n=== timeout"
+        counts = _errors_per_case(text)
+        for n in names:
+            done = f"=== done {n}" in text
+            errors = counts.get(n, 0)
+            table[n][tool] = str(errors) if done else f"{errors} (did not finish)"
+            failed |= errors > 0 or not done
+    width = max(len(n) for n in names)
+    print(f"{'case':<{width}} | " + " | ".join(f"{t:>12}" for t in tools))
+    for n in names:
+        print(f"{n:<{width}} | " + " | ".join(f"{table[n][t]:>12}" for t in tools))
+    return 1 if failed else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--list", action="store_true", help="print the case names")
+    parser.add_argument("--case", help="run one case")
+    parser.add_argument("--sanitize", action="store_true",
+                        help="run every case under each compute-sanitizer tool and print a table")
+    parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated tools")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per tool")
+    args = parser.parse_args(argv)
+    if args.sanitize:
+        return sanitize(tuple(args.tools.split(",")), args.timeout)
+    table = cases()
+    if args.list:
+        print("\n".join(table))
+        return 0
+    if args.case is not None:
+        if args.case not in table:
+            print(f"sanitize_kernels: --case: expected one of {list(table)}, got {args.case!r}",
+                  file=sys.stderr)
+            return 2
+        run(args.case, table[args.case])
+        return 0
+    for name, fn in table.items():
+        run(name, fn)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
