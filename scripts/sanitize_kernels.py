@@ -17,6 +17,7 @@ and expert-parallel offsets.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import Callable
 
@@ -60,8 +61,8 @@ def _mm_every_tactic(backend: Backend, weight_layout: str) -> None:
                         backend, weight_layout)
                 if t4.unsupported_reason("mm_fp4", backend, *args) is not None:
                     continue
-                for tactic in t4.mm_fp4_tactics(*args):
-                    with t4.use_tactic(tactic):
+                for tactic in t4.mm_fp4_tactics(*args) or [None]:   # None: no tactic space
+                    with t4.use_tactic(tactic) if tactic is not None else contextlib.nullcontext():
                         t4.mm_fp4(*args)
 
 
