@@ -1,0 +1,376 @@
+"""FP4MoE: a mixture of NVFP4 experts with a dense router (route + fused_moe), and
+FP4SparseMoeBlock, the drop-in for a transformers sparse-MoE block (torch_fp4.hf)."""
+from __future__ import annotations
+
+import copy
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .. import formats as F
+from .. import hf, ops
+from ..ops import _checks as C
+from ..ops.moe import _validate_route
+from ..reference.moe import silu_mul
+from ._common import _COMPUTE_DTYPES, _activations, _input, _size, _widen
+
+
+ExpertWeights = Union[torch.Tensor, Sequence]
+
+
+def _dense_weight(where: str, item) -> torch.Tensor:
+    """One expert matrix from an nn.Linear (no bias) or a 2-D tensor."""
+    if isinstance(item, torch.nn.Linear):
+        if item.bias is not None:
+            raise ValueError(f"FP4MoE: {where}: expected an nn.Linear without bias (FP4 experts "
+                             f"have none), got one with bias")
+        item = item.weight
+    if not isinstance(item, torch.Tensor) or item.dim() != 2:
+        got = f"shape {tuple(item.shape)}" if isinstance(item, torch.Tensor) else type(item).__name__
+        raise TypeError(f"FP4MoE: {where}: expected an nn.Linear or a 2-D tensor, got {got}")
+    return item.detach()
+
+
+def _stack_experts(name: str, experts: ExpertWeights, pairs: bool) -> torch.Tensor:
+    """[E, rows, cols] from a 3-D tensor or a sequence of per-expert weights. With `pairs` (w1) an
+    entry may also be a (gate, up) pair, stacked as [gate; up] rows."""
+    if isinstance(experts, torch.Tensor):
+        if experts.dim() != 3:
+            raise ValueError(f"FP4MoE: {name}: expected a 3-D [E, rows, cols] tensor, "
+                             f"got shape {tuple(experts.shape)}")
+        return experts.detach()
+    if not isinstance(experts, (list, tuple, torch.nn.ModuleList)) or not len(experts):
+        raise TypeError(f"FP4MoE: {name}: expected a 3-D tensor or a non-empty sequence of "
+                        f"per-expert weights, got {type(experts).__name__}")
+    mats = []
+    for e, item in enumerate(experts):
+        if pairs and isinstance(item, (list, tuple)):
+            if len(item) != 2:
+                raise ValueError(f"FP4MoE: {name}[{e}]: expected a (gate, up) pair, "
+                                 f"got {len(item)} items")
+            gate, up = (_dense_weight(f"{name}[{e}][{i}]", m) for i, m in enumerate(item))
+            if gate.shape != up.shape:
+                raise ValueError(f"FP4MoE: {name}[{e}]: expected gate and up of one shape, got "
+                                 f"{tuple(gate.shape)} and {tuple(up.shape)}")
+            mats.append(torch.cat((gate, up)))
+        else:
+            mats.append(_dense_weight(f"{name}[{e}]", item))
+        if mats[-1].shape != mats[0].shape:
+            raise ValueError(f"FP4MoE: {name}[{e}]: expected shape {tuple(mats[0].shape)} (that of "
+                             f"expert 0), got {tuple(mats[-1].shape)}")
+    return torch.stack(mats)
+
+
+class FP4MoE(torch.nn.Module):
+    """Mixture of NVFP4 experts with a dense router: a drop-in MoE MLP.
+
+    forward(x [..., H]) routes each token with `router` (an nn.Linear H -> E kept in its own
+    dtype) and `torch_fp4.route`, then runs `torch_fp4.fused_moe`: out = sum_j w_j *
+    down(silu(gate) * up) over the top_k experts. Experts live in buffers: w1 [E, 2I, H/2]
+    ([gate; up] rows) and w2 [E, H, I/2] as FP4 bytes, their 128x4 block scales, and one encode
+    global scale per expert (as fp32 bit patterns, so dtype casts never round them).
+    activations="bf16" runs W4A16; "fp4" runs W4A4 with fixed activation global scales
+    (a1 [1] for the input, a2 [E] for the intermediate activation), set by `calibrate` or given.
+    Routing config (top_k, method, renormalize, and for "deepseek_v3" the correction bias
+    `routing_bias`, n_group, topk_group, routed_scaling_factor) is that of `torch_fp4.route`.
+    Traces with torch.compile(fullgraph=True) and has no host synchronization.
+
+    x: [..., H] (at least 1-D) of dtype bf16, fp16, fp32 or fp64, rounded to `compute_dtype`
+    for the router and the experts; the output has x's dtype, as FP4Linear's (fp32: the fused
+    MoE's fp32 output, fp64: that output widened). Other dtypes are a TypeError.
+    """
+
+    def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int,
+                 method: str = "softmax", renormalize: bool = False, n_group: Optional[int] = None,
+                 topk_group: Optional[int] = None, routed_scaling_factor: float = 1.0,
+                 activations: str = "bf16", compute_dtype: torch.dtype = torch.bfloat16,
+                 router_bias: bool = False, device: Optional[torch.device] = None):
+        super().__init__()
+        _activations("FP4MoE", activations)
+        if compute_dtype not in _COMPUTE_DTYPES:
+            raise TypeError(f"FP4MoE: compute_dtype: expected torch.bfloat16 or torch.float16, "
+                            f"got {compute_dtype}")
+        for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
+            C.integer("FP4MoE", name, value)
+            if value <= 0 or value % 16:
+                C.fail("FP4MoE", name, "a positive multiple of 16 (the NVFP4 block size)", value)
+        _size("FP4MoE", "num_experts", num_experts)
+        meta = torch.device("meta")
+        _validate_route(torch.empty(0, num_experts, device=meta), top_k, method, renormalize,
+                        torch.empty(num_experts, device=meta) if method == "deepseek_v3" else None,
+                        n_group, topk_group, float(routed_scaling_factor), "auto", op="FP4MoE")
+        h, i, e = hidden_size, intermediate_size, num_experts
+        self.hidden_size, self.intermediate_size, self.num_experts = h, i, e
+        self.top_k, self.method, self.renormalize = top_k, method, renormalize
+        self.n_group, self.topk_group = n_group, topk_group
+        self.routed_scaling_factor = float(routed_scaling_factor)
+        self.activations, self.compute_dtype = activations, compute_dtype
+        self.router = torch.nn.Linear(h, e, bias=router_bias, device=device,
+                                      dtype=compute_dtype).requires_grad_(False)
+        u8 = dict(dtype=torch.uint8, device=device)
+        self.register_buffer("w1", torch.zeros(e, 2 * i, h // 2, **u8))
+        self.register_buffer("w1_scale", torch.zeros(e, *F.padded_scale_shape(2 * i, h // 16, "128x4"), **u8))
+        self.register_buffer("w2", torch.zeros(e, h, i // 2, **u8))
+        self.register_buffer("w2_scale", torch.zeros(e, *F.padded_scale_shape(h, i // 16, "128x4"), **u8))
+        ones = torch.ones(e, device=device).view(torch.int32)
+        for name in ("w1_global_scale_bits", "w2_global_scale_bits", "a2_global_scale_bits"):
+            self.register_buffer(name, ones.clone())
+        self.register_buffer("a1_global_scale_bits", ones[:1].clone())
+        if method == "deepseek_v3":
+            self.register_buffer("routing_bias_bits", torch.zeros(e, device=device).view(torch.int32))
+
+    # -- construction --------------------------------------------------------------------------
+    @classmethod
+    def _for_router(cls, router: torch.nn.Linear, intermediate_size: int, top_k: int, method: str,
+                    renormalize: bool, routing_bias, n_group, topk_group, routed_scaling_factor,
+                    activations: str, compute_dtype: torch.dtype) -> "FP4MoE":
+        if not isinstance(router, torch.nn.Linear):
+            raise TypeError(f"FP4MoE: router: expected an nn.Linear (hidden -> experts), "
+                            f"got {type(router).__name__}")
+        if method == "deepseek_v3" and routing_bias is None:
+            raise ValueError("FP4MoE: routing_bias: expected a [E] correction-bias tensor for "
+                             "method 'deepseek_v3', got None")
+        if method != "deepseek_v3" and routing_bias is not None:
+            raise ValueError(f"FP4MoE: routing_bias: expected None for method {method!r} (only "
+                             f"'deepseek_v3' uses it), got a tensor")
+        mod = cls(router.in_features, intermediate_size, router.out_features, top_k, method,
+                  renormalize, n_group, topk_group, routed_scaling_factor, activations,
+                  compute_dtype, router.bias is not None, router.weight.device)
+        mod.router = copy.deepcopy(router).requires_grad_(False)
+        if routing_bias is not None:
+            if tuple(routing_bias.shape) != (mod.num_experts,):
+                raise ValueError(f"FP4MoE: routing_bias: expected shape ({mod.num_experts},), "
+                                 f"got {tuple(routing_bias.shape)}")
+            mod.routing_bias_bits.copy_(routing_bias.detach().float().view(torch.int32))
+        return mod
+
+    @classmethod
+    def from_experts(cls, router: torch.nn.Linear, w1: ExpertWeights, w2: ExpertWeights, *,
+                     top_k: int, method: str = "softmax", renormalize: bool = False,
+                     routing_bias: Optional[torch.Tensor] = None, n_group: Optional[int] = None,
+                     topk_group: Optional[int] = None, routed_scaling_factor: float = 1.0,
+                     activations: str = "bf16", calibration: Optional[torch.Tensor] = None,
+                     compute_dtype: torch.dtype = torch.bfloat16) -> "FP4MoE":
+        """Quantize dense experts to NVFP4 (one global scale per expert matrix).
+
+        router: nn.Linear H -> E, copied (frozen: FP4MoE is inference-only), kept dense.
+        w1: [E, 2I, H] ([gate; up] rows), or a sequence of E entries, each an nn.Linear or
+        tensor [2I, H] or a (gate, up) pair of nn.Linear / tensors [I, H].
+        w2: [E, H, I], or a sequence of E nn.Linear / tensors [H, I].
+        W4A4 (activations="fp4") needs `calibration`, sample inputs [..., H] to `calibrate` on.
+        """
+        w1, w2 = _stack_experts("w1", w1, pairs=True), _stack_experts("w2", w2, pairs=False)
+        if activations == "fp4" and calibration is None:
+            raise ValueError("FP4MoE.from_experts: calibration: expected sample inputs [..., H] "
+                             "for activations='fp4' (W4A4 needs activation global scales), got None")
+        mod = cls._for_router(router, w1.shape[1] // 2, top_k, method, renormalize, routing_bias,
+                              n_group, topk_group, routed_scaling_factor, activations, compute_dtype)
+        mod.set_weights(w1, w2)
+        if calibration is not None:
+            mod.calibrate(calibration)
+        return mod
+
+    @classmethod
+    def from_quantized(cls, router: torch.nn.Linear, w1: torch.Tensor, w1_scale: torch.Tensor,
+                       w1_global_scale: torch.Tensor, w2: torch.Tensor, w2_scale: torch.Tensor,
+                       w2_global_scale: torch.Tensor, *, top_k: int, method: str = "softmax",
+                       renormalize: bool = False, routing_bias: Optional[torch.Tensor] = None,
+                       n_group: Optional[int] = None, topk_group: Optional[int] = None,
+                       routed_scaling_factor: float = 1.0, activations: str = "bf16",
+                       a1_global_scale: Optional[torch.Tensor] = None,
+                       a2_global_scale: Optional[torch.Tensor] = None,
+                       calibration: Optional[torch.Tensor] = None, sf_layout: str = "128x4",
+                       compute_dtype: torch.dtype = torch.bfloat16) -> "FP4MoE":
+        """An FP4MoE from NVFP4 experts: w1 [E, 2I, H/2], w2 [E, H, I/2] (1-byte FP4 data), their
+        block scales in `sf_layout` ("128x4" [E, Mp, Kp], or "linear" [E, rows, cols/16] as
+        checkpoints store them), encode global scales [E]. W4A4 takes a1_global_scale [1] and
+        a2_global_scale [1] or [E], or `calibration` inputs to measure them."""
+        if not isinstance(w1, torch.Tensor) or w1.dim() != 3:
+            raise ValueError(f"FP4MoE.from_quantized: w1: expected a 3-D [E, 2I, H/2] tensor, got "
+                             f"{tuple(w1.shape) if isinstance(w1, torch.Tensor) else type(w1).__name__}")
+        given = (a1_global_scale is not None, a2_global_scale is not None)
+        if activations == "fp4" and calibration is None and given != (True, True):
+            raise ValueError("FP4MoE.from_quantized: a1_global_scale: expected a1_global_scale and "
+                             "a2_global_scale, or calibration inputs, for activations='fp4', got "
+                             f"a1_global_scale={'set' if given[0] else None}, "
+                             f"a2_global_scale={'set' if given[1] else None}")
+        mod = cls._for_router(router, w1.shape[1] // 2, top_k, method, renormalize, routing_bias,
+                              n_group, topk_group, routed_scaling_factor, activations, compute_dtype)
+        mod.set_quantized(w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, sf_layout)
+        if calibration is not None:
+            mod.calibrate(calibration)
+        elif any(given):
+            mod.set_activation_scales(a1_global_scale, a2_global_scale)
+        return mod
+
+    def set_weights(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
+        """Quantize dense experts w1 [E, 2I, H] and w2 [E, H, I] into this module."""
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        for name, w, want in (("w1", w1, (e, 2 * i, h)), ("w2", w2, (e, h, i))):
+            if tuple(w.shape) != want:
+                raise ValueError(f"FP4MoE.set_weights: {name}: expected shape {want}, "
+                                 f"got {tuple(w.shape)}")
+        for w, data, scale, gs in ((w1, self.w1, self.w1_scale, self.w1_global_scale_bits),
+                                   (w2, self.w2, self.w2_scale, self.w2_global_scale_bits)):
+            w = w.detach().to(self.w1.device).contiguous()
+            if w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+                w = w.float()
+            g = torch.cat([ops.compute_global_scale(m) for m in w])
+            q, s = ops.nvfp4_quantize(w, g)
+            data.copy_(q.view(torch.uint8))
+            scale.copy_(s.view(torch.uint8))
+            gs.copy_(g.view(torch.int32))
+
+    def set_quantized(self, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
+                      sf_layout: str = "128x4") -> None:
+        """Load NVFP4 experts (see from_quantized); bytes are copied unchanged."""
+        if sf_layout not in ("128x4", "linear"):
+            raise ValueError(f"FP4MoE.set_quantized: sf_layout: expected '128x4' or 'linear', "
+                             f"got {sf_layout!r}")
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        linear = sf_layout == "linear"
+        for name, t, buf in (("w1", w1, self.w1), ("w2", w2, self.w2),
+                             ("w1_scale", w1_scale, self.w1_scale), ("w2_scale", w2_scale, self.w2_scale)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"FP4MoE.set_quantized: {name}: expected a torch.Tensor, "
+                                f"got {type(t).__name__}")
+            want = tuple(buf.shape)
+            if linear and name == "w1_scale":
+                want = (e, 2 * i, h // 16)
+            elif linear and name == "w2_scale":
+                want = (e, h, i // 16)
+            if tuple(t.shape) != want or t.element_size() != 1:
+                raise ValueError(f"FP4MoE.set_quantized: {name}: expected a 1-byte tensor of shape "
+                                 f"{want}, got {t.dtype} {tuple(t.shape)}")
+            if linear and name.endswith("scale"):
+                t = F.swizzle(t, F.SfLayout.LAYOUT_128x4)
+            buf.copy_(t.view(torch.uint8))
+        for name, t, buf in (("w1_global_scale", w1_global_scale, self.w1_global_scale_bits),
+                             ("w2_global_scale", w2_global_scale, self.w2_global_scale_bits)):
+            self._set_scale(name, t, buf, (self.num_experts,))
+
+    def set_activation_scales(self, a1_global_scale: torch.Tensor, a2_global_scale: torch.Tensor) -> None:
+        """Fixed W4A4 activation encode global scales: a1 [1] (input), a2 [1] or [E]."""
+        self._set_scale("a1_global_scale", a1_global_scale, self.a1_global_scale_bits, (1,))
+        self._set_scale("a2_global_scale", a2_global_scale, self.a2_global_scale_bits,
+                        (1, self.num_experts))
+
+    @staticmethod
+    def _set_scale(name: str, t, buf: torch.Tensor, sizes: tuple) -> None:
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32 or t.numel() not in sizes:
+            got = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            want = " or ".join(f"[{n}]" for n in sizes)
+            raise ValueError(f"FP4MoE: {name}: expected an fp32 tensor of shape {want}, got {got}")
+        C.positive_finite_scales("FP4MoE", name, t)
+        buf.copy_(t.reshape(-1).to(buf.device).view(torch.int32).expand(buf.numel()))
+
+    @torch.no_grad()
+    def calibrate(self, x: torch.Tensor) -> None:
+        """Set the W4A4 activation global scales from sample inputs x [..., H] (eager; reads
+        maxima on the host): a1 = 2688 / amax(x); a2[e] = 2688 / amax of expert e's intermediate
+        activation silu(gate) * up (W4A16 experts) over the tokens routed to it (all tokens when
+        none is)."""
+        a = self._tokens(x, "calibrate")[0]
+        ids = self._route(a)[0]
+        a2 = []
+        for e in range(self.num_experts):
+            h = ops.mm_fp4(a, self.w1[e].T, None, self.w1_scale[e].T,
+                           F.nvfp4_alpha(None, self.w1_global_scale[e:e + 1]), torch.bfloat16)
+            act = silu_mul(h)
+            hit = (ids == e).any(-1)
+            a2.append(ops.compute_global_scale(act[hit] if bool(hit.any()) else act))
+        self.set_activation_scales(ops.compute_global_scale(a), torch.cat(a2))
+
+    # -- views used by forward -----------------------------------------------------------------
+    def _f32(self, name: str) -> torch.Tensor:
+        return getattr(self, name + "_bits").view(torch.float32)
+
+    w1_global_scale = property(lambda self: self._f32("w1_global_scale"))
+    w2_global_scale = property(lambda self: self._f32("w2_global_scale"))
+    a1_global_scale = property(lambda self: self._f32("a1_global_scale"))
+    a2_global_scale = property(lambda self: self._f32("a2_global_scale"))
+    routing_bias = property(lambda self: self._f32("routing_bias") if self.method == "deepseek_v3" else None)
+
+    def _tokens(self, x: torch.Tensor, where: str) -> tuple[torch.Tensor, torch.dtype]:
+        """x as [T, H] tokens in compute_dtype, and the dtype the ops should write."""
+        out_dtype = _input(f"FP4MoE.{where}", x, self.hidden_size, "hidden_size")
+        return x.reshape(-1, self.hidden_size).to(self.compute_dtype).contiguous(), out_dtype
+
+    def _route(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.router(a.to(self.router.weight.dtype))
+        return ops.route(logits, self.top_k, self.method, self.renormalize, self.routing_bias,
+                         self.n_group, self.topk_group, self.routed_scaling_factor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, out_dtype = self._tokens(x, "forward")
+        return self._experts(x, a, *self._route(a), out_dtype)
+
+    def _experts(self, x: torch.Tensor, a: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
+                 out_dtype: torch.dtype) -> torch.Tensor:
+        """fused_moe of the tokens a [T, H] over the routed experts, shaped and typed as x."""
+        scales = {}
+        if self.activations == "fp4":
+            scales = dict(a1_global_scale=self.a1_global_scale, a2_global_scale=self.a2_global_scale)
+        y = ops.fused_moe(a, self.w1, self.w1_scale, self.w1_global_scale, self.w2, self.w2_scale,
+                          self.w2_global_scale, ids, weights, out_dtype=out_dtype, **scales)
+        return _widen(y.reshape(*x.shape[:-1], self.hidden_size), x.dtype)
+
+    def extra_repr(self) -> str:
+        mode = "W4A16" if self.activations == "bf16" else "W4A4"
+        return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
+                f"num_experts={self.num_experts}, top_k={self.top_k}, method={self.method!r}, "
+                f"format=nvfp4, {mode}")
+
+
+class FP4SparseMoeBlock(FP4MoE):
+    """An FP4MoE in place of a transformers MoE block (quantize_model builds it; torch_fp4.hf
+    lists the supported blocks): forward(hidden_states) has the replaced block's signature and
+    return structure, (hidden_states, router_logits) for Mixtral and Qwen3-MoE, and routes as
+    that block does: router_logits = router(hidden_states) in the hidden states' own dtype (not
+    rounded to compute_dtype first), softmax in fp32, top-k, renormalized when `renormalize`,
+    and the k weights rounded to the hidden states' dtype. The router logits come from the same
+    dense router, so code that reads them (transformers' output_router_logits and its
+    load-balancing loss) sees what the dense block gave. quantize_model also makes the module
+    an instance of the replaced block's class (a subclass of both, created once per class), as
+    transformers collects router_logits from instances of that class; such a module cannot be
+    pickled whole (save its state_dict).
+    """
+    returns_logits = True
+
+    def forward(self, hidden_states: torch.Tensor):
+        a, out_dtype = self._tokens(hidden_states, "forward")
+        x = hidden_states.reshape(-1, self.hidden_size)
+        logits = self.router(x.to(self.router.weight.dtype))
+        ids, weights = ops.route(logits, self.top_k, self.method, self.renormalize)
+        # transformers applies the routing weights in the hidden states' dtype
+        if hidden_states.dtype != torch.float32:
+            weights = weights.to(hidden_states.dtype).float()
+        out = self._experts(hidden_states, a, ids, weights, out_dtype)
+        return (out, logits) if self.returns_logits else out
+
+
+_BLOCK_CLASSES: dict = {}
+
+
+def _as_block(mod: FP4SparseMoeBlock, block_class: type) -> FP4SparseMoeBlock:
+    """Make mod an instance of the replaced block's class too (FP4SparseMoeBlock's methods come
+    first in the method order, so forward and __init__ are FP4MoE's)."""
+    sub = _BLOCK_CLASSES.get(block_class)
+    if sub is None:
+        sub = type("FP4" + block_class.__name__, (FP4SparseMoeBlock, block_class),
+                   {"__module__": __name__, "__doc__": FP4SparseMoeBlock.__doc__})
+        _BLOCK_CLASSES[block_class] = sub
+    mod.__class__ = sub
+    return mod
+
+
+def _convert_moe_block(block: torch.nn.Module, spec: hf.MoeBlockSpec) -> FP4SparseMoeBlock:
+    """A W4A16 FP4SparseMoeBlock of a supported block's weights (quantize_model switches it to
+    W4A4 after calibrating)."""
+    w = spec.router.weight
+    compute = w.dtype if w.dtype in _COMPUTE_DTYPES else torch.bfloat16
+    mod = FP4SparseMoeBlock.from_experts(spec.router, spec.w1, spec.w2, top_k=spec.top_k,
+                                         method="softmax", renormalize=spec.renormalize,
+                                         compute_dtype=compute)
+    mod.returns_logits = spec.returns_logits
+    return _as_block(mod, type(block))
