@@ -1,4 +1,5 @@
-"""quantize_model on Hugging Face transformers causal LMs (dense Llama, Mixtral, Qwen3-MoE)."""
+"""quantize_model on Hugging Face transformers causal LMs (dense Llama, Mixtral, Qwen3-MoE,
+DeepSeek-V3)."""
 import copy
 
 import pytest
@@ -29,6 +30,14 @@ def _qwen3(norm_topk_prob=True, **kw):
                                       num_experts_per_tok=2, norm_topk_prob=norm_topk_prob,
                                       decoder_sparse_step=1, mlp_only_layers=[], **kw)
     return transformers.Qwen3MoeForCausalLM(cfg)
+
+
+def _deepseek(norm_topk_prob=True, **kw):
+    cfg = dict(COMMON, num_key_value_heads=4, moe_intermediate_size=32, n_routed_experts=8,
+               num_experts_per_tok=2, n_group=4, topk_group=2, first_k_dense_replace=1,
+               q_lora_rank=32, kv_lora_rank=32, qk_rope_head_dim=16, qk_nope_head_dim=16,
+               v_head_dim=16, norm_topk_prob=norm_topk_prob)
+    return transformers.DeepseekV3ForCausalLM(transformers.DeepseekV3Config(**{**cfg, **kw}))
 
 
 MOE_MODELS = {"mixtral": _mixtral, "qwen3": lambda: _qwen3(True), "qwen3_unnorm": lambda: _qwen3(False)}
@@ -62,7 +71,8 @@ def _check_converted(model):
     assert linears > 0
 
 
-@pytest.mark.parametrize("make", [_llama, *MOE_MODELS.values()], ids=["llama", *MOE_MODELS])
+@pytest.mark.parametrize("make", [_llama, *MOE_MODELS.values(), _deepseek],
+                         ids=["llama", *MOE_MODELS, "deepseek_v3"])
 def test_quantize_model_causal_lm(make):
     dense = _build(make)
     model = quantize_model(copy.deepcopy(dense), QuantConfig())
@@ -71,7 +81,8 @@ def test_quantize_model_causal_lm(make):
     with torch.no_grad():
         ref, out = dense(ids).logits, model(ids).logits
     # Random-init weights put every logit near zero, the worst case for a relative measure;
-    # NVFP4 W4A16 over 2 layers measured 0.988 (Qwen3-MoE) to 0.992 (Llama) on these seeds.
+    # NVFP4 W4A16 over 2 layers measured 0.988 (Qwen3-MoE) to 0.992 (Llama) on these seeds
+    # (DeepSeek-V3: 0.991).
     assert _cos(out, ref) > 0.98
     gen = [model.generate(ids, max_new_tokens=4, do_sample=False) for _ in range(2)]
     assert gen[0].shape == (2, 11) and torch.equal(gen[0], gen[1])
@@ -133,6 +144,114 @@ def test_converted_block_equals_fp4moe(name, dtype):
         assert out.dtype == dtype and torch.equal(out, want)
 
 
+def _deepseek_biased(norm_topk_prob=True, dtype=torch.float32):
+    """A DeepSeek-V3 model whose correction biases make most biased scores (about 0.5 + bias)
+    negative, so that transformers' masking of unchosen groups with 0.0 (not -inf) picks
+    experts of those groups for some tokens."""
+    model = _build(lambda: _deepseek(norm_topk_prob), dtype)
+    gen = torch.Generator().manual_seed(3)
+    for _, block in _moe_blocks(model):
+        bias = block.gate.e_score_correction_bias
+        bias.copy_((torch.tensor([-0.5, -0.75] * 4) + 0.02 * torch.randn(8, generator=gen))
+                   .to(bias.dtype))
+    return model
+
+
+@pytest.mark.parametrize("norm", [True, False], ids=["norm", "unnorm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deepseek_v3_routing_matches_transformers(norm, dtype):
+    """The converted block picks DeepseekV3TopkRouter's experts, in its order, with its weights,
+    bit for bit (fp32 logits, grouped top-k on biased scores, norm_topk_prob, scaling)."""
+    dense = _deepseek_biased(norm, dtype)
+    model = quantize_model(copy.deepcopy(dense), QuantConfig())
+    blocks = _moe_blocks(dense)
+    assert len(blocks) == 1 and type(blocks[0][1]).__name__ == "DeepseekV3MoE"
+    torch.manual_seed(4)
+    x = torch.randn(64, 64).to(dtype)
+    for bname, block in blocks:
+        conv = model.get_submodule(bname)
+        assert conv.method == "deepseek_v3" and conv.norm_topk_prob == norm
+        assert conv.routed_scaling_factor == block.gate.routed_scaling_factor == 2.5
+        want_ids, want_w = block.gate(x)
+        ids, w = conv._deepseek_v3_route(x)
+        assert ids.dtype == torch.int32 and w.dtype == torch.float32
+        assert torch.equal(ids.long(), want_ids) and torch.equal(w, want_w)
+        assert torch.equal(conv._route(x)[0], ids)      # calibrate routes the same way
+        # what torch_fp4's route would choose: here not transformers' choice for some tokens
+        logits = torch.nn.functional.linear(x.float(), block.gate.weight.float())
+        other = ops.route(logits, 2, "deepseek_v3", bias=block.gate.e_score_correction_bias,
+                          n_group=4, topk_group=2, routed_scaling_factor=2.5)[0]
+        assert (other.sort(-1)[0] != ids.sort(-1)[0]).any()
+        if not norm:
+            assert not torch.allclose(w.sum(-1), torch.full((64,), 2.5))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_deepseek_v3_block_equals_reference(dtype):
+    """The converted DeepseekV3MoE = NVFP4 experts routed by transformers' own router, plus the
+    shared experts converted on their own, bit for bit (CPU reference backend)."""
+    dense = _deepseek_biased(True, dtype)
+    model = quantize_model(copy.deepcopy(dense), QuantConfig())
+    torch.manual_seed(2)
+    x = torch.randn(2, 5, 64).to(torch.bfloat16).to(dtype)
+    for bname, block in _moe_blocks(dense):
+        conv = model.get_submodule(bname)
+        assert isinstance(conv, FP4SparseMoeBlock) and isinstance(conv, type(block))
+        assert all(isinstance(getattr(conv.shared_experts, n), FP4Linear)
+                   for n in ("gate_proj", "up_proj", "down_proj"))
+        gate = block.gate
+        router = torch.nn.Linear(64, 8, bias=False).to(dtype)
+        router.weight.data.copy_(gate.weight)
+        ref = FP4MoE.from_experts(router, [(e.gate_proj, e.up_proj) for e in block.experts],
+                                  [e.down_proj for e in block.experts], top_k=gate.top_k,
+                                  method="deepseek_v3", routing_bias=gate.e_score_correction_bias,
+                                  n_group=gate.n_group, topk_group=gate.topk_group,
+                                  routed_scaling_factor=gate.routed_scaling_factor,
+                                  compute_dtype=torch.bfloat16)
+        shared = quantize_model(copy.deepcopy(block.shared_experts), QuantConfig())
+        ids, w = gate(x)
+        routed = ops.fused_moe(x.reshape(-1, 64).to(torch.bfloat16), ref.w1, ref.w1_scale,
+                               ref.w1_global_scale, ref.w2, ref.w2_scale, ref.w2_global_scale,
+                               ids.to(torch.int32), w, out_dtype=dtype, backend="reference")
+        want = routed.reshape(x.shape) + shared(x)
+        with torch.no_grad():
+            out = conv(x)
+        assert isinstance(out, torch.Tensor) and out.dtype == dtype    # no router logits
+        assert torch.equal(out, want)
+        with torch.no_grad():
+            assert _cos(out, block(x)) > 0.98
+
+
+def test_deepseek_v3_shared_experts_follow_config():
+    """Shared experts are dense projections: converted by default, kept dense when excluded."""
+    model = quantize_model(_build(_deepseek), QuantConfig(exclude="*.shared_experts.*"))
+    conv = model.model.layers[1].mlp
+    assert isinstance(conv, FP4SparseMoeBlock)
+    assert all(type(m) is torch.nn.Linear for m in conv.shared_experts.modules()
+               if isinstance(m, torch.nn.Linear))
+    assert isinstance(model.model.layers[0].mlp.gate_proj, FP4Linear)   # the dense first layer
+
+
+def test_deepseek_v3_w4a4_calibrated():
+    dense = _build(_deepseek)
+    model = quantize_model(copy.deepcopy(dense), QuantConfig(activations="fp4"), calibration=_ids())
+    blocks = _fp4_blocks(model)
+    assert len(blocks) == 1 and blocks[0][1].activations == "fp4"
+    assert blocks[0][1].shared_experts.gate_proj.activations == "fp4"
+    with torch.no_grad():
+        assert _cos(model(_ids()).logits, dense(_ids()).logits) > 0.95
+
+
+def test_deepseek_v3_unmatchable_top_k_raises():
+    """top_k above topk_group * experts per group: transformers would pick masked experts."""
+    model = _build(lambda: _deepseek(num_experts_per_tok=5))
+    with pytest.raises(ValueError, match=r"quantize_model: DeepseekV3MoE: gate: top_k: expected at "
+                       r"most topk_group \* experts per group = 4, got 5"):
+        quantize_model(model)
+    # refused before any change
+    assert type(model.model.layers[0].mlp.gate_proj) is torch.nn.Linear
+
+
 def test_router_logits_still_recorded():
     """transformers collects router_logits from instances of the block's class (aux loss)."""
     model = quantize_model(_build(_mixtral), QuantConfig())
@@ -190,7 +309,8 @@ def test_unsupported_moe_block_raises():
 
 
 @pytest.mark.parametrize("make,block", [(_mixtral, "MixtralSparseMoeBlock"),
-                                        (_qwen3, "Qwen3MoeSparseMoeBlock")])
+                                        (_qwen3, "Qwen3MoeSparseMoeBlock"),
+                                        (_deepseek, "DeepseekV3MoE")])
 def test_non_silu_activation_raises(make, block):
     with pytest.raises(ValueError, match=f"quantize_model: {block}: experts\\[0\\]: act_fn: "
                        "expected SiLU .* got GELUActivation"):

@@ -112,15 +112,18 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig(),
     (default: `lm_head`) stays dense unless `include` selects it.
 
     Mixture-of-experts blocks of Hugging Face transformers models (torch_fp4.hf.MOE_BLOCKS:
-    Mixtral's MixtralSparseMoeBlock, Qwen3-MoE's Qwen3MoeSparseMoeBlock) selected by `config`
-    become FP4SparseMoeBlock: NVFP4 experts, the router kept dense, the block's own routing and
-    return value (see there); W4A4 ones need `calibration` and are calibrated on the inputs
-    they see in that run. A module whose class name looks like an MoE block (ending in
-    "MoeBlock", "MoE" or "Moe", torch_fp4.hf.MOE_LIKE) but is not supported is a ValueError
-    naming its class, unless the config leaves it unselected (exclude=...): such a block, like
-    an unselected supported one, stays dense whole (its router and experts too). An MoE block
-    with fmt="mxfp4", or with activations="fp4" and no calibration, is a ValueError; every
-    check runs before the model is changed.
+    Mixtral's MixtralSparseMoeBlock, Qwen3-MoE's Qwen3MoeSparseMoeBlock, DeepSeek-V3's
+    DeepseekV3MoE) selected by `config` become FP4SparseMoeBlock: NVFP4 experts, the router
+    kept dense, the block's own routing and return value (see there); W4A4 ones need
+    `calibration` and are calibrated on the inputs they see in that run. DeepSeek-V3's shared
+    experts stay a dense-structured MLP whose nn.Linear layers are converted to FP4Linear like
+    any other selected layer (exclude "*.shared_experts.*" to keep them dense). A module whose
+    class name looks like an MoE block (ending in "MoeBlock", "MoE" or "Moe",
+    torch_fp4.hf.MOE_LIKE) but is not supported is a ValueError naming its class, unless the
+    config leaves it unselected (exclude=...): such a block, like an unselected supported one,
+    stays dense whole (its router and experts too). An MoE block with fmt="mxfp4", or with
+    activations="fp4" and no calibration, is a ValueError; every check runs before the model is
+    changed.
 
     Layers whose in_features is not a multiple of the block size stay dense, and a warning
     names each of them. Returns the model. A model that is not an nn.Module, a bare nn.Linear
@@ -156,9 +159,14 @@ def quantize_model(model: torch.nn.Module, config: QuantConfig = QuantConfig(),
                    f"sample inputs with fmt={fmt.name!r}, activations={config.activations!r}")
     skipped = []
     blocks, moe = _moe_plan(model, config, fmt, calibration)
+    # A converted block's shared experts (DeepSeek-V3) are dense projections outside the routed
+    # experts: they are converted like any other nn.Linear the config selects.
+    shared = tuple(f"{name}.shared_experts." for name, _, spec in blocks
+                   if spec.shared_experts is not None)
     targets = [(name, mod) for name, mod in model.named_modules()
                if isinstance(mod, torch.nn.Linear) and not isinstance(mod, FP4Linear)
-               and not (moe and name.startswith(moe)) and _selected(config, name, mod)]
+               and not (moe and name.startswith(moe) and not (shared and name.startswith(shared)))
+               and _selected(config, name, mod)]
     moes = []
     for name, block, spec in blocks:
         parent_name, _, child = name.rpartition(".")

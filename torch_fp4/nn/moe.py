@@ -334,10 +334,55 @@ class FP4SparseMoeBlock(FP4MoE):
     an instance of the replaced block's class (a subclass of both, created once per class), as
     transformers collects router_logits from instances of that class; such a module cannot be
     pickled whole (save its state_dict).
+
+    In place of DeepSeek-V3's DeepseekV3MoE (method "deepseek_v3", `routing_bias` its
+    e_score_correction_bias) forward returns hidden_states alone: the routed NVFP4 experts plus
+    `shared_experts(hidden_states)`, the block's shared MLP (its nn.Linear layers converted by
+    quantize_model like any dense projection). Routing is DeepseekV3TopkRouter's, computed here
+    (see `_deepseek_v3_route`), with the k weights applied in fp32 as that block does.
     """
     returns_logits = True
+    norm_topk_prob = True
+
+    def _deepseek_v3_route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ids int32, weights fp32) of tokens x [T, H] as transformers 4.57's
+        DeepseekV3TopkRouter computes them. ops.route(method="deepseek_v3") is not used: it
+        always normalizes the weights, masks unchosen groups with -inf where transformers
+        writes 0.0 (a different choice when the correction bias makes scores negative), and
+        orders experts by score where transformers keeps torch.topk(sorted=False) order, which
+        decides the order of the fp32 sums. This follows transformers' expressions one for one,
+        so ids and weights are bitwise transformers' own."""
+        e = self.num_experts
+        logits = torch.nn.functional.linear(x.float(), self.router.weight.float())
+        scores = logits.sigmoid()
+        choice = scores.view(-1, e) + self.routing_bias.unsqueeze(0)
+        group_scores = (choice.view(-1, self.n_group, e // self.n_group).topk(2, dim=-1)[0]
+                        .sum(dim=-1))
+        group_idx = torch.topk(group_scores, k=self.topk_group, dim=-1, sorted=False)[1]
+        group_mask = torch.zeros_like(group_scores)
+        group_mask.scatter_(1, group_idx, 1)
+        score_mask = (group_mask.unsqueeze(-1).expand(-1, self.n_group, e // self.n_group)
+                      .reshape(-1, e))
+        choice = choice.masked_fill(~score_mask.bool(), 0.0)
+        ids = torch.topk(choice, k=self.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, ids)
+        if self.norm_topk_prob:
+            weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+        weights = weights * self.routed_scaling_factor
+        return ids.to(torch.int32), weights
+
+    def _route(self, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # calibrate routes with the block's own routing
+        if self.method == "deepseek_v3":
+            return self._deepseek_v3_route(a)
+        return super()._route(a)
 
     def forward(self, hidden_states: torch.Tensor):
+        if self.method == "deepseek_v3":
+            a, out_dtype = self._tokens(hidden_states, "forward")
+            ids, weights = self._deepseek_v3_route(hidden_states.reshape(-1, self.hidden_size))
+            out = self._experts(hidden_states, a, ids, weights, out_dtype)
+            return out + self.shared_experts(hidden_states)
         a, out_dtype = self._tokens(hidden_states, "forward")
         x = hidden_states.reshape(-1, self.hidden_size)
         logits = self.router(x.to(self.router.weight.dtype))
@@ -370,7 +415,14 @@ def _convert_moe_block(block: torch.nn.Module, spec: hf.MoeBlockSpec) -> FP4Spar
     w = spec.router.weight
     compute = w.dtype if w.dtype in _COMPUTE_DTYPES else torch.bfloat16
     mod = FP4SparseMoeBlock.from_experts(spec.router, spec.w1, spec.w2, top_k=spec.top_k,
-                                         method="softmax", renormalize=spec.renormalize,
+                                         method=spec.method, renormalize=spec.renormalize,
+                                         routing_bias=spec.routing_bias, n_group=spec.n_group,
+                                         topk_group=spec.topk_group,
+                                         routed_scaling_factor=spec.routed_scaling_factor,
                                          compute_dtype=compute)
     mod.returns_logits = spec.returns_logits
+    if spec.method == "deepseek_v3":
+        mod.norm_topk_prob = spec.norm_topk_prob
+        # the same module, so that quantize_model converts its nn.Linear layers in place
+        mod.shared_experts = spec.shared_experts
     return _as_block(mod, type(block))
