@@ -93,6 +93,18 @@ def _moe_blocks(model):
     return [(n, m) for n, m in model.named_modules() if type(m).__name__ in hf.MOE_BLOCKS]
 
 
+def _converted_pairs(dense):
+    """(bf16-representable input x [2, 5, 64] in the model's dtype, then (dense block, converted
+    block) of each MoE block of a quantize_model copy of `dense`."""
+    model = quantize_model(copy.deepcopy(dense), QuantConfig())
+    torch.manual_seed(2)
+    x = torch.randn(2, 5, 64).to(torch.bfloat16).to(next(dense.parameters()).dtype)
+    pairs = [(block, model.get_submodule(name)) for name, block in _moe_blocks(dense)]
+    for block, conv in pairs:
+        assert isinstance(conv, FP4SparseMoeBlock) and isinstance(conv, type(block))
+    return x, pairs
+
+
 def _fp4_blocks(model):
     return [(n, m) for n, m in model.named_modules() if isinstance(m, FP4SparseMoeBlock)]
 
@@ -117,15 +129,10 @@ def test_moe_routing_matches_transformers(name):
 @pytest.mark.parametrize("name", list(MOE_MODELS))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_converted_block_equals_fp4moe(name, dtype):
-    dense = _build(MOE_MODELS[name], dtype)
-    model = quantize_model(copy.deepcopy(dense), QuantConfig())
-    torch.manual_seed(2)
     # bf16-representable input: FP4MoE.forward routes from x rounded to bf16, the converted block
     # from x itself (as transformers does); on such x the two agree.
-    x = torch.randn(2, 5, 64).to(torch.bfloat16).to(dtype)
-    for bname, block in _moe_blocks(dense):
-        conv = model.get_submodule(bname)
-        assert isinstance(conv, FP4SparseMoeBlock) and isinstance(conv, type(block))
+    x, pairs = _converted_pairs(_build(MOE_MODELS[name], dtype))
+    for block, conv in pairs:
         g, u, d = EXPERT_NAMES[type(block).__name__]
         spec = hf.moe_block_spec(block)
         ref = FP4MoE.from_experts(block.gate, [(getattr(e, g), getattr(e, u)) for e in block.experts],
@@ -190,13 +197,8 @@ def test_deepseek_v3_routing_matches_transformers(norm, dtype):
 def test_deepseek_v3_block_equals_reference(dtype):
     """The converted DeepseekV3MoE = NVFP4 experts routed by transformers' own router, plus the
     shared experts converted on their own, bit for bit (CPU reference backend)."""
-    dense = _deepseek_biased(True, dtype)
-    model = quantize_model(copy.deepcopy(dense), QuantConfig())
-    torch.manual_seed(2)
-    x = torch.randn(2, 5, 64).to(torch.bfloat16).to(dtype)
-    for bname, block in _moe_blocks(dense):
-        conv = model.get_submodule(bname)
-        assert isinstance(conv, FP4SparseMoeBlock) and isinstance(conv, type(block))
+    x, pairs = _converted_pairs(_deepseek_biased(True, dtype))
+    for block, conv in pairs:
         assert all(isinstance(getattr(conv.shared_experts, n), FP4Linear)
                    for n in ("gate_proj", "up_proj", "down_proj"))
         gate = block.gate

@@ -240,24 +240,24 @@ def _calibrate_linears(model: torch.nn.Module, layers: list, calibration, moes: 
             h.remove()
         for _, mod in layers:
             mod.activations = "fp4"
-    missed = []
-    for name, mod in layers:
-        if mod in amax:
-            mod._set_input_scale(ops.compute_global_scale(amax[mod].contiguous()))
-        else:
-            missed.append(name)
-    if missed:
-        warnings.warn(f"quantize_model: calibration: {len(missed)} layer(s) saw no input and keep "
-                      "the per-call (batch-dependent) activation global scale: " + ", ".join(missed),
-                      stacklevel=3)
-    idle = []
-    for name, mod in moes:
+    _finish(layers, amax, lambda mod, m: mod._set_input_scale(ops.compute_global_scale(m.contiguous())),
+            "layer(s) saw no input and keep the per-call (batch-dependent) activation global scale")
+    _finish(moes, seen, _calibrate_moe,
+            "MoE block(s) saw no input and stay W4A16 (FP4MoE's W4A4 needs fixed activation scales)")
+
+
+def _calibrate_moe(mod: FP4MoE, inputs: list) -> None:
+    mod.calibrate(torch.cat(inputs))
+    mod.activations = "fp4"
+
+
+def _finish(items: list, seen: dict, apply: Callable, unseen: str) -> None:
+    """apply(module, what the calibration run recorded) for each module it reached; a warning
+    names the others."""
+    missed = [name for name, mod in items if mod not in seen]
+    for _, mod in items:
         if mod in seen:
-            mod.calibrate(torch.cat(seen[mod]))
-            mod.activations = "fp4"
-        else:
-            idle.append(name)
-    if idle:
-        warnings.warn(f"quantize_model: calibration: {len(idle)} MoE block(s) saw no input and stay "
-                      "W4A16 (FP4MoE's W4A4 needs fixed activation scales): " + ", ".join(idle),
-                      stacklevel=3)
+            apply(mod, seen[mod])
+    if missed:
+        warnings.warn(f"quantize_model: calibration: {len(missed)} {unseen}: " + ", ".join(missed),
+                      stacklevel=4)

@@ -6,6 +6,8 @@ from typing import Iterable, Optional
 
 import torch
 
+from .. import formats as F
+
 FLOAT_INPUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
 HALF_DTYPES = (torch.bfloat16, torch.float16)
 OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -41,8 +43,6 @@ def integer(op: str, name: str, value, what: str = "an int") -> int:
 
 def block_size(op: str, value):
     """The format of a block_size argument: 16 (NVFP4) or 32 (MXFP4)."""
-    from .. import formats as F
-
     integer(op, "block_size", value, "16 (NVFP4) or 32 (MXFP4)")
     if value not in (16, 32):
         fail(op, "block_size", "16 (NVFP4) or 32 (MXFP4)", repr(value))
