@@ -75,10 +75,11 @@ def _holds_pair(blocks) -> torch.Tensor:
 
 
 class Harness:
-    """Replaces moe_fused's align (to poison the undefined entries) and grouped GEMM."""
+    """Replaces the shared launches' align (moe_grouped: to poison the undefined entries) and
+    moe_fused's grouped GEMM."""
 
-    def __init__(self, MF, seed=0):
-        self.real_align = MF.align
+    def __init__(self, MG, seed=0):
+        self.real_align = MG.align
         self.gen = torch.Generator().manual_seed(seed)
         self.blocks, self.calls = None, []
 
@@ -113,9 +114,10 @@ def check_wiring_interpreted():
     from torch_fp4 import reference
     from torch_fp4.kernels import _common
     from torch_fp4.kernels.cute import moe_fused as MF
+    from torch_fp4.kernels.triton import moe_grouped as MG
     _common.POISON_OUTPUTS = True
-    harness = Harness(MF)
-    MF.align, MF._grouped_gemm = harness.align, harness.gemm
+    harness = Harness(MG)
+    MG.align, MF._grouped_gemm = harness.align, harness.gemm
 
     def same(moe, x, ids, tw, a2, lo=0, weights=None, out_dtype=BF16, what=""):
         weights = weights if weights is not None else moe.weights()
@@ -217,14 +219,14 @@ def test_glue_kernels_compile(arch):
     import triton.language as tl
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
-    from torch_fp4.kernels.cute import moe_fused as MF
+    from torch_fp4.kernels.triton import moe_grouped as MG
 
     def compile_ptx(fn, sig, consts):
         src = ASTSource(fn=fn, signature={**sig, **{k: "constexpr" for k in consts}},
                         constexprs=consts)
         return triton.compile(src, target=GPUTarget("cuda", arch, 32),
                               options={"num_warps": 4, "enable_fp_fusion": False}).asm["ptx"]
-    inv = compile_ptx(MF._inverse_kernel, dict(sorted_ptr="*i32", block_expert_ptr="*i32",
+    inv = compile_ptx(MG._inverse_kernel, dict(sorted_ptr="*i32", block_expert_ptr="*i32",
                                                end_ptr="*i32", inv_ptr="*i32", n_rows="i32"),
                       dict(BM=128, BR=1024, USE_GDC=False))
     from torch_fp4.kernels.triton import moe_fused as TF   # the shared finalize, through inv

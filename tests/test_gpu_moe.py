@@ -35,12 +35,24 @@ pytestmark = pytest.mark.gpu
 # other cases of these parametrized tests run with --full.
 QUICK = {
     "test_exact_every_tile": {"w4a16"},
-    "test_exact_expert_parallel_slices": {"w4a16"},
+    "test_exact_expert_parallel_slices": {"w4a16-triton", "w4a4-cuda"},
+    "test_exact_empty_experts_one_expert_and_tiny": {"w4a4-triton", "w4a16-cuda"},
     "test_exact_default_tiles": {"1-8-2-w4a4", "100-8-4-w4a16", "300-8-2-w4a4"},
     "test_random_model_shapes": {"qwen3-T3-w4a16", "deepseek-T2-w4a4", "qwen3-T200-w4a16"},
 }
 BF16 = torch.bfloat16
 DEV = "cuda"
+
+
+# fused_moe backends run by the structural tests: the Triton kernels, and the cuda backend's
+# grouped Hopper GEMMs (sm_90 only; tests/test_gpu_moe_cuda.py has its own cases).
+BACKENDS = ["triton", "cuda"]
+
+
+def _backend(backend: str) -> str:
+    if backend == "cuda" and torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the cuda fused_moe (grouped Hopper GEMMs) needs an sm_90 GPU")
+    return backend
 
 
 @pytest.fixture(autouse=True)
@@ -319,20 +331,24 @@ def test_exact_every_tile(mode):
         assert_same(p.launcher(ids, tw, cfg), want, f"{mode} {cfg.label()}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, BF16], ids=str)
-def test_exact_out_dtypes_and_fp16_input(mode, out_dtype):
+def test_exact_out_dtypes_and_fp16_input(mode, out_dtype, backend):
+    _backend(backend)
     for x_dtype in (BF16, torch.float16):
         p = exact_problem(4, 64, 32, 9, mode == "w4a4", seed=5, x_dtype=x_dtype)
         ids, tw = random_routing(9, 4, 2, seed=6)
-        got = p.run(ids, tw, "triton", out_dtype=out_dtype)
+        got = p.run(ids, tw, backend, out_dtype=out_dtype)
         assert got.dtype == out_dtype
         assert_same(got, p.run(ids, tw, "reference", out_dtype=out_dtype),
                     f"{mode} x {x_dtype} -> {out_dtype}")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", MODES)
-def test_exact_expert_parallel_slices(mode):
+def test_exact_expert_parallel_slices(mode, backend):
+    _backend(backend)
     p = exact_problem(8, 64, 32, 24, mode == "w4a4", seed=7)
     if mode == "w4a4":
         p.a2 = torch.linspace(0.5, 2.0, 8, device=DEV)          # one a2 per expert
@@ -340,32 +356,38 @@ def test_exact_expert_parallel_slices(mode):
     ids[0] = torch.tensor([0, 7], device=DEV)                      # no pair on experts 2..5
     parts = []
     for lo, hi in ((2, 6), (0, 2), (6, 8)):
-        got = p.run(ids, tw, "triton", lo, hi, torch.float32)
+        got = p.run(ids, tw, backend, lo, hi, torch.float32)
         assert_same(got, p.run(ids, tw, "reference", lo, hi, torch.float32), f"{mode} EP [{lo}, {hi})")
         parts.append(got)
     assert (parts[0][0] == 0).all(), "a token routed to no local expert must give zeros"
-    full = p.run(ids, tw, "triton", out_dtype=torch.float32)
+    full = p.run(ids, tw, backend, out_dtype=torch.float32)
     torch.testing.assert_close(sum(parts), full, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("mode", MODES)
-def test_exact_empty_experts_one_expert_and_tiny(mode):
+def test_exact_empty_experts_one_expert_and_tiny(mode, backend):
+    _backend(backend)
     p = exact_problem(16, 64, 64, 300, mode == "w4a4", seed=9)
     # every pair on experts 3 and 11 (several blocks each, several grouping chunks)
     ids = torch.tensor([[3, 11]], dtype=torch.int32, device=DEV).repeat(300, 1)
     tw = torch.rand(300, 2, device=DEV)
-    assert_same(p.run(ids, tw, "triton"), p.run(ids, tw, "reference"), f"{mode} two experts")
+    assert_same(p.run(ids, tw, backend), p.run(ids, tw, "reference"), f"{mode} two experts")
     ids1 = torch.full((300, 1), 5, dtype=torch.int32, device=DEV)
-    assert_same(p.run(ids1, tw[:, :1].contiguous(), "triton"),
+    assert_same(p.run(ids1, tw[:, :1].contiguous(), backend),
                 p.run(ids1, tw[:, :1].contiguous(), "reference"), f"{mode} one expert")
     x1 = p.x[:1].contiguous()
-    for k in (1, 4):
+    for k in (1, 4, 16):                                           # top_k = E at 16
         ids_t, tw_t = random_routing(1, 16, k, seed=10 + k)
-        assert_same(p.run(ids_t, tw_t, "triton", x=x1), p.run(ids_t, tw_t, "reference", x=x1),
+        assert_same(p.run(ids_t, tw_t, backend, x=x1), p.run(ids_t, tw_t, "reference", x=x1),
                     f"{mode} T=1 k={k}")
+    bad = ids.clone()
+    bad[7, 1] = 16                                                 # outside [0, E): a NaN row
+    got = p.run(bad, tw, backend)
+    assert got[7].isnan().all() and not got[torch.arange(300, device=DEV) != 7].isnan().any()
     none = torch.zeros(0, 64, dtype=BF16, device=DEV)
     assert p.run(torch.zeros(0, 2, dtype=torch.int32, device=DEV), torch.zeros(0, 2, device=DEV),
-                 "triton", x=none).shape == (0, 64)
+                 backend, x=none).shape == (0, 64)
 
 
 # =============================================================================================

@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
                                             "and the FP4 reference")
     bmoe.add_argument("--quick", action="store_true", help="T in {1, 16, 256} only")
     bmoe.add_argument("--csv", default=None, help="write every measurement to this CSV file")
+    bmoe.add_argument("--tokens", default=None, help="comma-separated batch sizes T (default: all)")
+    bmoe.add_argument("--models", default=None, help="comma-separated model names (default: all)")
     bov = bench_sub.add_parser("overhead", help="host time per call of every public op on tiny "
                                                  "problems vs F.linear and an empty custom op")
     bov.add_argument("--device", default=None, help="cuda (default when available) or cpu")
@@ -108,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
             bench_quantize.run(args.quick, args.csv, args.format, args.backends)
         elif args.what == "moe":
             from .bench import moe as bench_moe
-            bench_moe.run(args.quick, args.csv)
+            bench_moe.run(args.quick, args.csv,
+                          tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None,
+                          tuple(args.models.split(",")) if args.models else None)
         elif args.tactics:
             from .bench import mm as bench_mm
             bench_mm.run_tactics(args.m, args.n, args.k, args.csv, args.mode)

@@ -173,12 +173,14 @@ class MoeProblem(Problem):
     out_dtype: torch.dtype
     local_expert_offset: int
     strict_ids: bool                # no expert parallelism: ids outside [0, E) give NaN rows
+    weight_align: int = 16          # the least alignment of w1, w1_scale, w2, w2_scale (bytes, <= 16)
 
     @classmethod
-    def of(cls, x, w1, topk_ids, a1_global_scale, a2_global_scale, local_expert_offset,
-           num_local_experts, out_dtype) -> "MoeProblem":
+    def of(cls, x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
+           local_expert_offset, num_local_experts, out_dtype) -> "MoeProblem":
         return cls(tokens=x.shape[0], hidden=x.shape[1], inter=w1.shape[1] // 2, experts=w1.shape[0],
                    top_k=topk_ids.shape[1], w4a4=a1_global_scale is not None,
                    a2_per_expert=a2_global_scale is not None and a2_global_scale.numel() > 1,
                    x_dtype=x.dtype, out_dtype=out_dtype, local_expert_offset=local_expert_offset,
-                   strict_ids=local_expert_offset == 0 and num_local_experts is None, **_where(x))
+                   strict_ids=local_expert_offset == 0 and num_local_experts is None,
+                   weight_align=min(alignment(t) for t in (w1, w1_scale, w2, w2_scale)), **_where(x))

@@ -8,7 +8,7 @@ missing from a row, or that cannot run the inputs, fall back to the default orde
 from __future__ import annotations
 
 from .backends import Backend
-from .problems import MmProblem, Problem
+from .problems import MmProblem, MoeProblem, Problem
 
 DEFAULT_ORDER = (Backend.CUDA, Backend.CUTE_DSL, Backend.TRITON, Backend.REFERENCE)
 _QUANTIZE_OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize")
@@ -40,7 +40,8 @@ def _band(numel: int) -> int:
 # csrc/mm_wgmma.cu, measured faster than Triton at every M from 32: BENCHMARKS.md). Then the
 # Triton GEMM. The CuTe DSL Blackwell kernels are compiled and SASS-checked in CI but have never
 # run on a GPU, so they are opt-in (backend="cute-dsl") rather than chosen silently. route and fused_moe: the Triton kernels on CUDA tensors (the
-# cute-dsl fused_moe is opt-in, never run), the reference elsewhere.
+# cute-dsl fused_moe is opt-in, never run; fused_moe on sm_90 from CUDA_MOE_MIN_ROWS routed rows
+# per expert: the cuda backend), the reference elsewhere.
 CUDA_MM_MAX_M = 16
 HOPPER_MM = (9, 0)            # where the cuda backend has the wgmma GEMM
 HOPPER_MM_MS = (17, 1 << 62)  # M range where it beat Triton on H100 (every M above 16)
@@ -49,6 +50,19 @@ OP_ORDER: dict[str, tuple[Backend, ...]] = {
     "route": (Backend.TRITON, Backend.REFERENCE),
     "fused_moe": (Backend.TRITON, Backend.REFERENCE),
 }
+
+
+# fused_moe on sm_90: the cuda backend's grouped Hopper GEMMs (kernels/cuda/moe.py) once the
+# routed rows per local expert reach CUDA_MOE_MIN_ROWS, the Triton kernels below that (H100,
+# `bench moe`, W4A16 us cuda / triton: Mixtral-8x7B T = 64, 16 rows per expert, 554 / 665;
+# Qwen3-30B-A3B T = 256, 16 rows, 320 / 316; DeepSeek-V3 T = 1024, 32 rows, 4809 / 6203; and
+# with 4-8 rows Triton ahead: Qwen3 T = 64 309 / 224, DeepSeek-V3 T = 256 4840 / 3494).
+CUDA_MOE_MIN_ROWS = 16
+_HOPPER_MOE = (Backend.CUDA, Backend.TRITON, Backend.REFERENCE)
+
+
+def _hopper_moe(p: MoeProblem) -> bool:
+    return p.is_cuda and p.capability == HOPPER_MM and p.tokens * p.top_k >= CUDA_MOE_MIN_ROWS * p.experts
 
 
 def _hopper_wgmma(p: MmProblem) -> bool:
@@ -60,6 +74,8 @@ def auto_order(op: str, p: Problem) -> tuple[Backend, ...]:
     """Backends to try for `op` on problem `p`, fastest first (the reference always last)."""
     if op == "mm_fp4" and p.m > CUDA_MM_MAX_M and not _hopper_wgmma(p):
         return tuple(b for b in OP_ORDER[op] if b != Backend.CUDA)
+    if op == "fused_moe" and _hopper_moe(p):
+        return _HOPPER_MOE
     if op in OP_ORDER:
         return OP_ORDER[op]
     if not p.is_cuda or op not in _QUANTIZE_OPS:

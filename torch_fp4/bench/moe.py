@@ -11,9 +11,10 @@ with expert parallelism) against peers measured in the same run with CUDA-graph 
   sums), timed where it is cheap enough (it is the oracle, not a contender) and used to report
   the Triton result's relative L2 error for small batches.
 
-Columns: time per call (routing precomputed; `route` is timed on its own), speed-up over bf16,
-the FP4 expert weight bytes the batch touches (experts with at least one pair) per second, and
-the relative error of W4A4 / W4A16 against the reference. W4A4 times include the activation
+Columns: time per call (routing precomputed; `route` is timed on its own) with backend="auto",
+speed-up over bf16, the FP4 expert weight bytes the batch touches (experts with at least one
+pair) per second, the relative error of W4A4 / W4A16 against the reference, and the time of
+each backend of BACKENDS asked for by name (nan where it cannot run the batch). W4A4 times include the activation
 quantization. Weights are random codes with power-of-two block scales (timing does not depend
 on the values).
 """
@@ -142,9 +143,10 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
     return (diff / torch.linalg.norm(want.float()).clamp_min(1e-30)).item()
 
 
+BACKENDS = ("triton", "cuda")   # timed one by one beside "auto" where they support the batch
 HEADER = (f"{'model':<14} {'E':>4} {'T':>5} | {'route us':>8} {'bf16 us':>9} {'ref us':>9} | "
           f"{'W4A16 us':>9} {'x bf16':>6} {'GB/s':>6} {'err':>8} | {'W4A4 us':>9} {'x bf16':>6} "
-          f"{'err':>8}")
+          f"{'err':>8} | " + " ".join(f"{b + ' ' + m:>11}" for b in BACKENDS for m in ('W4A16', 'W4A4')))
 
 
 def _measure(m: Model, experts: int, tokens: int, weights: tuple, peer: Bf16Moe, grouped: bool,
@@ -171,6 +173,15 @@ def _measure(m: Model, experts: int, tokens: int, weights: tuple, peer: Bf16Moe,
     t_route = graph_time_us(lambda: ops.route(logits, m.top_k, m.method, **kw), [()])
     t16 = graph_time_us(w4a16, [()])
     t4 = graph_time_us(w4a4, [()])
+    per_backend = {}
+    for b in BACKENDS:
+        for mode, fn in (("w4a16", w4a16), ("w4a4", w4a4)):
+            args = (x, *weights, ids, tw)
+            kw_b = dict(local_expert_offset=0, num_local_experts=experts)
+            if mode == "w4a4":
+                kw_b.update(a1_global_scale=a1, a2_global_scale=a2)
+            ok = ops.unsupported_reason("fused_moe", b, *args, **kw_b) is None
+            per_backend[f"{mode}_{b}_us"] = graph_time_us(lambda: fn(b), [()]) if ok else float("nan")
     if grouped:
         try:
             t_bf16 = graph_time_us(lambda: peer.grouped(x, ids, tw), [()])
@@ -191,7 +202,7 @@ def _measure(m: Model, experts: int, tokens: int, weights: tuple, peer: Bf16Moe,
                 top_k=m.top_k, tokens=tokens, route_us=t_route, bf16_us=t_bf16, reference_us=t_ref,
                 w4a16_us=t16, w4a16_x_bf16=t_bf16 / t16, w4a16_weight_gbs=gbs,
                 w4a16_rel_err=err16, w4a4_us=t4, w4a4_x_bf16=t_bf16 / t4, w4a4_rel_err=err4,
-                active_experts=active, bf16_peer="grouped_mm" if grouped else "loop")
+                active_experts=active, bf16_peer="grouped_mm" if grouped else "loop", **per_backend)
 
 
 def _run_model(m: Model, tokens_list, grouped: bool, name: str) -> list[dict]:
@@ -211,19 +222,26 @@ def _run_model(m: Model, tokens_list, grouped: bool, name: str) -> list[dict]:
         print(f"{m.name:<14} {experts:>4} {tokens:>5} | {r['route_us']:>8.1f} {r['bf16_us']:>9.1f} "
               f"{r['reference_us']:>9.1f} | {r['w4a16_us']:>9.1f} {r['w4a16_x_bf16']:>6.2f} "
               f"{r['w4a16_weight_gbs']:>6.0f} {r['w4a16_rel_err']:>8.1e} | {r['w4a4_us']:>9.1f} "
-              f"{r['w4a4_x_bf16']:>6.2f} {r['w4a4_rel_err']:>8.1e}", flush=True)
+              f"{r['w4a4_x_bf16']:>6.2f} {r['w4a4_rel_err']:>8.1e} | "
+              + " ".join(f"{r[f'{mode}_{b}_us']:>11.1f}" for b in BACKENDS for mode in ('w4a16', 'w4a4')),
+              flush=True)
     return rows
 
 
-def run(quick: bool = False, csv_path: str | None = None) -> list[dict]:
+def run(quick: bool = False, csv_path: str | None = None, tokens: tuple[int, ...] | None = None,
+        models: tuple[str, ...] | None = None) -> list[dict]:
+    """Every model (or those named in `models`) at every batch of TOKENS (QUICK_TOKENS, or
+    `tokens`)."""
     dev = torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
     grouped = _grouped_mm_works(dev)
-    print(f"bench moe (NVFP4 experts, Triton) on {name}; torch {torch.__version__}; bf16 peer: "
+    print(f"bench moe (NVFP4 experts) on {name}; torch {torch.__version__}; bf16 peer: "
           f"{'torch._grouped_mm (graph)' if grouped else 'per-expert loop (eager)'}", flush=True)
     rows = []
     for m in MODELS:
-        rows += _run_model(m, QUICK_TOKENS if quick else TOKENS, grouped, name)
+        if models and m.name not in models:
+            continue
+        rows += _run_model(m, tokens or (QUICK_TOKENS if quick else TOKENS), grouped, name)
         torch.cuda.empty_cache()
     write_csv(csv_path, rows)
     return rows

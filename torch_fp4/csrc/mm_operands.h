@@ -10,6 +10,12 @@ namespace torch_fp4 {
 // MXFP4, else NVFP4), out: [m, n] of out_dtype (launch.h's DType code), alpha: one fp32 value or
 // null; packed: w is in the "sm90" fragment layout (docs/NUMERICS.md 4b; n % 128 == 0,
 // k % 64 == 0), else row-major. Each GEMM's argument struct adds its tactic.
+//
+// Grouped (block_expert not null; the Hopper GEMM only): the rows of act and out are blocks of
+// block_m rows (the tactic's), block b multiplying expert block_expert[b]'s weights: w [experts,
+// n, k/2], w_scale [experts, np, kp] (w_expert and s_expert bytes apart), alpha [experts] (or
+// null); blocks with block_expert[b] < 0 come after every used block and are skipped (their out
+// rows are not written).
 struct MmOperands {
   const uint16_t* act;
   const uint8_t* w;
@@ -18,6 +24,8 @@ struct MmOperands {
   void* out;
   int64_t m, n, k, kp;
   int act_fp16, mx, out_dtype, packed;
+  const int* block_expert;
+  int64_t experts, w_expert, s_expert;
 };
 
 // The kernel variants of each GEMM, by index: (fp16 activations ? 2 : MXFP4 ? 4 : 0) + "sm90"
@@ -87,6 +95,7 @@ inline MmOperands make_mm_operands(const void* act, const void* w, const void* w
   a.mx = mx;
   a.out_dtype = out_dtype;
   a.packed = packed;
+  a.experts = 1;
   return a;
 }
 

@@ -153,6 +153,8 @@ struct Params {
   int steps_per_split;     // K stages per split (the last split may have fewer)
   int out_dtype;           // kOutBf16 / kOutF16 / kOutF32
   int w_aligned16;         // weight rows 16-byte aligned (K % 32 == 0), else 8-byte copies
+  const int* block_expert; // grouped launches (mm_operands.h): expert of each block of rows, else null
+  int64_t w_expert, s_expert;  // bytes between experts' weights and scales (grouped)
 };
 
 // The Params of a launch from its operands, with `steps_per_split` K stages per split;
@@ -170,6 +172,9 @@ inline Params operand_params(const MmOperands& a, int steps_per_split) {
   p.kp = static_cast<int>(a.kp);
   p.steps_per_split = steps_per_split;
   p.out_dtype = a.out_dtype;
+  p.block_expert = a.block_expert;
+  p.w_expert = a.w_expert;
+  p.s_expert = a.s_expert;
   return p;
 }
 

@@ -48,6 +48,11 @@
 // own in CTA order (deterministic) before its epilogue. Owners wait only for later CTAs, whose
 // partial is the first thing their range computes, so every wait ends while the launch is
 // resident (a persistent launch never has more CTAs than fit at once).
+// Grouped launches (fused_moe's GEMMs; Params::block_expert): the activation rows are blocks of
+// block_m rows, block b multiplying expert block_expert[b]'s weights (the TMA map spans every
+// expert's rows, expert after expert; "sm90" tiles and scale blocks are offset per expert) and
+// alpha[e]; blocks past the used rows (-1, all after the used ones) end a persistent CTA's tile
+// list, or a one-tile CTA (every split of its cluster alike) before any work.
 // Numerics are those of mm_small_m (exact products, fp32 accumulation in the tensor core).
 #include <algorithm>
 #include <cstdint>
@@ -155,9 +160,10 @@ __host__ __device__ constexpr int64_t stream_k_bytes(int block_m, int ctas) {
   return stream_k_flags_offset(block_m, ctas) + static_cast<int64_t>(ctas) * 2 * 4;
 }
 
-// One piece of a CTA's work: K steps [kb, ke) of output tile `tile`.
+// One piece of a CTA's work: K steps [kb, ke) of output tile `tile`, whose rows multiply expert
+// `expert`'s weights (grouped launches; 0 otherwise).
 struct Work {
-  int tile, kb, ke;
+  int tile, kb, ke, expert;
 };
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -169,16 +175,26 @@ struct WorkList {
   __device__ WorkList(const Schedule& sc, int cta) : t(cta), it(sc.sk_begin(cta)), end(sc.sk_begin(cta + 1)) {}
   __device__ bool next(const Schedule& sc, int kt0, int kt1, Work& w) {
     if (t < sc.dp) {
-      w = Work{t, kt0, kt1};
+      w = Work{t, kt0, kt1, 0};
       t += sc.ctas;
       return true;
     }
     if (it >= end) return false;
     const int local = it / sc.ksteps, kb = it - local * sc.ksteps;
     const int ke = min(sc.ksteps, kb + (end - it));
-    w = Work{sc.dp + local, kb, ke};
+    w = Work{sc.dp + local, kb, ke, 0};
     it += ke - kb;
     return true;
+  }
+  // next() for a launch whose tiles may be grouped (Params::block_expert): w.expert is the expert
+  // of the tile's block of rows, and the list ends at the first tile of a block past the used
+  // rows (the used blocks come first and a CTA's tiles ascend, so every later tile is unused too).
+  // Stream-K is never grouped: the used tiles are not known when the launch is scheduled.
+  __device__ bool next(const Schedule& sc, const Params& p, int n_tiles, int kt0, int kt1, Work& w) {
+    if (!next(sc, kt0, kt1, w)) return false;
+    if (p.block_expert == nullptr) return true;
+    w.expert = __ldg(p.block_expert + w.tile / n_tiles);
+    return w.expert >= 0;
   }
 };
 #endif
@@ -562,6 +578,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   }
   __syncthreads();
   pdl_wait();
+  // A grouped launch's CTA whose one tile lies past the used rows (every split of that tile
+  // alike, so a cluster leaves whole) has nothing to do.
+  if (!persistent && p.block_expert != nullptr && __ldg(p.block_expert + cta / n_tiles) < 0) return;
 
   if (tid < 128) {  // producer warpgroup (one thread)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
@@ -571,10 +590,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       // Stage slot s and the parity of its use, kept incrementally across tiles (no division).
       int s = 0, phase = 0;
       WorkList list(sc, cta);
-      for (Work w; list.next(sc, kt0, kt1, w);) {
+      for (Work w; list.next(sc, p, n_tiles, kt0, kt1, w);) {
         const int t = w.tile;
         const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
-        const uint8_t* scale_row = p.w_scale + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
+        const uint8_t* w_expert = p.w + w.expert * p.w_expert;
+        const uint8_t* scale_row =
+            p.w_scale + w.expert * p.s_expert + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
         // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
         // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
         const int groups = max(0, min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128));
@@ -585,9 +606,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
           mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
           tma_2d(st, &act_map, full + s, kt * kBK, m0);
           if constexpr (Cfg::kPacked)  // "sm90": the tile's 4 KiB are contiguous
-            bulk_copy(wt, p.w + (static_cast<int64_t>(n0 / 128) * tiles + kt) * Cfg::kW, Cfg::kW, full + s);
-          else
-            tma_2d(wt, &w_map, full + s, kt * (kBK / 2), n0);
+            bulk_copy(wt, w_expert + (static_cast<int64_t>(n0 / 128) * tiles + kt) * Cfg::kW, Cfg::kW, full + s);
+          else  // the map's rows are every expert's, expert after expert
+            tma_2d(wt, &w_map, full + s, kt * (kBK / 2), w.expert * p.n + n0);
           const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
           for (int gr = 0; gr < groups; ++gr)
             bulk_copy(wt + Cfg::kW + 512 * gr, scale_row + (static_cast<int64_t>(gr) * (p.kp / 4) + block) * 512,
@@ -611,15 +632,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   const FragmentSlot<Cfg> slot(ct, 64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
   const uint32_t lut_addr = smem_u32(lut);
   const bool has_alpha = p.alpha != nullptr;
-  const float alpha = has_alpha ? small_m::load_alpha(p.alpha) : 1.0f;
   float acc[Cfg::kAcc];
   const uint32_t pipe_addr = smem_u32(pipe);
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
   StageOperands ops;
   const uint32_t full_addr = small_m::opaque(smem_u32(full)), empty_addr = small_m::opaque(smem_u32(empty));
   WorkList list(sc, cta);
-  Work w{0, 0, 0};
-  bool have = list.next(sc, kt0, kt1, w);
+  Work w{0, 0, 0, 0};
+  bool have = list.next(sc, p, n_tiles, kt0, kt1, w);
   if (have && w.kb < w.ke) {
     mbar_wait(full_addr, 0);
     load_half<Cfg, 0>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
@@ -629,10 +649,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   int chunk = 0;         // the warpgroup's TMA-store epilogue chunks so far (buffer parity)
   while (have) {
     const Work cur = w;
-    const bool more = list.next(sc, kt0, kt1, w);  // w: the next piece, whose first stage this one's last step reads
+    const bool more = list.next(sc, p, n_tiles, kt0, kt1, w);  // w: the next piece, whose first stage this one's last step reads
     have = more;
     const int t = cur.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
+    const float alpha = has_alpha ? small_m::load_alpha(p.alpha + cur.expert) : 1.0f;
 #pragma unroll
     for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
     fence_regs(acc);
@@ -819,8 +840,8 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (!encode_2d(&act_map, a.act_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.act,
                  a.m, a.k, a.k * 2, Cfg::kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
-  if (!Cfg::kPacked && !encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n, a.k / 2, a.k / 2, Cfg::kRows,
-                                  kBK / 2, CU_TENSOR_MAP_SWIZZLE_32B))
+  if (!Cfg::kPacked && !encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n * a.experts, a.k / 2, a.k / 2,
+                                  Cfg::kRows, kBK / 2, CU_TENSOR_MAP_SWIZZLE_32B))
     return false;
   const int tiles = static_cast<int>((a.k + kBK - 1) / kBK);
   const int split = std::max(1, std::min(a.split_k, tiles));
@@ -906,6 +927,11 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   if (args.stream_k && !args.persistent) return false;      // stream-K shares a persistent launch's steps
   if (args.ctas_per_sm != 1 && (args.ctas_per_sm != 2 || args.block_m > 64)) return false;
   if (args.k % 32 != 0) return false;
+  if (args.block_expert != nullptr) {  // grouped: whole blocks of rows, experts' rows in 32-bit TMA coordinates
+    if (args.stream_k || args.m % args.block_m != 0 || args.experts < 1 || args.n * args.experts >= (int64_t{1} << 31))
+      return false;
+    if (!args.packed && args.w_expert != args.n * (args.k / 2)) return false;  // one TMA map over every expert
+  }
   if (args.packed && (args.k % 64 != 0 || args.n % 128 != 0)) return false;  // whole "sm90" tiles
   if (args.m <= 0 || args.n <= 0) return true;
   int device = 0, major = 0, minor = 0;
@@ -952,6 +978,26 @@ TORCH_FP4_CAPI int torch_fp4_mm_wgmma(int device, void* stream, int pdl, const v
   const torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype,
                                               packed, block_m, stages, split_k, persistent, ctas_per_sm, stream_k,
                                               workspace);
+  return torch_fp4::capi_end(torch_fp4::launch_wgmma_mm(a, static_cast<cudaStream_t>(stream), pdl != 0));
+}
+
+// The grouped GEMM (mm_operands.h): m rows in blocks of block_m, block b multiplying expert
+// block_expert[b]'s weights (w_expert and s_expert bytes between experts' weights and scales;
+// alpha: [experts] or null); no stream-K.
+TORCH_FP4_CAPI int torch_fp4_mm_wgmma_grouped(int device, void* stream, int pdl, const void* act, const void* w,
+                                              const void* w_scale, const float* alpha, void* out, int64_t m,
+                                              int64_t n, int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype,
+                                              int packed, int block_m, int stages, int split_k, int persistent,
+                                              int ctas_per_sm, const int* block_expert, int64_t experts,
+                                              int64_t w_expert, int64_t s_expert) {
+  if (const int e = torch_fp4::capi_begin(device)) return e;
+  if (block_expert == nullptr) return torch_fp4::kNotCompiled;
+  torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype, packed,
+                                        block_m, stages, split_k, persistent, ctas_per_sm, 0, nullptr);
+  a.block_expert = block_expert;
+  a.experts = experts;
+  a.w_expert = w_expert;
+  a.s_expert = s_expert;
   return torch_fp4::capi_end(torch_fp4::launch_wgmma_mm(a, static_cast<cudaStream_t>(stream), pdl != 0));
 }
 

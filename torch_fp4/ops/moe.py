@@ -189,8 +189,8 @@ def _moe_problem(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
     out_dtype, bk = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
                                   topk_ids, topk_weights, a1_global_scale, a2_global_scale,
                                   local_expert_offset, num_local_experts, out_dtype, backend)
-    return MoeProblem.of(x, w1, topk_ids, a1_global_scale, a2_global_scale, local_expert_offset,
-                         num_local_experts, out_dtype), bk
+    return MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
+                         local_expert_offset, num_local_experts, out_dtype), bk
 
 
 def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,

@@ -21,9 +21,10 @@ OPS = {
     "mxfp4_quantize": "quantize:mxfp4_quantize",
     "fp4_dequantize": "quantize:fp4_dequantize",
     "mm_fp4": "mm:mm_fp4",
+    "fused_moe": "moe:fused_moe",
 }
 # Tactic spaces (module:attribute, cheap to import: no toolchain) of the tunable ops.
-TACTIC_SPACES = {"mm_fp4": "mm_space:MM_SPACE"}
+TACTIC_SPACES = {"mm_fp4": "mm_space:MM_SPACE", "fused_moe": "moe_tactics:MOE_SPACE"}
 
 # The kernels index one matrix (per batch entry) with 32-bit arithmetic: quantize has one thread
 # per padded scale entry, dequantize one per 8 elements.
@@ -73,7 +74,21 @@ def _mm_reason(p: MmProblem) -> Optional[str]:
     return None if hopper is None else f"{small}; {hopper}"
 
 
+def _moe_reason(p: Problem) -> Optional[str]:
+    """Why the grouped Hopper GEMMs (kernels/cuda/moe.py) cannot run this fused_moe problem, or
+    None: the problem limits, and the heuristic's tactic must fit this device."""
+    from .moe_tactics import default, problem_reason, why_not
+
+    return problem_reason(p) or why_not(default(p), p)
+
+
 def requirement(op: str, p: Problem) -> Optional[str]:
+    if op == "fused_moe":
+        # The grouping, SwiGLU and finalize around the GEMMs are Triton kernels.
+        reason = cuda_requirement(p, "triton", (9, 0))
+        if reason is None:
+            reason = toolchain_reason()
+        return reason if reason is not None else _moe_reason(p)
     if op == "mm_fp4":
         # Thread-block clusters (the split-K reduction) and griddepcontrol need sm_90+.
         reason = cuda_requirement(p, "torch.utils.cpp_extension", (9, 0))

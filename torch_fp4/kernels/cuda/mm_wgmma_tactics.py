@@ -24,7 +24,7 @@ from typing import Optional
 from ... import formats as F
 from ...backends import Backend
 from ...tactics import Tactic, register_family, valid_unique
-from ...problems import MmProblem
+from ...problems import MmProblem, Problem
 from .._common import (empty_k_slice, largest_split, mm_key, problem_sm_count, problem_smem_per_block,
                        problem_smem_per_sm, smem_reason)
 from .mm_tactics import SM90_SMEM_PER_BLOCK, SM90_SMEM_PER_SM, half_mx_reason
@@ -109,7 +109,7 @@ def _steps(k: int) -> int:
     return -(-k // BLOCK_K)
 
 
-def _smem_limit(p: MmProblem, ctas_per_sm: int = 1) -> int:
+def smem_limit(p: Problem, ctas_per_sm: int = 1) -> int:
     """Shared memory one CTA may take: the per-block opt-in limit, or with two CTAs per SM half of
     the SM's shared memory less the 1 KiB the hardware reserves per CTA."""
     per_block = problem_smem_per_block(p, SM90_SMEM_PER_BLOCK)
@@ -118,30 +118,36 @@ def _smem_limit(p: MmProblem, ctas_per_sm: int = 1) -> int:
     return min(per_block, (problem_smem_per_sm(p, SM90_SMEM_PER_SM) - ctas_per_sm * 1024) // ctas_per_sm)
 
 
+def tile_reason(block_m: int, stages: int, ctas_per_sm: int, block_ms: tuple = BLOCK_MS) -> Optional[str]:
+    """Why a launch of this tile (block_m in `block_ms`, stages, CTAs per SM) is not compiled, or
+    None (shared memory is checked apart)."""
+    if block_m not in block_ms:
+        return f"block_m={block_m} must be one of {block_ms}"
+    if not MIN_STAGES <= stages <= MAX_STAGES:
+        return f"stages={stages} must be between {MIN_STAGES} and {MAX_STAGES}"
+    if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and block_m > TWO_CTA_MAX_BLOCK_M):
+        return (f"ctas_per_sm={ctas_per_sm} must be 1, or 2 with block_m <= {TWO_CTA_MAX_BLOCK_M} "
+                f"(got block_m={block_m})")
+    return None
+
+
 def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
     if not isinstance(t, WgmmaMmTactic):
         return f"{t.family} is not a cuda Hopper-GEMM tactic"
-    reason = problem_reason(p)
+    reason = problem_reason(p) or tile_reason(t.block_m, t.stages, t.ctas_per_sm)
     if reason is not None:
         return reason
-    if t.block_m not in BLOCK_MS:
-        return f"block_m={t.block_m} must be one of {BLOCK_MS}"
-    if not MIN_STAGES <= t.stages <= MAX_STAGES:
-        return f"stages={t.stages} must be between {MIN_STAGES} and {MAX_STAGES}"
     if not 1 <= t.split_k <= MAX_SPLIT:
         return f"split_k={t.split_k} must be between 1 and {MAX_SPLIT} (a thread-block cluster along K)"
     if t.persistent and t.split_k != 1:
         return f"persistent=True needs split_k=1 (split-K CTAs take one tile each), got split_k={t.split_k}"
     if t.stream_k and not t.persistent:
         return "stream_k=True needs persistent=True (it shares out a persistent launch's K steps)"
-    if t.ctas_per_sm not in (1, 2) or (t.ctas_per_sm == 2 and t.block_m > TWO_CTA_MAX_BLOCK_M):
-        return (f"ctas_per_sm={t.ctas_per_sm} must be 1, or 2 with block_m <= {TWO_CTA_MAX_BLOCK_M} "
-                f"(got block_m={t.block_m})")
 
     steps = _steps(p.k)
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={p.k}"
-    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent), _smem_limit(p, t.ctas_per_sm))
+    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent), smem_limit(p, t.ctas_per_sm))
 
 
 def _split_for(ctas: int, k: int, sms: int) -> int:
@@ -166,7 +172,7 @@ def default(p: MmProblem) -> Tactic:
     split = _split_for(tiles, k, sms)
     persistent = split == 1
     ctas = 2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1
-    stages = max_stages(bm, _smem_limit(p, ctas), persistent)
+    stages = max_stages(bm, smem_limit(p, ctas), persistent)
     sk = persistent and stream_k_pays(tiles, ctas * sms, -(-n // ROWS), bm, k)
     return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk)
 
@@ -204,13 +210,13 @@ def candidates(p: MmProblem) -> list[Tactic]:
             continue
         tiles = -(-m // bm) * -(-n // ROWS)
         base = _split_for(tiles, k, sms)
-        for stages in sorted({4, max_stages(bm, _smem_limit(p))}):
+        for stages in sorted({4, max_stages(bm, smem_limit(p))}):
             for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
                 out.append(WgmmaMmTactic(bm, stages, split))
         for sk in (False, True):
-            out.append(WgmmaMmTactic(bm, max_stages(bm, _smem_limit(p), True), 1, True, stream_k=sk))
+            out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), True), 1, True, stream_k=sk))
         if bm <= TWO_CTA_MAX_BLOCK_M:
-            two = _smem_limit(p, 2)
+            two = smem_limit(p, 2)
             base2 = _split_for(tiles, k, 2 * sms)
             for split in sorted({1, base2}):
                 out.append(WgmmaMmTactic(bm, max_stages(bm, two), split, ctas_per_sm=2))

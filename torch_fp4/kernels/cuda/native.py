@@ -29,6 +29,7 @@ SIGNATURES = {
     "mm_small_m": (_I, _HEAD + _MM + (_I,) * 5),
     "mm_wgmma": (_I, _HEAD + _MM + (_I,) * 6 + (_P,)),
     "mm_wgmma_workspace_bytes": (_L, (_I,) + _MM + (_I,) * 6),
+    "mm_wgmma_grouped": (_I, _HEAD + _MM + (_I,) * 5 + (_P, _L, _L, _L)),
     "error_string": (ctypes.c_char_p, (_I,)),
 }
 

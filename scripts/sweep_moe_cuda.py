@@ -1,0 +1,65 @@
+"""Tactic sweep of the cuda fused_moe (grouped Hopper GEMMs, W4A16) on the bench moe models, and
+of the SwiGLU kernel's tile on FC1's output. Prints per (model, T) the default tactic's time and
+every candidate's. Usage: python scripts/sweep_moe_cuda.py [T ...] (default 64 256 1024 4096)."""
+import sys
+
+import torch
+import triton
+
+import torch_fp4 as t4
+from torch_fp4.bench import moe as B
+from torch_fp4.bench.timing import graph_time_us
+from torch_fp4.kernels.cuda import moe as CM
+from torch_fp4.kernels.cuda import moe_tactics as MT
+from torch_fp4.kernels.triton import moe_grouped as MG
+from torch_fp4.problems import MoeProblem
+
+
+def sweep(m: B.Model, tokens: int) -> None:
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(0)
+    experts = B._experts_that_fit(m, dev, tokens)
+    w1 = B._fp4_experts(experts, 2 * m.inter, m.hidden, dev, gen)
+    w2 = B._fp4_experts(experts, m.hidden, m.inter, dev, gen)
+    x = torch.randn(tokens, m.hidden, device=dev, dtype=torch.bfloat16, generator=gen)
+    kw = dict(m.route_kw)
+    if m.method == "deepseek_v3":
+        kw["bias"] = torch.randn(experts, device=dev, generator=gen) * 0.01
+    ids, tw = t4.route(torch.randn(tokens, experts, device=dev, generator=gen), m.top_k, m.method, **kw)
+    p = MoeProblem.of(x, w1[0], w1[1], w2[0], w2[1], ids, None, None, 0, experts, torch.bfloat16)
+    default = MT.default(p)
+    times = []
+    for t in MT.candidates(p):
+        us = graph_time_us(lambda: CM.fused_moe(x, *w1, *w2, ids, tw, None, None, 0, torch.bfloat16,
+                                                tactic=t), [()])
+        times.append((us, t))
+    best = min(times, key=lambda v: v[0])
+    d = next(us for us, t in times if t == default)
+    print(f"{m.name:<14} T={tokens:<5} default {default.label()} {d:.1f} us; best {best[1].label()} "
+          f"{best[0]:.1f} us; all: " + ", ".join(f"{t.block_m}/{t.stages}/{t.ctas_per_sm} {us:.0f}"
+                                                 for us, t in times), flush=True)
+
+
+def sweep_silu(rows: int, inter: int) -> None:
+    dev = torch.device("cuda")
+    h = torch.randn(rows, 2 * inter, device=dev).to(torch.bfloat16)
+    out = torch.empty(rows, inter, device=dev, dtype=torch.bfloat16)
+    res = []
+    for br, bc, w in ((8, 256, 4), (1, 1024, 4), (1, 2048, 8), (2, 1024, 4), (4, 512, 4), (16, 256, 8),
+                      (4, 1024, 8)):
+        def run():
+            MG._silu_mul_kernel[(triton.cdiv(rows, br), triton.cdiv(inter, bc))](
+                h, out, rows, inter, BR=br, BC=bc, PORTABLE=False, USE_GDC=False, num_warps=w,
+                enable_fp_fusion=False)
+        us = graph_time_us(run, [()])
+        res.append(f"{br}x{bc}/w{w} {us:.0f} us ({rows * inter * 6 / us / 1e6:.0f} GB/s)")
+    print(f"silu_mul [{rows}, {2 * inter}]: " + ", ".join(res), flush=True)
+
+
+if __name__ == "__main__":
+    sweep_silu(9216, 14336)
+    tokens = [int(a) for a in sys.argv[1:]] or [64, 256, 1024, 4096]
+    for m in B.MODELS:
+        for t in tokens:
+            sweep(m, t)
+        torch.cuda.empty_cache()

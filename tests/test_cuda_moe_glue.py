@@ -1,0 +1,138 @@
+"""CPU checks of the cuda backend's fused_moe (torch_fp4/kernels/cuda/moe.py): its tactic space and
+requirements, and the grouped-GEMM MoE launches it runs in (kernels/triton/moe_grouped.py) with its
+GEMM contract emulated in PyTorch.
+
+The emulated GEMM is the contract of `moe._grouped_gemm` (the Hopper wgmma GEMM run grouped, which
+tests/test_gpu_moe_cuda.py checks on an H100): per block b of block_m rows with e = block_expert[b]
+>= 0, h = RN_bf16(RN_fp32(alpha[e] * exact sum)) over A (bf16, or NVFP4 with linear scales
+dequantized without their global scale) and w[e]; then `moe_grouped.silu_mul`, the real Triton
+SwiGLU kernel, under Triton's interpreter. Everything else runs for real too (grouping, gather,
+quantizations by the reference in the linear layout, alphas, inverse permutation, finalize), and the
+whole launcher must equal torch_fp4.reference.fused_moe bit for bit for every block_m.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_fp4.problems import MoeProblem
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BF16 = torch.bfloat16
+
+
+def _problem(tokens, experts, top_k, hidden=4096, inter=14336, **kw) -> MoeProblem:
+    fields = dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, top_k=top_k, w4a4=False,
+                  a2_per_expert=False, x_dtype=BF16, out_dtype=BF16, local_expert_offset=0, strict_ids=True,
+                  device=torch.device("cpu"), capability=(0, 0))
+    fields.update(kw)
+    return MoeProblem(**fields)
+
+
+def test_default_tactic_follows_rows_per_expert():
+    from torch_fp4.kernels.cuda import moe_tactics as MT
+    # (tokens, experts, top_k) -> block_m of the heuristic (BLOCK_M_FROM)
+    for (t, e, k), bm in (((64, 8, 2), 64), ((256, 8, 2), 128), ((1024, 8, 2), 256), ((1024, 256, 8), 64),
+                          ((4096, 256, 8), 128), ((4096, 128, 8), 256)):
+        p = _problem(t, e, k)
+        d = MT.default(p)
+        assert d.block_m == bm, (t, e, k, d)
+        assert MT.why_not(d, p) is None
+        cands = MT.candidates(p)
+        assert cands[0] == d and len(set(cands)) == len(cands)
+        assert all(MT.why_not(c, p) is None for c in cands)
+
+
+def test_problem_limits_named():
+    from torch_fp4.kernels.cuda import moe_tactics as MT
+    assert "K % 32" in MT.problem_reason(_problem(8, 4, 2, hidden=4096, inter=48))
+    assert "16-byte aligned" in MT.problem_reason(_problem(8, 4, 2, weight_align=8))
+    assert "32-bit TMA" in MT.problem_reason(_problem(8, 2**16, 2, inter=2**15))
+    p = _problem(8, 4, 2)
+    assert "block_m=32" in MT.why_not(MT.WgmmaMoeTactic(32, 4, 1), p)
+    assert "ctas_per_sm=2" in MT.why_not(MT.WgmmaMoeTactic(128, 4, 2), p)
+    assert "stages=2" in MT.why_not(MT.WgmmaMoeTactic(128, 2, 1), p)
+
+
+def test_auto_order_by_rows_per_expert():
+    from torch_fp4.backends import Backend
+    from torch_fp4.tuning import CUDA_MOE_MIN_ROWS, auto_order
+    hopper = dict(device=torch.device("cuda", 0), capability=(9, 0))
+    enough = _problem(CUDA_MOE_MIN_ROWS * 8 // 2, 8, 2, **hopper)
+    few = _problem(CUDA_MOE_MIN_ROWS * 8 // 2 - 1, 8, 2, **hopper)
+    assert auto_order("fused_moe", enough)[0] is Backend.CUDA
+    assert auto_order("fused_moe", few)[0] is Backend.TRITON
+    assert auto_order("fused_moe", _problem(4096, 8, 2, device=torch.device("cuda", 0),
+                                            capability=(10, 0)))[0] is Backend.TRITON
+
+
+# ---------------------------------------------------------------------------------------------
+# The launches around the GEMM, under Triton's interpreter (a subprocess)
+# ---------------------------------------------------------------------------------------------
+def emulated_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m):
+    from torch_fp4 import formats as F
+    from torch_fp4.kernels.triton import moe_grouped
+    from torch_fp4.reference.quantize import dequantize_fp32
+    rows = a.shape[0]
+    assert rows == block_expert.numel() * block_m and alpha.dtype == torch.float32
+    if a_scale is None:
+        a_hat = a.float()
+    else:
+        a_hat = dequantize_fp32(a, a_scale, None, F.NVFP4, F.SfLayout.LINEAR)
+    out = torch.full((rows, w.shape[1]), float("nan"), dtype=BF16)   # unused blocks: not written
+    for b, e in enumerate(block_expert.tolist()):
+        if e < 0:
+            continue
+        r = slice(b * block_m, (b + 1) * block_m)
+        w_hat = dequantize_fp32(w[e], w_scale[e], None, F.NVFP4, F.SfLayout.LAYOUT_128x4)
+        out[r] = ((a_hat[r].double() @ w_hat.double().T).float() * alpha[e]).to(BF16)
+    return moe_grouped.silu_mul(out) if swiglu else out
+
+
+def check_glue_interpreted():
+    import torch_fp4
+    from tests.test_moe import Moe, _gen, _routing
+    from torch_fp4 import formats as F
+    from torch_fp4 import reference
+    from torch_fp4.kernels import _common
+    from torch_fp4.kernels.triton import moe_grouped as MG
+    from torch_fp4.reference.quantize import nvfp4_quantize
+    _common.POISON_OUTPUTS = True
+
+    def same(moe, x, ids, tw, a1, a2, block_m, lo=0, weights=None, what=""):
+        weights = weights if weights is not None else moe.weights()
+        g = MG.GroupedGemm(gemm=lambda *args: emulated_gemm(*args, block_m), block_m=block_m,
+                           quantize=nvfp4_quantize, sf_layout=F.SfLayout.LINEAR)
+        got = MG.fused_moe(x, *weights, ids, tw, a1, a2, lo, BF16, lo == 0, g)
+        want = reference.fused_moe(x, *weights, ids, tw, a1, a2, lo, BF16, lo == 0)
+        d = (got.float() - want.float()).abs()
+        assert torch.equal(got, want), f"{what}: {int((d > 0).sum())} of {d.numel()} differ, max {d.max()}"
+        assert want.abs().max() > 0.01, f"{what}: no signal"
+        return got
+
+    moe = Moe(e=8, h=64, inter=128, seed=1)
+    x = torch.randn(40, moe.h, generator=_gen(2)).to(BF16)
+    ids, tw = _routing(40, moe.e, 3, 3)
+    a1 = torch_fp4.compute_global_scale(x)
+    a2_one = torch.tensor([180.0])
+    a2_each = torch.tensor([96.0, 150.0, 200.0, 310.0, 120.0, 260.0, 90.0, 175.0])
+    for bm in (64, 128, 256):
+        same(moe, x, ids, tw, None, None, bm, what=f"W4A16 block_m {bm}")
+    same(moe, x, ids, tw, a1, a2_one, 64, what="W4A4 a2[1]")
+    same(moe, x, ids, tw, a1, a2_each, 64, what="W4A4 a2[E]")
+    # expert parallelism: experts 2..5 local, token 0 routed to none of them (zeros)
+    ie = ids.clone()
+    ie[0] = torch.tensor([0, 6, 1], dtype=torch.int32)
+    out = same(moe, x, ie, tw, None, None, 64, lo=2, weights=moe.sliced(2, 6), what="EP")
+    assert (out[0] == 0).all()
+
+
+def test_glue_under_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="0")
+    code = "import tests.test_cuda_moe_glue as t; t.check_glue_interpreted(); print('glue ok')"
+    res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0 and "glue ok" in res.stdout, res.stdout[-3000:] + res.stderr[-6000:]

@@ -1,0 +1,112 @@
+"""Tactics of the cuda backend's fused_moe (kernels/cuda/moe.py): both grouped GEMMs run the
+Hopper FP4-weight GEMM of csrc/mm_wgmma.cu over the routed rows grouped by expert. Cheap to
+import: no toolchain, no extension build.
+
+A tactic picks block_m (rows of one expert per block: the grouping's padding unit and the GEMM's
+activation tile, the wgmma N), the shared-memory stages of 64 K elements (both GEMMs), and
+ctas_per_sm (2 at block_m 64: two CTAs share an SM). Launches are persistent (one or two CTAs per
+SM over every tile of the upper bound of used blocks; tiles of unused blocks end a CTA's list
+early), with no split-K or stream-K: the number of used tiles is only known on the device.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ...backends import Backend
+from ...problems import MoeProblem
+from ...tactics import Tactic, TacticSpace, register_family, valid_unique
+from .._common import problem_sm_count, smem_reason
+from ..triton.moe_align import max_blocks
+from . import mm_wgmma_tactics as wg
+
+BLOCK_MS = (64, 128, 256)
+MAX_QUANTIZE_BATCH = 65535   # grid z of the cuda quantize: a per-expert a2 scale quantizes per block
+# Routed rows per expert from which 256- and 128-row blocks win (more activation rows per weight
+# decode; fewer padding rows below). H100, W4A16, scripts/sweep_moe_cuda.py (us, block_m/stages/
+# CTAs per SM): Mixtral-8x7B T = 1024 (256 rows per expert) 256/5/1 1560, 128/9/1 1865; Qwen3-30B-A3B
+# T = 4096 (256) 256/5/1 1116, 128/9/1 1131; DeepSeek-V3 T = 4096 (128) 128/9/1 9730, 256/5/1
+# 9762, 64/7/2 11980; Mixtral T = 256 (64) 128/9/1 779, 64/7/2 901; Qwen3 T = 1024 (64) 64/7/2
+# 446, 128/9/1 474; below 64 rows 64/7/2 wins every sweep (e.g. DeepSeek-V3 T = 1024, 32 rows:
+# 4560 against 6279 at 128/9/1).
+BLOCK_M_FROM = {256: 192, 128: 64}
+
+
+@register_family
+@dataclass(frozen=True)
+class WgmmaMoeTactic(Tactic):
+    block_m: int = 128        # rows of one expert per block (grouping and GEMM tile)
+    stages: int = 4           # shared-memory stages of 64 K elements
+    ctas_per_sm: int = 1      # 2: two CTAs per SM (block_m 64)
+
+    backend = Backend.CUDA
+    family = "cuda_moe_wgmma"
+
+
+def _gemms(p: MoeProblem):
+    """(name, N, K) of FC1 and FC2."""
+    return (("FC1", 2 * p.inter, p.hidden), ("FC2", p.hidden, p.inter))
+
+
+def problem_reason(p: MoeProblem) -> Optional[str]:
+    """Why the grouped Hopper GEMMs cannot run this fused_moe problem at all, or None."""
+    if p.is_cuda and p.capability != (9, 0):
+        return "the Hopper fused_moe (wgmma, sm_90a) needs compute capability 9.0"
+    for name, n, k in _gemms(p):
+        if k % 32:
+            return f"{name}: the Hopper GEMM needs K % 32 == 0 (16-byte weight rows for TMA), got K={k}"
+        if n * p.experts >= 2**31:
+            return f"{name}: E * N = {p.experts} * {n} weight rows exceed 32-bit TMA coordinates"
+    if p.weight_align < 16:
+        return "w1, w1_scale, w2 and w2_scale must be 16-byte aligned (TMA and bulk copies)"
+    rows = max_blocks(p.tokens * p.top_k, p.experts, BLOCK_MS[-1]) * BLOCK_MS[-1]
+    if max(rows, p.hidden, 2 * p.inter) >= 2**31:
+        return f"sizes beyond 2^31 (up to {rows} grouped rows)"
+    return None
+
+
+def why_not(t: Tactic, p: MoeProblem) -> Optional[str]:
+    if not isinstance(t, WgmmaMoeTactic):
+        return f"{t.family} is not a cuda Hopper fused_moe tactic"
+    reason = problem_reason(p) or wg.tile_reason(t.block_m, t.stages, t.ctas_per_sm, BLOCK_MS)
+    if reason is not None:
+        return reason
+    blocks = max_blocks(p.tokens * p.top_k, p.experts, t.block_m)
+    if p.w4a4 and p.a2_per_expert and blocks > MAX_QUANTIZE_BATCH:
+        return (f"a per-expert a2_global_scale quantizes the intermediate per block of {t.block_m} rows, "
+                f"at most {MAX_QUANTIZE_BATCH} blocks; this problem can use {blocks}")
+    return smem_reason(wg.smem_bytes(t.block_m, t.stages, True), wg.smem_limit(p, t.ctas_per_sm))
+
+
+def _tactic(p: MoeProblem, block_m: int, ctas: int) -> WgmmaMoeTactic:
+    return WgmmaMoeTactic(block_m, wg.max_stages(block_m, wg.smem_limit(p, ctas), True), ctas)
+
+
+def default(p: MoeProblem) -> Tactic:
+    """256- or 128-row blocks once the routed rows per expert reach BLOCK_M_FROM (fewer padding
+    rows below: 64-row blocks, two CTAs per SM once the tiles outnumber the SMs, as the dense
+    heuristic), as many stages as fit."""
+    per_expert = p.tokens * p.top_k / max(1, p.experts)
+    for bm in (256, 128):
+        if per_expert >= BLOCK_M_FROM[bm]:
+            return _tactic(p, bm, 1)
+    tiles = max_blocks(p.tokens * p.top_k, p.experts, 64) * -(-p.hidden // wg.ROWS)
+    return _tactic(p, 64, 2 if tiles > problem_sm_count(p) else 1)
+
+
+def candidates(p: MoeProblem) -> list[Tactic]:
+    if problem_reason(p) is not None:
+        return []
+    out = [default(p), _tactic(p, 256, 1), _tactic(p, 128, 1), _tactic(p, 64, 1), _tactic(p, 64, 2)]
+    out += [WgmmaMoeTactic(bm, 4, c) for bm, c in ((256, 1), (128, 1), (64, 1), (64, 2))]
+    return valid_unique(out, why_not, p)
+
+
+def key(p: MoeProblem) -> str:
+    pairs = p.tokens * p.top_k
+    bucket = 1 << max(0, (pairs - 1).bit_length())
+    a_kind = "w4a4" if p.w4a4 else str(p.x_dtype).removeprefix("torch.")
+    return f"pairs<={bucket},E={p.experts},H={p.hidden},I={p.inter},{a_kind}"
+
+
+MOE_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)

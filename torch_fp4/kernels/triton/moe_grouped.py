@@ -1,0 +1,168 @@
+"""A fused MoE (spec section 6) around a backend's grouped GEMM: the launches every grouped-GEMM
+backend shares (the cuda backend's Hopper GEMM, kernels/cuda/moe.py; the CuTe DSL Blackwell GEMM,
+kernels/cute/moe_fused.py). A backend gives a `GroupedGemm`: its GEMM over rows grouped by
+expert, the rows per block it needs, and how it takes quantized activations.
+
+Launches, all on the current stream, none reading anything back (CUDA-graph safe by
+construction: every buffer is sized from upper bounds of the shapes):
+1. moe_align.align(topk_ids, E, offset, block_m): pairs grouped by local expert, each expert
+   padded to whole blocks of block_m rows; block_expert[b] (-1 past the used rows).
+2. A = x[clamp(sorted_pairs, 0, T k - 1) // k]: x's rows in sorted order (torch index_select).
+   Padding rows' sorted_pairs entries are undefined, hence the clamp; those rows then hold some
+   token's row, are never read back, and stay confined to their own rows (every GEMM and
+   quantization here is row-wise).
+3. W4A4: A quantized with a1_global_scale (the backend's quantize, in its scale layout): the
+   rows of nvfp4_quantize(x) in sorted order, i.e. the reference's x~ (quantization is row-wise).
+4. FC1 = gemm(A, w1, alpha1, swiglu=True): bf16 [rows, I] = RN_bf16(silu(gate) * up) from
+   h = RN_bf16(alpha1[e] * acc), alpha1 = formats.nvfp4_alpha(a1_gs or None, w1_gs) [E] formed
+   on the device.
+5. W4A4: the intermediate quantized with a2_global_scale: a [1] scale quantizes [rows, I] in one
+   go; a per-expert [E] scale quantizes per block, [rows, I] viewed as [blocks, block_m, I] (one
+   global scale per batch entry: a2[max(block_expert, 0)]).
+6. FC2 = gemm(A2, w2, alpha2, swiglu=False): bf16 [rows, H] in sorted order.
+7. _inverse_kernel: inv[sorted_pairs[r]] = r for every row r holding a pair (r < expert_end of its
+   block's expert); pairs routed to no local expert keep an undefined entry that nothing reads.
+8. moe_fused.finalize through inv: out[t] = RN_out(sum_j topk_weights[t, j] * y[inv[t k + j]])
+   in fp32, j in order, starting from 0, pairs routed to no local expert adding w * 0 (no
+   atomics, deterministic).
+
+`silu_mul` is the SwiGLU of step 4 as a kernel of its own, for GEMMs that do not fuse it:
+RN_bf16(silu(gate) * up) exactly as torch_fp4.reference.silu_mul.
+
+Under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) the quantizations use the reference
+(the interpreter's fp8 conversion does not round to nearest), as the Triton MoE launcher does.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from ... import formats as F
+from ... import meta
+from .._common import prepare_outputs, use_pdl
+from .moe_align import align
+from .moe_fused import finalize
+from .moe_numerics import exp_f32, interpreting, rn_bf16
+
+MAX_QUANTIZE_BATCH = 65535   # grid z of the batched (per-block) quantize of the intermediate
+_ROWS_PER_PROGRAM = 1024
+_SWIGLU_ROWS, _SWIGLU_COLS = 8, 256
+
+
+@dataclass(frozen=True)
+class GroupedGemm:
+    """What a backend gives the shared MoE launches.
+
+    gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu) -> bf16 [rows, n] (or [rows, n/2]
+    with swiglu): a is [rows, k] 16-bit (a_scale None) or NVFP4 [rows, k/2] with its block scales
+    in `sf_layout`; rows are blocks of `block_m` rows, block b multiplying expert block_expert[b]
+    (-1: an unused block, whose rows may hold anything).
+    quantize(x, gs, sf_layout) -> (data, scale): NVFP4 with a [1] or per-batch-entry global scale.
+    """
+    gemm: Callable[..., torch.Tensor]
+    block_m: int
+    quantize: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    sf_layout: F.SfLayout = F.SfLayout.LAYOUT_128x4
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _inverse_kernel(sorted_ptr, block_expert_ptr, end_ptr, inv_ptr, n_rows, BM: tl.constexpr,
+                    BR: tl.constexpr, USE_GDC: tl.constexpr):
+    """inv[sorted_pairs[r]] = r for the rows r that hold a pair (each pair has one such row)."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+    r = tl.program_id(0) * BR + tl.arange(0, BR)
+    in_range = r < n_rows
+    e = tl.load(block_expert_ptr + r // BM, mask=in_range, other=-1)
+    end = tl.load(end_ptr + tl.maximum(e, 0), mask=in_range, other=0)
+    holds_pair = in_range & (e >= 0) & (r < end)
+    pair = tl.load(sorted_ptr + r, mask=holds_pair, other=0)
+    tl.store(inv_ptr + pair, r, mask=holds_pair)
+
+
+@triton.jit(do_not_specialize=["rows", "inter"])
+def _silu_mul_kernel(h_ptr, out_ptr, rows, inter, BR: tl.constexpr, BC: tl.constexpr,
+                     PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+    """out[r, c] = RN_bf16(silu(h[r, c]) * h[r, inter + c]) for BR rows x BC columns."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+    r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    ok = (r < rows)[:, None] & (c < inter)[None, :]
+    src = h_ptr + r[:, None] * (2 * inter) + c[None, :]
+    gate = tl.load(src, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(src + inter, mask=ok, other=0.0).to(tl.float32)
+    act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
+    tl.store(out_ptr + r[:, None] * inter + c[None, :], act.to(tl.bfloat16), mask=ok)
+
+
+def silu_mul(h: torch.Tensor) -> torch.Tensor:
+    """bf16 [rows, 2I] holding [gate, up] -> bf16 [rows, I] = RN_bf16(silu(gate) * up)."""
+    rows, inter = h.shape[0], h.shape[1] // 2
+    out = torch.empty((rows, inter), dtype=torch.bfloat16, device=h.device)
+    if rows == 0 or inter == 0:
+        return out
+    pdl = use_pdl(h.device) if h.is_cuda else False
+    _silu_mul_kernel[(triton.cdiv(rows, _SWIGLU_ROWS), triton.cdiv(inter, _SWIGLU_COLS))](
+        h, out, rows, inter, BR=_SWIGLU_ROWS, BC=_SWIGLU_COLS, PORTABLE=interpreting(), USE_GDC=pdl,
+        launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
+    return out
+
+
+def quantize_batches(rows: int, block_m: int, a2_per_expert: bool) -> int:
+    """Batch entries of the intermediate's quantize (1 with a shared a2 scale)."""
+    return rows // block_m if a2_per_expert else 1
+
+
+def _quantize_intermediate(h: torch.Tensor, a2_gs: torch.Tensor, block_expert: torch.Tensor,
+                           g: GroupedGemm):
+    """NVFP4 of FC1's output [rows, I] with a2 [1] (one launch) or a2 [E] (per block of rows)."""
+    if a2_gs.numel() == 1:
+        return g.quantize(h, a2_gs, g.sf_layout)
+    rows, inter = h.shape
+    per_block = a2_gs.index_select(0, block_expert.clamp(min=0))
+    data, scale = g.quantize(h.view(rows // g.block_m, g.block_m, inter), per_block, g.sf_layout)
+    return data.reshape(rows, inter // 2), scale.reshape(rows, scale.shape[-1])
+
+
+def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
+              w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
+              topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+              a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
+              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool,
+              g: GroupedGemm) -> torch.Tensor:
+    """torch_fp4.reference.fused_moe's signature plus the backend's grouped GEMM `g`: launches
+    only, nothing read back."""
+    out = prepare_outputs(meta.fused_moe(x, out_dtype))
+    tokens = x.shape[0]
+    experts = w1.shape[0]
+    top_k = topk_ids.shape[1]
+    if tokens == 0 or top_k == 0:
+        return out.zero_() if tokens else out
+    ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
+    pairs = ids.numel()
+    blocks = align(ids, experts, local_expert_offset, g.block_m)
+    # A: x's rows in sorted order (padding rows: clamped undefined entries, never read back)
+    src = blocks.sorted_pairs.clamp(0, pairs - 1) // top_k
+    a = x.index_select(0, src)
+    a_sf = None
+    if a1_global_scale is not None:
+        a, a_sf = g.quantize(a, a1_global_scale, g.sf_layout)
+    alpha1 = F.nvfp4_alpha(a1_global_scale, w1_global_scale)
+    h = g.gemm(a, a_sf, w1, w1_scale, alpha1, blocks.block_expert, True)
+    h_sf = None
+    if a2_global_scale is not None:
+        h, h_sf = _quantize_intermediate(h, a2_global_scale, blocks.block_expert, g)
+    alpha2 = F.nvfp4_alpha(a2_global_scale, w2_global_scale)
+    y = g.gemm(h, h_sf, w2, w2_scale, alpha2, blocks.block_expert, False)
+    inv = torch.empty(pairs, dtype=torch.int32, device=x.device)
+    pdl = use_pdl(x.device) if x.is_cuda else False
+    _inverse_kernel[(triton.cdiv(blocks.rows, _ROWS_PER_PROGRAM),)](
+        blocks.sorted_pairs, blocks.block_expert, blocks.expert_end, inv, blocks.rows,
+        BM=g.block_m, BR=_ROWS_PER_PROGRAM, USE_GDC=pdl, launch_pdl=pdl, num_warps=4)
+    finalize(y, ids, tw, out, experts, local_expert_offset, interpreting(), inv=inv, strict=strict_ids)
+    return out
