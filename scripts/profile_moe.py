@@ -15,13 +15,8 @@ def profile(m: B.Model, tokens: int, w4a4: bool, iters: int = 20) -> None:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     experts = B._experts_that_fit(m, dev, tokens)
-    weights = (*B._fp4_experts(experts, 2 * m.inter, m.hidden, dev, gen),
-               *B._fp4_experts(experts, m.hidden, m.inter, dev, gen))
-    x = torch.randn(tokens, m.hidden, device=dev, dtype=torch.bfloat16, generator=gen)
-    kw = dict(m.route_kw)
-    if m.method == "deepseek_v3":
-        kw["bias"] = torch.randn(experts, device=dev, generator=gen) * 0.01
-    ids, tw = t4.route(torch.randn(tokens, experts, device=dev, generator=gen), m.top_k, m.method, **kw)
+    w1, w2, x, ids, tw = B.routed_batch(m, experts, tokens, dev, gen)
+    weights = (*w1, *w2)
     extra = {}
     if w4a4:
         extra = dict(a1_global_scale=t4.compute_global_scale(x),

@@ -6,7 +6,6 @@ import sys
 
 import torch
 
-import torch_fp4 as t4
 from torch_fp4.bench import moe as B
 from torch_fp4.bench.timing import graph_time_us
 from torch_fp4.kernels.triton import moe_fused as MF
@@ -20,13 +19,7 @@ def sweep(m: B.Model, tokens: int) -> None:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     experts = m.experts
-    w1 = B._fp4_experts(experts, 2 * m.inter, m.hidden, dev, gen)
-    w2 = B._fp4_experts(experts, m.hidden, m.inter, dev, gen)
-    x = torch.randn(tokens, m.hidden, device=dev, dtype=torch.bfloat16, generator=gen)
-    kw = dict(m.route_kw)
-    if m.method == "deepseek_v3":
-        kw["bias"] = torch.randn(experts, device=dev, generator=gen) * 0.01
-    ids, tw = t4.route(torch.randn(tokens, experts, device=dev, generator=gen), m.top_k, m.method, **kw)
+    w1, w2, x, ids, tw = B.routed_batch(m, experts, tokens, dev, gen)
     base = MG.default_config(tokens, m.top_k, experts, m.hidden, m.inter)
 
     def t(cfg):

@@ -62,6 +62,20 @@ def _fp4_experts(experts: int, rows: int, k: int, device, gen):
     return data, scale, torch.ones(experts, device=device)
 
 
+def routed_batch(m: Model, experts: int, tokens: int, device, gen: torch.Generator):
+    """The scripts' batch (scripts/profile_moe.py, sweep_moe*.py): random experts (_fp4_experts),
+    w1 and w2 as (data, scale, global scale), x [T, H] bf16 ~ N(0, 1), and the model's routing of
+    random logits (with a random DeepSeek-V3 bias)."""
+    w1 = _fp4_experts(experts, 2 * m.inter, m.hidden, device, gen)
+    w2 = _fp4_experts(experts, m.hidden, m.inter, device, gen)
+    x = torch.randn(tokens, m.hidden, device=device, dtype=torch.bfloat16, generator=gen)
+    kw = dict(m.route_kw)
+    if m.method == "deepseek_v3":
+        kw["bias"] = torch.randn(experts, device=device, generator=gen) * 0.01
+    ids, tw = ops.route(torch.randn(tokens, experts, device=device, generator=gen), m.top_k, m.method, **kw)
+    return w1, w2, x, ids, tw
+
+
 def _bytes_needed(m: Model, experts: int, tokens: int) -> int:
     fp4 = experts * 3 * m.inter * m.hidden * (1 / 2 + 1 / 16)
     bf16 = experts * 3 * m.inter * m.hidden * 2

@@ -65,7 +65,9 @@
 #include "mm_small_m.cuh"
 #include "mm_wgmma.h"
 #include "pdl.cuh"
+#include "mm_wgmma_schedule.cuh"
 #include "wgmma_ops.cuh"
+#include "wgmma_ptx.cuh"
 
 namespace torch_fp4 {
 namespace wgmma_mm {
@@ -124,158 +126,7 @@ struct Config {
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
 };
 
-// A launch's work: `ctas` CTAs take tiles [0, dp) whole (CTA b: tiles b, b + ctas, ...; K steps
-// [kt0, kt1) of its split); the K steps of tiles [dp, total), in order, are shared out evenly:
-// CTA b runs steps [sk_begin(b), sk_begin(b + 1)) of them (stream-K; none when dp == total).
-struct Schedule {
-  int total, dp, ksteps, ctas;
-  // floor(L b / ctas) for the L = (total - dp) ksteps stream-K steps (< 2^31), in 32-bit integers
-  // (a 64-bit division is a subroutine call that costs the 96-register kernels spills):
-  // L = q ctas + r gives q b + floor(r b / ctas).
-  __host__ __device__ int sk_begin(int b) const {
-    const int steps = (total - dp) * ksteps, q = steps / ctas, r = steps % ctas;
-    return q * b + r * b / ctas;
-  }
-};
-
-// The schedule of a launch of `ctas` CTAs over `total` tiles of `ksteps` K steps: stream-K when
-// asked for and the tiles leave a partial wave, keeping the whole waves but the last as whole
-// tiles, and only when every CTA gets at least one step (and the steps count in 32 bits).
-inline Schedule make_schedule(int total, int ksteps, int ctas, bool stream_k) {
-  Schedule sc{total, total, ksteps, ctas};
-  if (stream_k && total % ctas != 0) {
-    const int dp = total / ctas >= 1 ? (total / ctas - 1) * ctas : 0;
-    const long long steps = static_cast<long long>(total - dp) * ksteps;
-    if (steps >= ctas && steps < (1LL << 31)) sc.dp = dp;
-  }
-  return sc;
-}
-
-// A stream-K launch's workspace: the partial sums [ctas][2 warpgroups][block_m / 2 accumulators]
-// [128 threads] fp32, then the flags [ctas][2 warpgroups] int32.
-__host__ __device__ constexpr int64_t stream_k_flags_offset(int block_m, int ctas) {
-  return static_cast<int64_t>(ctas) * 2 * (block_m / 2) * 128 * 4;
-}
-__host__ __device__ constexpr int64_t stream_k_bytes(int block_m, int ctas) {
-  return stream_k_flags_offset(block_m, ctas) + static_cast<int64_t>(ctas) * 2 * 4;
-}
-
-// One piece of a CTA's work: K steps [kb, ke) of output tile `tile`, whose rows multiply expert
-// `expert`'s weights (grouped launches; 0 otherwise).
-struct Work {
-  int tile, kb, ke, expert;
-};
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// A CTA's work in order: its whole tiles (K steps [kt0, kt1) of its split), then its stream-K
-// steps, one piece per tile they cover. Three registers of state: the schedule stays a kernel
-// parameter (the two-CTA kernels have 96 registers per MMA thread).
-struct WorkList {
-  int t, it, end;
-  __device__ WorkList(const Schedule& sc, int cta) : t(cta), it(sc.sk_begin(cta)), end(sc.sk_begin(cta + 1)) {}
-  __device__ bool next(const Schedule& sc, int kt0, int kt1, Work& w) {
-    if (t < sc.dp) {
-      w = Work{t, kt0, kt1, 0};
-      t += sc.ctas;
-      return true;
-    }
-    if (it >= end) return false;
-    const int local = it / sc.ksteps, kb = it - local * sc.ksteps;
-    const int ke = min(sc.ksteps, kb + (end - it));
-    w = Work{sc.dp + local, kb, ke, 0};
-    it += ke - kb;
-    return true;
-  }
-  // next() for a launch whose tiles may be grouped (Params::block_expert): w.expert is the expert
-  // of the tile's block of rows, and the list ends at the first tile of a block past the used
-  // rows (the used blocks come first and a CTA's tiles ascend, so every later tile is unused too).
-  // Stream-K is never grouped: the used tiles are not known when the launch is scheduled.
-  __device__ bool next(const Schedule& sc, const Params& p, int n_tiles, int kt0, int kt1, Work& w) {
-    if (!next(sc, kt0, kt1, w)) return false;
-    if (p.block_expert == nullptr) return true;
-    w.expert = __ldg(p.block_expert + w.tile / n_tiles);
-    return w.expert >= 0;
-  }
-};
-#endif
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-__device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_u32(bar)), "r"(count) : "memory");
-}
-
-// Barrier helpers on shared-memory addresses (computed once: a generic-to-shared conversion in the
-// main loop costs uniform-datapath instructions every stage).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nWAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity)
-      : "memory");
-}
-
-__device__ __forceinline__ void mbar_expect_tx(uint64_t* bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
-               : "memory");
-}
-
-__device__ __forceinline__ void tma_2d(void* dst, const CUtensorMap* map, uint64_t* bar, int x, int y) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4}], [%2];" ::"r"(
-          smem_u32(dst)),
-      "l"(map), "r"(smem_u32(bar)), "r"(x), "r"(y)
-      : "memory");
-}
-
-// A consumer warp's release of a stage: one arrival on its empty mbarrier when `lead`. Predicated,
-// not branched: a branch between wgmmas makes ptxas serialize them.
-__device__ __forceinline__ void release_stage(uint32_t bar, bool lead) {
-  asm volatile(
-      "{\n.reg .pred lead;\nsetp.ne.u32 lead, %1, 0;\n@lead mbarrier.arrive.shared::cta.b64 _, [%0];\n}" ::"r"(bar),
-      "r"(static_cast<uint32_t>(lead))
-      : "memory");
-}
-
-__device__ __forceinline__ void bulk_copy(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                   smem_u32(dst)),
-               "l"(src), "r"(bytes), "r"(smem_u32(bar))
-               : "memory");
-}
-
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wgmma_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
-}
-
-template <int kN>
-__device__ __forceinline__ void fence_regs(float (&d)[kN]) {
-#pragma unroll
-  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(d[i])::"memory");
-}
-
-__device__ __forceinline__ void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-
-template <class Cfg>
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(Cfg::kMma) : "memory"); }
-
-// wgmma shared-memory descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle
-// (8-row groups 1024 bytes apart), starting at `addr`; the tile 32 j bytes further (K 16 j..) has
-// the descriptor + 2 j (the address field is addr / 16 in the low 14 bits, shared memory < 256 KiB).
-__device__ __forceinline__ uint64_t desc_sw128(uint32_t addr) {
-  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (uint64_t{1} << 16) | (uint64_t{64} << 32) |
-         (uint64_t{1} << 62);
-}
-
 // Byte c of word w (codes 2c, 2c + 1) -> a bf16x2 (fp16x2) word holding the two codes times
 // 2^-126 (2^-14): the permute (selector c | c << 4 | (c + 4) << 8 | (c + 4) << 12) puts byte c of w
 // in byte 0 and byte c of w >> 4 in byte 2, so the low nibbles of the two halves are the two

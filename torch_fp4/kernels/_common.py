@@ -15,6 +15,7 @@ from ..problems import MmProblem, Problem
 # every kernel of every backend is launched so it may start while the previous kernel on the
 # stream finishes, and waits for that kernel's memory (griddepcontrol.wait) before touching any.
 PDL = False
+MAX_GRID_Z = 65535   # CUDA's grid z limit: the batch entries of one quantize launch
 
 
 def use_pdl(device: torch.device) -> bool:

@@ -55,10 +55,6 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
     return moe_grouped.silu_mul(out) if swiglu else out
 
 
-def _quantize(x: torch.Tensor, gs: torch.Tensor, layout: F.SfLayout):
-    return nvfp4_quantize(x, gs, layout)
-
-
 def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -71,7 +67,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
 
     def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu):
         return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=t)
-    g = moe_grouped.GroupedGemm(gemm=gemm, block_m=t.block_m, quantize=_quantize, sf_layout=LAYOUT)
+    g = moe_grouped.GroupedGemm(gemm=gemm, block_m=t.block_m, quantize=nvfp4_quantize, sf_layout=LAYOUT)
     return moe_grouped.fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype,
                                  strict_ids, g)

@@ -16,12 +16,11 @@ from typing import Optional
 from ...backends import Backend
 from ...problems import MoeProblem
 from ...tactics import Tactic, TacticSpace, register_family, valid_unique
-from .._common import problem_sm_count, smem_reason
+from .._common import MAX_GRID_Z as MAX_QUANTIZE_BATCH, problem_sm_count, smem_reason
 from ..triton.moe_align import max_blocks
 from . import mm_wgmma_tactics as wg
 
 BLOCK_MS = (64, 128, 256)
-MAX_QUANTIZE_BATCH = 65535   # grid z of the cuda quantize: a per-expert a2 scale quantizes per block
 # Routed rows per expert from which 256- and 128-row blocks win (more activation rows per weight
 # decode; fewer padding rows below). H100, W4A16, scripts/sweep_moe_cuda.py (us, block_m/stages/
 # CTAs per SM): Mixtral-8x7B T = 1024 (256 rows per expert) 256/5/1 1560, 128/9/1 1865; Qwen3-30B-A3B

@@ -43,12 +43,12 @@ import triton.language as tl
 
 from ... import formats as F
 from ... import meta
-from .._common import prepare_outputs, use_pdl
+from .._common import MAX_GRID_Z, prepare_outputs, use_pdl
 from .moe_align import align
 from .moe_fused import finalize
 from .moe_numerics import exp_f32, interpreting, rn_bf16
 
-MAX_QUANTIZE_BATCH = 65535   # grid z of the batched (per-block) quantize of the intermediate
+MAX_QUANTIZE_BATCH = MAX_GRID_Z   # grid z of the batched (per-block) quantize of the intermediate
 _ROWS_PER_PROGRAM = 1024
 _SWIGLU_ROWS, _SWIGLU_COLS = 8, 256
 
@@ -111,11 +111,6 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
         h, out, rows, inter, BR=_SWIGLU_ROWS, BC=_SWIGLU_COLS, PORTABLE=interpreting(), USE_GDC=pdl,
         launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
     return out
-
-
-def quantize_batches(rows: int, block_m: int, a2_per_expert: bool) -> int:
-    """Batch entries of the intermediate's quantize (1 with a shared a2 scale)."""
-    return rows // block_m if a2_per_expert else 1
 
 
 def _quantize_intermediate(h: torch.Tensor, a2_gs: torch.Tensor, block_expert: torch.Tensor,
