@@ -1,6 +1,7 @@
-"""Tactic sweep of the cuda fused_moe (grouped Hopper GEMMs, W4A16) on the bench moe models, and
-of the SwiGLU kernel's tile on FC1's output. Prints per (model, T) the default tactic's time and
-every candidate's. Usage: python scripts/sweep_moe_cuda.py [T ...] (default 64 256 1024 4096)."""
+"""Tactic sweep of the cuda fused_moe (W4A16; grouped small-M GEMMs below 16 routed rows per
+expert, grouped Hopper GEMMs from there) on the bench moe models, and of the SwiGLU kernel's tile
+on FC1's output. Prints per (model, T) the default tactic's time and the fastest candidates'.
+Usage: python scripts/sweep_moe_cuda.py [--no-silu] [T ...] (default 64 256 1024 4096)."""
 import sys
 
 import torch
@@ -28,9 +29,10 @@ def sweep(m: B.Model, tokens: int) -> None:
         times.append((us, t))
     best = min(times, key=lambda v: v[0])
     d = next(us for us, t in times if t == default)
+    fastest = sorted(times, key=lambda v: v[0])[:8]
     print(f"{m.name:<14} T={tokens:<5} default {default.label()} {d:.1f} us; best {best[1].label()} "
-          f"{best[0]:.1f} us; all: " + ", ".join(f"{t.block_m}/{t.stages}/{t.ctas_per_sm} {us:.0f}"
-                                                 for us, t in times), flush=True)
+          f"{best[0]:.1f} us; fastest {len(fastest)} of {len(times)}: "
+          + ", ".join(f"{t.label()} {us:.1f}" for us, t in fastest), flush=True)
 
 
 def sweep_silu(rows: int, inter: int) -> None:
@@ -50,8 +52,12 @@ def sweep_silu(rows: int, inter: int) -> None:
 
 
 if __name__ == "__main__":
-    sweep_silu(9216, 14336)
-    tokens = [int(a) for a in sys.argv[1:]] or [64, 256, 1024, 4096]
+    args = sys.argv[1:]
+    if "--no-silu" in args:
+        args.remove("--no-silu")
+    else:
+        sweep_silu(9216, 14336)
+    tokens = [int(a) for a in args] or [64, 256, 1024, 4096]
     for m in B.MODELS:
         for t in tokens:
             sweep(m, t)

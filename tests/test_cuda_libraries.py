@@ -29,6 +29,8 @@ def test_every_kernel_source_is_in_a_library():
     for v in range(build.MM_VARIANTS):
         assert build.LIBRARIES[f"small_m{v}"] == (build.Unit("mm_small_m.cu", v),)
         assert build.LIBRARIES[f"wgmma{v}"] == (build.Unit("mm_wgmma.cu", v),)
+        # fused_moe's grouped small-M GEMMs read row-major weights: no "sm90" variant
+        assert build.LIBRARIES.get(f"moe_small_m{v}") == (None if v % 2 else (build.Unit("moe_small_m.cu", v),))
     assert build.Unit("mm_wgmma.cu", 3).defines() == ("-DTORCH_FP4_PART=3",)
     assert build.Unit("quantize.cu").defines() == ()
 
@@ -67,10 +69,17 @@ def test_a_variant_unit_holds_only_its_kernels(tmp_path):
     unit = build.Unit("mm_small_m.cu", 5)                    # bf16, MXFP4, "sm90" weights
     subprocess.run(build.compile_command(unit, (9, 0), obj), check=True, capture_output=True, timeout=600)
     text = subprocess.run([nm, "-C", str(obj)], check=True, capture_output=True, text=True).stdout
-    kernels = re.findall(r"small_m_mm_kernel<torch_fp4::small_m::Config<[^>]*?(true|false), (true|false), "
-                         r"(true|false)>", text)
-    assert kernels and set(kernels) == {("false", "true", "true")}
+    config = r"Config<[^>]*?(true|false), (true|false), (true|false), (true|false)>"
+    kernels = re.findall(r"small_m_mm_kernel<torch_fp4::small_m::" + config, text)
+    assert kernels and set(kernels) == {("false", "true", "true", "false")}   # fp16, MXFP4, sm90, grouped
     assert re.search(r" T torch_fp4_mm_small_m\b", text)
+    # the grouped (fused_moe) unit of the same variant family: row-major MXFP4 weights, grouped
+    moe = build.Unit("moe_small_m.cu", 4)
+    subprocess.run(build.compile_command(moe, (9, 0), obj), check=True, capture_output=True, timeout=600)
+    text = subprocess.run([nm, "-C", str(obj)], check=True, capture_output=True, text=True).stdout
+    kernels = re.findall(r"small_m_moe_kernel<torch_fp4::small_m::" + config, text)
+    assert kernels and set(kernels) == {("false", "true", "false", "true")}
+    assert re.search(r" T torch_fp4_moe_small_m\b", text)
 
 
 def test_built_library_exports_only_its_entry_points_and_is_reused(tmp_path, monkeypatch):

@@ -81,6 +81,11 @@ def test_hardware_e2m1_conversion_only_on_sm100(compiled):
 
 def test_only_correctly_rounded_arithmetic(compiled):
     for (src, target), ptx in compiled.items():
+        if src == "moe_small_m.cu":
+            # the SwiGLU's expf (CUDA's, as PyTorch's exp and libdevice's __nv_expf): its range
+            # reduction ends in ex2.approx.ftz, the only approximate instruction allowed
+            assert "ex2.approx.ftz.f32" in ptx
+            ptx = ptx.replace("ex2.approx.ftz.f32", "")
         for bad in ("rcp.approx", "div.approx", "div.full", ".ftz"):
             assert bad not in ptx, (src, target, bad)
         if src == "quantize.cu":

@@ -1,4 +1,5 @@
-"""The cuda backend's fused_moe (grouped Hopper GEMMs, torch_fp4/kernels/cuda/moe.py) on an H100
+"""The cuda backend's fused_moe (grouped small-M GEMMs at decode sizes, grouped Hopper GEMMs from
+16 routed rows per expert: torch_fp4/kernels/cuda/moe.py) on an H100
 against the reference backend on the same device (spec section 6), with the data and tolerances
 of tests/test_gpu_moe.py: grid-exact problems must be bit-identical to the reference (every
 tactic, every token count's default tactic, N and K not multiples of the 128-row weight tile,
@@ -21,8 +22,10 @@ from test_gpu_moe import (BF16, DEV, assert_close_moe, assert_same, exact_proble
 pytestmark = pytest.mark.gpu
 QUICK = {
     "test_exact_every_tactic": {"w4a16", "w4a4"},
-    "test_exact_token_counts": {"w4a16-300", "w4a4-64"},
-    "test_random_model_shapes": {"w4a16-mixtral", "w4a4-qwen3"},
+    "test_exact_small_m_tactics": {"w4a16", "w4a4"},
+    "test_graph_replayed_with_new_routing_no_sync_same_bits": {"160-w4a16", "4-w4a4"},
+    "test_exact_token_counts": {"300-w4a16", "64-w4a4", "1-w4a4", "5-w4a16"},
+    "test_random_model_shapes": {"mixtral-w4a16", "qwen3-w4a4"},
 }
 MODES = ["w4a16", "w4a4"]
 
@@ -62,6 +65,41 @@ def test_exact_every_tactic(mode):
         assert_same(_launch(p, ids, tw, t), want, f"{mode} {t.label()}")
 
 
+def _small_m_tactics(hidden, inter):
+    """Every block_m with each tile compiled for it, stages 2-4, splits up to 3 (each the largest
+    that leaves no K slice empty)."""
+    from torch_fp4.kernels._common import largest_split
+    from torch_fp4.kernels.cuda import mm_tactics as sm
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import BLOCK_MS, SmallMMoeTactic as S
+    out = []
+    for i, bm in enumerate(BLOCK_MS):
+        for j, (warps, tiles, bk) in enumerate(sm.TILE_SHAPES):
+            if sm.tile_compiled(bm // 8, warps, tiles, bk):
+                s1 = largest_split(1 + (i + j) % 3, -(-hidden // bk))
+                s2 = largest_split(1 + (i + 2 * j) % 2, -(-inter // bk))
+                out.append(S(bm, warps, tiles, bk, 2 + (i + j) % 3, s1, s2))
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_exact_small_m_tactics(mode):
+    """The decode GEMMs with every block_m and tile: H = 320 leaves a partial FC2 weight tile and a
+    partial K stage in FC1; I = 208 a partial SwiGLU tile of 32 or 64 columns in FC1 and, in FC2,
+    K % 32 == 16 (8-byte weight copies); T = 40 on 8 experts gives experts more rows than a block
+    of 8, 16 or 32 (several blocks of one expert); T = 1 and 7 leave experts empty."""
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import why_not
+    from torch_fp4.problems import MoeProblem
+    for tokens in (1, 7, 40):
+        p = exact_problem(8, 320, 208, tokens, mode == "w4a4", seed=20 + tokens)
+        ids, tw = random_routing(tokens, 8, 3, seed=21 + tokens)
+        want = p.run(ids, tw, "reference")
+        w1, s1, _, w2, s2, _ = p.weights()
+        prob = MoeProblem.of(p.x, w1, s1, w2, s2, ids, p.a1, p.a2, 0, None, BF16)
+        for t in _small_m_tactics(320, 208):
+            assert why_not(t, prob) is None, (t, why_not(t, prob))
+            assert_same(_launch(p, ids, tw, t), want, f"{mode} T={tokens} {t.label()}")
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("tokens", [1, 5, 64, 300])
 def test_exact_token_counts(mode, tokens):
@@ -85,8 +123,10 @@ def test_random_model_shapes(mode, shape, tokens):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_graph_replayed_with_new_routing_no_sync_same_bits(mode):
-    tokens, experts = 160, 8
+@pytest.mark.parametrize("tokens", [160, 4])
+def test_graph_replayed_with_new_routing_no_sync_same_bits(mode, tokens):
+    """160 tokens run the grouped Hopper GEMMs, 4 the grouped small-M GEMMs."""
+    experts = 8
     p = exact_problem(experts, 128, 64, tokens, mode == "w4a4", seed=13)
     logits = torch.randn(tokens, experts, device=DEV)
 
@@ -116,11 +156,52 @@ def test_graph_replayed_with_new_routing_no_sync_same_bits(mode):
         assert_same(out, p.run(ids, tw, "reference"), f"{mode} graph replay {seed} vs reference")
 
 
-def test_auto_picks_cuda_from_the_measured_rows_per_expert():
-    from torch_fp4.tuning import CUDA_MOE_MIN_ROWS
+def test_auto_picks_cuda_at_every_size():
     experts, top_k = 8, 2
-    for tokens, want in ((CUDA_MOE_MIN_ROWS * experts // top_k, "cuda"), (4, "triton")):
+    for tokens in (1, 4, 64, 300):
         p = exact_problem(experts, 64, 32, tokens, False, seed=1)
         ids, tw = random_routing(tokens, experts, top_k, seed=2)
         got = t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw)[0]
-        assert got.label == want, (tokens, got)
+        assert got.label == "cuda", (tokens, got)
+
+
+@pytest.mark.parametrize("qdq", [False, True], ids=["bf16", "nvfp4-intermediate"])
+def test_small_m_fc1_swiglu_bits_over_a_range_of_gates(qdq):
+    """FC1 of the decode path alone, on data whose gate and up sums are exact in any order (x and
+    the weights in {0, +-0.5, +-1}, block scales 1) and whose gates span about [-20, 20], so that
+    its SwiGLU (expf, the division) and, with an NVFP4 intermediate, its quantization (block
+    amax across four lanes) must equal the reference's bit for bit."""
+    from torch_fp4.kernels.cuda import moe as CM
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
+    from torch_fp4.kernels.triton.moe_align import align
+    from torch_fp4.reference.moe import silu_mul
+    from test_gpu_moe import _gen, _pack
+    experts, hidden, inter, tokens, top_k = 4, 256, 96, 5, 2
+    g = _gen(7)
+    x = (torch.randint(-2, 3, (tokens, hidden), generator=g).float() * 0.5).to(BF16).to(DEV)
+    codes = torch.randint(0, 3, (experts, 2 * inter, hidden), generator=g).to(torch.uint8)
+    codes |= torch.randint(0, 2, codes.shape, generator=g).to(torch.uint8) << 3
+    w1, w1_s = _pack(codes, torch.ones(experts, 2 * inter, hidden // 16))
+    alpha = torch.ones(experts, device=DEV)
+    gs = torch.tensor([37.5], device=DEV) if qdq else None
+    ids, tw = random_routing(tokens, experts, top_k, seed=8)
+    for t in (SmallMMoeTactic(8, 8, 1, 256, 4), SmallMMoeTactic(8, 4, 2, 128, 3, 2, 1)):
+        blocks = align(ids, experts, 0, t.block_m)
+        h = torch.full((blocks.rows, inter), float("nan"), dtype=BF16, device=DEV)
+        CM._small_m_gemm(x, w1, w1_s, alpha, h, blocks, top_k, t.fc1_split, True, t, qdq_gs=gs)
+        pairs, ends = blocks.sorted_pairs.tolist(), blocks.expert_end.tolist()
+        gates = []
+        for b, e in enumerate(blocks.block_expert.tolist()):
+            if e < 0:
+                continue
+            rows = list(range(b * t.block_m, min((b + 1) * t.block_m, ends[e])))
+            w_hat = t4.fp4_dequantize(w1[e], w1_s[e], None, out_dtype=torch.float32)
+            pre = (x[[pairs[r] // top_k for r in rows]].double() @ w_hat.double().T).to(BF16)
+            gates.append(pre[:, :inter].float())
+            want = silu_mul(pre)
+            if qdq:
+                q, s = t4.nvfp4_quantize(want, gs, sf_layout="linear")
+                want = t4.fp4_dequantize(q, s, None, out_dtype=BF16, sf_layout="linear")
+            assert torch.equal(h[rows].view(torch.int16), want.view(torch.int16)), (t.label(), b, e)
+        gates = torch.cat(gates)
+        assert gates.min() < -8 and gates.max() > 8, (gates.min(), gates.max())

@@ -40,8 +40,8 @@ def _band(numel: int) -> int:
 # csrc/mm_wgmma.cu, measured faster than Triton at every M from 32: BENCHMARKS.md). Then the
 # Triton GEMM. The CuTe DSL Blackwell kernels are compiled and SASS-checked in CI but have never
 # run on a GPU, so they are opt-in (backend="cute-dsl") rather than chosen silently. route and fused_moe: the Triton kernels on CUDA tensors (the
-# cute-dsl fused_moe is opt-in, never run; fused_moe on sm_90 from CUDA_MOE_MIN_ROWS routed rows
-# per expert: the cuda backend), the reference elsewhere.
+# cute-dsl fused_moe is opt-in, never run; fused_moe on sm_90: the cuda backend), the reference
+# elsewhere.
 CUDA_MM_MAX_M = 16
 HOPPER_MM = (9, 0)            # where the cuda backend has the wgmma GEMM
 HOPPER_MM_MS = (17, 1 << 62)  # M range where it beat Triton on H100 (every M above 16)
@@ -52,17 +52,17 @@ OP_ORDER: dict[str, tuple[Backend, ...]] = {
 }
 
 
-# fused_moe on sm_90: the cuda backend's grouped Hopper GEMMs (kernels/cuda/moe.py) once the
-# routed rows per local expert reach CUDA_MOE_MIN_ROWS, the Triton kernels below that (H100,
-# `bench moe`, W4A16 us cuda / triton: Mixtral-8x7B T = 64, 16 rows per expert, 554 / 665;
-# Qwen3-30B-A3B T = 256, 16 rows, 320 / 316; DeepSeek-V3 T = 1024, 32 rows, 4809 / 6203; and
-# with 4-8 rows Triton ahead: Qwen3 T = 64 309 / 224, DeepSeek-V3 T = 256 4840 / 3494).
-CUDA_MOE_MIN_ROWS = 16
+# fused_moe on sm_90: the cuda backend at every batch (kernels/cuda/moe.py: grouped small-M GEMMs
+# below 16 routed rows per expert, grouped Hopper GEMMs from there), faster than the Triton kernels
+# in every H100 `bench moe` row of W4A16 (us cuda / triton: Mixtral-8x7B T = 1 100 / 155, T = 16
+# 309 / 482, T = 1024 1937 / 3601; Qwen3-30B-A3B T = 1 28.4 / 37.0, T = 64 163 / 228; DeepSeek-V3
+# T = 16 914 / 1475, T = 256 2655 / 3681; BENCHMARKS.md; W4A4 on Qwen3 from T = 256 is the
+# exception: 375 / 352 us).
 _HOPPER_MOE = (Backend.CUDA, Backend.TRITON, Backend.REFERENCE)
 
 
 def _hopper_moe(p: MoeProblem) -> bool:
-    return p.is_cuda and p.capability == HOPPER_MM and p.tokens * p.top_k >= CUDA_MOE_MIN_ROWS * p.experts
+    return p.is_cuda and p.capability == HOPPER_MM
 
 
 def _hopper_wgmma(p: MmProblem) -> bool:

@@ -42,36 +42,26 @@
 // by reading the partials of ranks 0, 1, ... in that order through distributed shared memory
 // (deterministic, no atomics, no workspace), applies alpha and rounds once to the output type.
 //
+// Grouped (Config::kGrouped, fused_moe's decode GEMMs in moe_small_m.cu; Params' grouped fields):
+// the same tile per block of routed rows of one expert (grid z), with three per-launch modes:
+// gather (activation rows from x through the pairs), swiglu (gate and up rows of the same output
+// columns in one CTA, SwiGLU in the epilogue, optionally NVFP4-exact) and scatter (output rows
+// in pair order). The main loop is the dense one; only the copy plan and the epilogue differ.
 // Every shared-memory load of the main loop goes through ctx.lds (a plain load on the GPU) or
 // ctx.ldmatrix_x4 so that
 // the emulator can check the bank-conflict freedom of the layouts on the addresses it executes.
-// Portability: this header compiles with nvcc (device code, through DeviceCtx in mm_small_m.cu) and
+// Portability: this header compiles with nvcc (device code, through DeviceCtx in small_m_device.cuh) and
 // with a plain C++ compiler (tests/test_cuda_mm_emulation.py runs the same kernel body on the CPU,
 // one fiber per GPU thread, with an emulated warp MMA, cp.async groups and barriers).
 #pragma once
 
 #include <cstdint>
-#include <cstring>
 
 #include "mm_operands.h"
-
-#if defined(__CUDACC__)
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#define TORCH_FP4_HD __host__ __device__ __forceinline__
-#define TORCH_FP4_DEV __device__ __forceinline__
-#else
-#define TORCH_FP4_HD inline
-#define TORCH_FP4_DEV inline
-#endif
+#include "small_m_ops.cuh"
 
 namespace torch_fp4 {
 namespace small_m {
-
-// Output dtype codes (the values of launch.h's DType).
-constexpr int kOutBf16 = 0;
-constexpr int kOutF16 = 1;
-constexpr int kOutF32 = 2;
 
 // Largest M, largest cluster (split-K) size, bytes of the scale table.
 constexpr int kMaxM = 64;
@@ -79,7 +69,8 @@ constexpr int kMaxSplit = 8;
 constexpr int kLutBytes = 256 * 4;
 
 // Compile-time shape of one kernel instantiation.
-template <int kNB_, int kWarps_, int kWR_, int kBK_, bool kFp16_, bool kMx_, bool kPacked_>
+template <int kNB_, int kWarps_, int kWR_, int kBK_, bool kFp16_, bool kMx_, bool kPacked_,
+          bool kGrouped_ = false>
 struct Config {
   static constexpr int kNB = kNB_;          // activation n-blocks of 8 rows (M <= 8 * kNB)
   static constexpr int kWarps = kWarps_;    // warps per CTA (4 or 8)
@@ -88,6 +79,7 @@ struct Config {
   static constexpr bool kFp16 = kFp16_;     // fp16 activations and fp16 MMA, else bf16
   static constexpr bool kMx = kMx_;         // MXFP4 (32-element blocks, UE8M0), else NVFP4
   static constexpr bool kPacked = kPacked_; // weights in the "sm90" layout, else row-major
+  static constexpr bool kGrouped = kGrouped_; // blockIdx.z is a block of one expert's routed rows
   static constexpr int kThreads = 32 * kWarps;
   // CTAs per SM the register allocation must allow: 16 warps per SM (at most 128 registers per
   // thread) where accumulators and operands fit; 12 warps (170 registers) or 8 warps (255) for
@@ -123,6 +115,7 @@ struct Config {
   // A CTA's rows lie in one 128-row group of the 128x4 scale layout.
   static_assert(kBN == 64 || kBN == 128, "64 or 128 weight rows per CTA");
   static_assert(!kPacked || kNB <= 2, "the \"sm90\" reader is compiled for M <= 16");
+  static_assert(!kGrouped || !kPacked, "grouped launches read row-major weights");
 };
 
 // The tile shapes compiled for each n-block count (mirrored by tile_compiled in
@@ -153,8 +146,19 @@ struct Params {
   int steps_per_split;     // K stages per split (the last split may have fewer)
   int out_dtype;           // kOutBf16 / kOutF16 / kOutF32
   int w_aligned16;         // weight rows 16-byte aligned (K % 32 == 0), else 8-byte copies
-  const int* block_expert; // grouped launches (mm_operands.h): expert of each block of rows, else null
-  int64_t w_expert, s_expert;  // bytes between experts' weights and scales (grouped)
+  // Grouped launches (Cfg::kGrouped, moe_small_m.cu): block b = blockIdx.z holds the grouped rows
+  // [b * kActRows, (b + 1) * kActRows) of expert block_expert[b] (mm_operands.h; < 0: unused, the
+  // cluster leaves at once), valid below expert_end[e]; weights, scales and alpha are expert e's.
+  const int* block_expert;
+  int64_t w_expert, s_expert;  // bytes between experts' weights and scales
+  const int* row_index;    // [blocks * kActRows] the pair t * top_k + j of each grouped row
+  const int* expert_end;   // [experts] end of each expert's rows
+  int top_k;
+  int gather;              // activation row of grouped row r: act row row_index[r] / top_k, else r
+  int swiglu;              // w holds 2n rows [gate; up]; out = RN(silu(RN(gate)) * RN(up)), n columns
+  int scatter;             // out row of grouped row r: row_index[r] (pair order), else r
+  const float* qdq_gs;     // swiglu: NVFP4 intermediates, global scale qdq_gs[e * qdq_gs_stride]
+  int qdq_gs_stride;       // (Ctx::nvfp4_qdq), else null
 };
 
 // The Params of a launch from its operands, with `steps_per_split` K stages per split;
@@ -227,269 +231,18 @@ TORCH_FP4_HD int scale_word_index(int r5, int q, int kw_l) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pure per-thread operations (device instructions, host equivalents for the emulator)
-// ---------------------------------------------------------------------------------------------
-struct alignas(16) U128 {
-  uint32_t x, y, z, w;
-};
-
-struct alignas(16) F4 {
-  float x, y, z, w;
-};
-
-// Keeps a loop-invariant value in a register: without it the compiler recomputes the per-thread
-// copy plan inside the main loop to save registers the kernel does not need.
-template <class T>
-TORCH_FP4_HD T opaque(T v) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (sizeof(T) == 4) {
-    uint32_t u;
-    std::memcpy(&u, &v, 4);
-    asm volatile("" : "+r"(u));
-    std::memcpy(&v, &u, 4);
-  }
-#endif
-  return v;
-}
-
-// Bytes of {b, a} selected by the four low nibbles of sel (PTX prmt without sign replication).
-TORCH_FP4_HD uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-#if defined(__CUDA_ARCH__)
-  return __byte_perm(a, b, sel);
-#else
-  const uint64_t bytes = (uint64_t{b} << 32) | a;
-  uint32_t r = 0;
-  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((bytes >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i);
-  return r;
-#endif
-}
-
-// Eight E2M1 codes (element i in nibble i) -> bf16x2 (element 0 low) pairs (0,4), (1,5), (2,6), (3,7)
-// holding LUT[code] * 2^-126: magnitude bits to bits 6..8 (mantissa MSB and exponent LSBs, so the
-// E = 0 code 0.5 is the subnormal 2^-127), sign to bit 15. One multiply by (2^6 + 2^12) or
-// (2^2 + 2^8) makes two disjoint copies of the nibble; the mask keeps magnitude from one and the
-// sign from the other.
-TORCH_FP4_HD void place_bf16(uint32_t w, uint32_t (&d)[4]) {
-  const uint32_t w8 = w >> 8;
-  d[0] = ((w & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
-  d[1] = ((w & 0x00F000F0u) * 0x0104u) & 0x81C081C0u;
-  d[2] = ((w8 & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
-  d[3] = ((w8 & 0x00F000F0u) * 0x0104u) & 0x81C081C0u;
-}
-
-// The same as fp16x2 holding LUT[code] * 2^-14: magnitude to bits 9..11, sign to bit 15 (the two
-// shifts overlap by one bit, so magnitude and sign are masked separately).
-TORCH_FP4_HD void place_f16(uint32_t w, uint32_t (&d)[4]) {
-  d[0] = ((w & 0x00070007u) << 9) | ((w << 12) & 0x80008000u);
-  d[1] = ((w & 0x00700070u) << 5) | ((w << 8) & 0x80008000u);
-  d[2] = ((w & 0x07000700u) << 1) | ((w << 4) & 0x80008000u);
-  d[3] = ((w & 0x70007000u) >> 3) | (w & 0x80008000u);
-}
-
-TORCH_FP4_HD uint32_t rotl32(uint32_t x, int s) {
-#if defined(__CUDA_ARCH__)
-  return __funnelshift_l(x, x, s);
-#else
-  return (x << s) | (x >> ((32 - s) & 31));
-#endif
-}
-
-// One "sm90"-layout word -> the four A registers of a k16 step (mma.sync / wgmma fragment order:
-// row r, K 2c..2c+1; row r + 8; row r, K 2c+8..2c+9; row r + 8) as bf16x2 words holding
-// LUT[code] * 2^-126, the placement of place_bf16: reg 0 = the word's bits at their final places,
-// reg 1 = the word rotated left by 13, reg 2 = its bits 0, 3-5 (16, 19-21) copied 3 and 15 places
-// up, reg 3 = its bits 12-14, 17 (28-30, 1) rotated right by 6 and copied 0 and 4 places up; each
-// masked to the two codes' magnitude and sign bits (docs/NUMERICS.md 4b gives the layout,
-// formats.to_weight_layout writes it). The products never carry into a kept bit.
-TORCH_FP4_HD void place_sm90_bf16(uint32_t x, uint32_t (&a)[4]) {
-  constexpr uint32_t kKeep = 0x81C081C0u;
-  a[0] = x & kKeep;
-  a[1] = rotl32(x, 13) & kKeep;
-  a[2] = ((x & 0x00390039u) * 0x8008u) & kKeep;
-  a[3] = ((rotl32(x, 26) & 0x09C009C0u) * 17u) & kKeep;
-}
-
-// The same as fp16x2 holding LUT[code] * 2^-14 (place_f16's placement: magnitude 3 places up).
-TORCH_FP4_HD void place_sm90_f16(uint32_t x, uint32_t (&a)[4]) {
-  place_sm90_bf16(x, a);
-#pragma unroll
-  for (int e = 0; e < 4; ++e) a[e] = ((a[e] & 0x01C001C0u) << 3) | (a[e] & 0x80008000u);
-}
-
-// An activation unit x0..x7 (four bf16x2/fp16x2 words) -> (x0,x4), (x1,x5), (x2,x6), (x3,x7).
-TORCH_FP4_HD U128 pair_for_decode(U128 x) {
-  return U128{prmt(x.x, x.z, 0x5410u), prmt(x.x, x.z, 0x7632u), prmt(x.y, x.w, 0x5410u),
-              prmt(x.y, x.w, 0x7632u)};
-}
-
-// ---- host models of the 16-bit formats (the emulator's arithmetic) -----------------------------
-TORCH_FP4_HD float bits_to_float(uint32_t u) {
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-TORCH_FP4_HD uint32_t float_to_bits(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
-
-// fp32 -> bf16, round to nearest even (NaN kept quiet).
-TORCH_FP4_HD uint32_t host_f32_to_bf16(float f) {
-  const uint32_t u = float_to_bits(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ((u >> 16) | 0x40u) & 0xFFFFu;
-  return ((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16) & 0xFFFFu;
-}
-
-TORCH_FP4_HD float host_bf16_to_f32(uint32_t h) { return bits_to_float((h & 0xFFFFu) << 16); }
-
-TORCH_FP4_HD float host_f16_to_f32(uint32_t h) {
-  const uint32_t s = (h >> 15) & 1u, e = (h >> 10) & 31u, m = h & 1023u;
-  float v;
-  if (e == 0) {
-    v = static_cast<float>(m) * (1.0f / 16777216.0f);  // m * 2^-24, exact
-  } else if (e == 31) {
-    v = m ? bits_to_float(0x7FC00000u) : bits_to_float(0x7F800000u);
-  } else {
-    v = bits_to_float(((e + 112u) << 23) | (m << 13));
-  }
-  return s ? -v : v;
-}
-
-// fp32 -> fp16, round to nearest even, overflow to Inf, subnormals kept.
-TORCH_FP4_HD uint32_t host_f32_to_f16(float f) {
-  const uint32_t u = float_to_bits(f);
-  const uint32_t s = (u >> 16) & 0x8000u;
-  const uint32_t a = u & 0x7FFFFFFFu;
-  if (a > 0x7F800000u) return s | 0x7E00u;
-  if (a >= 0x477FF000u) return s | 0x7C00u;  // >= 65520 rounds to Inf
-  if (a < 0x38800000u) {                     // below 2^-14: subnormal result, units of 2^-24
-    const uint32_t e = a >> 23;
-    if (e < 102) return s;                   // below 2^-25: rounds to zero
-    const uint32_t m = (a & 0x7FFFFFu) | 0x800000u;
-    const uint32_t shift = 126 - e;          // value = m * 2^(e - 150), result units 2^-24
-    const uint32_t q = m >> shift, rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
-    const uint32_t r = q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
-    return s | r;
-  }
-  const uint32_t r = a - 0x38000000u;        // rebias exponent 127 -> 15 (bits 13.. of fp16 << 13)
-  const uint32_t q = r >> 13, rem = r & 0x1FFFu;
-  return s | (q + ((rem > 0x1000u || (rem == 0x1000u && (q & 1u))) ? 1u : 0u));
-}
-
-// d = a * b per 16-bit half (bf16 or fp16), round to nearest even; a * b + (-0), as the device's
-// fma.rn with a negative-zero addend.
-template <bool kFp16>
-TORCH_FP4_HD uint32_t mul2(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__)
-  uint32_t d;
-  if constexpr (kFp16) {
-    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  } else {
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
-  }
-  return d;
-#else
-  uint32_t d = 0;
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t x = (a >> (16 * h)) & 0xFFFFu, y = (b >> (16 * h)) & 0xFFFFu;
-    // Both formats' products of our operands are exact in fp32 (at most 22 significant bits, and
-    // fp32 spans both ranges), so the only rounding is the final one.
-    if constexpr (kFp16) {
-      d |= host_f32_to_f16(host_f16_to_f32(x) * host_f16_to_f32(y)) << (16 * h);
-    } else {
-      d |= host_f32_to_bf16(host_bf16_to_f32(x) * host_bf16_to_f32(y)) << (16 * h);
-    }
-  }
-  return d;
-#endif
-}
-
-// Scale byte -> the 16-bit multiplier of the decoded codes, twice (a bf16x2 / fp16x2 word). Exact.
-// NVFP4 (e4m3; 0x7F/0xFF NaN): scale * 2^119 as bf16 (codes placed as LUT * 2^-126) or
-// scale * 2^7 as fp16 (codes placed as LUT * 2^-14), so that the product is code * scale * 2^-7.
-// MXFP4 (UE8M0; 0 is 2^-127, 255 NaN): scale as bf16.
-template <class Cfg>
-TORCH_FP4_HD uint32_t scale_table_entry(uint32_t byte) {
-  uint32_t h;
-  if constexpr (Cfg::kMx) {
-    h = byte == 0 ? 0x0040u : (byte == 255 ? 0x7FC0u : byte << 7);
-  } else {
-    const uint32_t s = (byte >> 7) << 15, e = (byte >> 3) & 15u, m = byte & 7u;
-    const bool fp16 = Cfg::kFp16;
-    // Biased exponent of 2^(e - 7) (normal) in the target format, the 2^7 / 2^119 fold included.
-    const uint32_t bias = fp16 ? 8u + 7u : 120u + 119u;
-    if (e == 15 && m == 7) {
-      h = fp16 ? 0x7E00u : 0x7FC0u;
-    } else if (e != 0) {
-      h = s | (fp16 ? ((e + bias) << 10) | (m << 7) : ((e + bias) << 7) | (m << 4));
-    } else if (m == 0) {
-      h = s;
-    } else {  // subnormal e4m3 m * 2^-9 = 2^(p - 9) * (m / 2^p), p = floor(log2 m): normal here,
-      // with the exponent of 2^(p - 9) = 2^(e - 7) for e = p - 2
-      const uint32_t p = m >= 4 ? 2 : (m >= 2 ? 1 : 0);
-      const uint32_t frac = m - (1u << p);
-      h = s | (fp16 ? ((bias - 2u + p) << 10) | (frac << (10 - p)) : ((bias - 2u + p) << 7) | (frac << (7 - p)));
-    }
-  }
-  return h | (h << 16);
-}
-
-// A placed code pair (place_bf16 / place_f16 / place_sm90_*) times its scale-table entry: code *
-// scale * 2^-7 for NVFP4 (folded table), code * scale for MXFP4 (times 2^126 (2^14) first). Exact.
-template <class Cfg>
-TORCH_FP4_HD uint32_t apply_scale(uint32_t placed, uint32_t entry) {
-  constexpr uint32_t kUnit = Cfg::kFp16 ? 0x74007400u : 0x7E807E80u;  // 2^14 (fp16) / 2^126 (bf16)
-  return Cfg::kFold ? mul2<Cfg::kFp16>(placed, entry) : mul2<Cfg::kFp16>(mul2<Cfg::kFp16>(placed, kUnit), entry);
-}
-
-// Word j (0..3) of a 16-byte vector (j a compile-time constant after unrolling).
-TORCH_FP4_HD uint32_t word_of(const U128& v, int j) { return j == 0 ? v.x : (j == 1 ? v.y : (j == 2 ? v.z : v.w)); }
-
-// fp32 -> output element bits (RN).
-template <int kOut>
-TORCH_FP4_HD uint32_t round_out(float v) {
-#if defined(__CUDA_ARCH__)
-  if constexpr (kOut == kOutBf16) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(v));
-  } else {
-    return __half_as_ushort(__float2half_rn(v));
-  }
-#else
-  return kOut == kOutBf16 ? host_f32_to_bf16(v) : host_f32_to_f16(v);
-#endif
-}
-
-// Separately rounded fp32 operations (never contracted into an FMA).
-TORCH_FP4_HD float add_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-
-TORCH_FP4_HD float mul_rn(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
-#else
-  return a * b;
-#endif
-}
-
-TORCH_FP4_HD float load_alpha(const float* p) {
-#if defined(__CUDA_ARCH__)
-  return __ldg(p);
-#else
-  return *p;
-#endif
-}
-
-// ---------------------------------------------------------------------------------------------
 // The kernel body. Ctx supplies thread/block indices, barriers, cp.async, the warp MMA and the
 // cluster operations (DeviceCtx on the GPU, the emulator's context on the CPU).
 // ---------------------------------------------------------------------------------------------
+// SwiGLU-fused grouped launches: the weight row of the CTA's local row r (output columns n0 ..
+// n0 + kBN / 2 - 1): gate rows first, then the up rows of the same columns (p.n = I apart; a
+// column past I names a row that the copies zero-fill and whose output is never stored).
+template <class Cfg>
+TORCH_FP4_HD int glu_row(const Params& p, int n0, int r) {
+  constexpr int kHalf = Cfg::kBN / 2;
+  return r < kHalf ? n0 + r : p.n + n0 + r - kHalf;
+}
+
 // Per-thread copy assignment of a pipeline stage, fixed for the whole kernel.
 // - weights: vector (row r0 + j * kWRowStep, piece u) for j < kWPerThread; consecutive lanes take
 //   consecutive 16-byte pieces of a row, so a warp instruction reads whole 128-byte lines ("sm90"
@@ -525,7 +278,10 @@ struct CopyPlan {
   int sdst;                // stage offset (bytes) of that word
   int sidx0;
 
-  TORCH_FP4_HD CopyPlan(const Params& p, int tid, int n0) {
+  // n0: the CTA's first weight row (swiglu: its first output column, gate rows n0 + r and up rows
+  // p.n + n0 + r - kBN / 2); row0: its first grouped row (grouped launches).
+  TORCH_FP4_HD CopyPlan(const Params& p, int tid, int n0, int row0) {
+    const bool glu = Cfg::kGrouped && p.swiglu;
     wrow_ok = 0;
     wtile = 0;
     if constexpr (Cfg::kPacked) {  // N % 128 == 0: every row is inside N
@@ -545,9 +301,16 @@ struct CopyPlan {
       wbyte0 = 16 * u;
       wdst = weight_unit_offset<Cfg>(r0, u);
       for (int j = 0; j < kWPerThread; ++j) {
-        const int n = n0 + r0 + j * kWRowStep;
-        wrow_ok |= (n < p.n ? 1u : 0u) << j;
-        woff[j] = opaque((n < p.n ? n : p.n - 1) * kh + wbyte0);
+        const int r = r0 + j * kWRowStep;
+        if (glu) {  // rows of columns past n (a last partial tile) are zero-filled
+          const bool ok = n0 + (r % (Cfg::kBN / 2)) < p.n;
+          wrow_ok |= (ok ? 1u : 0u) << j;
+          woff[j] = opaque((ok ? glu_row<Cfg>(p, n0, r) : 0) * kh + wbyte0);
+        } else {
+          const int n = n0 + r;
+          wrow_ok |= (n < p.n ? 1u : 0u) << j;
+          woff[j] = opaque((n < p.n ? n : p.n - 1) * kh + wbyte0);
+        }
       }
     }
     const int c = tid % Cfg::kActUnits, m0 = tid / Cfg::kActUnits;
@@ -559,11 +322,19 @@ struct CopyPlan {
       const int m = m0 + j * kARowStep;
       const bool ok = a_active && m < p.m;
       arow_ok |= (ok ? 1u : 0u) << j;
-      aoff[j] = opaque((ok ? m : 0) * p.k + a_k);
+      int src = ok ? m : 0;
+      if (Cfg::kGrouped && p.gather && ok) src = p.row_index[row0 + m] / p.top_k;
+      aoff[j] = opaque(src * p.k + a_k);
     }
     const int within = tid & 127;
     sidx0 = tid >> 7;
-    soff = ((n0 >> 7) * (p.kp >> 2) + sidx0) * 512 + within * 4;
+    if (glu) {  // word `within` of local row lr comes from its gate or up row's 128x4 word (rows
+      // of columns past n stay inside the padded scale matrix: n + roundup(n, kBN / 2) <= Np)
+      const int sr = glu_row<Cfg>(p, n0, ((within & 3) * 32 + (within >> 2)) % Cfg::kBN);
+      soff = ((sr >> 7) * (p.kp >> 2) + sidx0) * 512 + ((sr & 31) * 4 + ((sr >> 5) & 3)) * 4;
+    } else {
+      soff = ((n0 >> 7) * (p.kp >> 2) + sidx0) * 512 + within * 4;
+    }
     sdst = stage_weight_bytes<Cfg>() + stage_act_bytes<Cfg>() + 4 * scale_word_index<Cfg>(within >> 2, within & 3, sidx0);
     wrow_ok = opaque(wrow_ok);
     wtile = opaque(wtile);
@@ -835,25 +606,36 @@ TORCH_FP4_DEV void store_out(const Params& p, int m, int n, F4 v) {
   }
 }
 
+// SwiGLU of one output element from its fp32 gate and up sums (alpha applied): RN_bf16 of both
+// (FC1's bf16 h), then silu(gate) * up in fp32 (spec section 6; store_out rounds it).
+TORCH_FP4_HD float swiglu_of(float gate, float up) {
+  const float g = host_bf16_to_f32(round_out<kOutBf16>(gate)), u = host_bf16_to_f32(round_out<kOutBf16>(up));
+  return mul_rn(div_rn(g, add_rn(1.0f, exp_f32(-g))), u);
+}
+
+// The CTA's work: weight rows (swiglu: output columns) from n0, rows of p (grouped: the block's,
+// from grouped row row0; p's pointers are the block expert's).
 template <class Cfg, class Ctx>
-TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
-  ctx.pdl_wait();  // before any global-memory access
+TORCH_FP4_DEV void small_m_tile(const Params& p, Ctx& ctx, int stages, int row0) {
   const int tid = ctx.tid();
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int n0 = ctx.tile() * Cfg::kBN;
+  const bool glu = Cfg::kGrouped && p.swiglu;
+  constexpr int kHalf = Cfg::kBN / 2;
+  const int n0 = ctx.tile() * (glu ? kHalf : Cfg::kBN);
   char* smem = ctx.smem();
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
   for (int i = tid; i < 256; i += Cfg::kThreads) lut[i] = scale_table_entry<Cfg>(static_cast<uint32_t>(i));
   char* pipe = smem + kLutBytes;
   constexpr int kStage = stage_bytes<Cfg>();
-  const CopyPlan<Cfg> plan(p, tid, n0);
+  const CopyPlan<Cfg> plan(p, tid, n0, row0);
+  const int srow0 = glu ? 0 : n0;   // the scale tile's row origin (swiglu: stored by local row)
 
   const int total_steps = (p.k + Cfg::kBK - 1) / Cfg::kBK;
   const int rank = ctx.rank(), splits = ctx.splits();
   const int first = rank * p.steps_per_split;
   int nsteps = total_steps - first;
   nsteps = nsteps < 0 ? 0 : (nsteps > p.steps_per_split ? p.steps_per_split : nsteps);
-  const bool fast_tile = n0 + Cfg::kBN <= p.n && p.w_aligned16;
+  const bool fast_tile = n0 + (glu ? kHalf : Cfg::kBN) <= p.n && p.w_aligned16;
   auto fast_stage = [&](int step) { return fast_tile && (step + 1) * Cfg::kBK <= p.k; };
 
   float acc[Cfg::kWR][Cfg::kNB][4];
@@ -881,9 +663,9 @@ TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
     }
     ctx.cp_commit();
     if constexpr (Cfg::kPacked) {
-      compute_stage_sm90<Cfg>(ctx, pipe + slot * kStage, lut, n0, acc);
+      compute_stage_sm90<Cfg>(ctx, pipe + slot * kStage, lut, srow0, acc);
     } else {
-      compute_stage<Cfg>(ctx, pipe + slot * kStage, lut, n0, acc);
+      compute_stage<Cfg>(ctx, pipe + slot * kStage, lut, srow0, acc);
     }
     slot = slot + 1 == stages ? 0 : slot + 1;
     load_slot = load_slot + 1 == stages ? 0 : load_slot + 1;
@@ -911,12 +693,10 @@ TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
   }
   const bool has_alpha = p.alpha != nullptr;
   const float alpha = has_alpha ? load_alpha(p.alpha) : 1.0f;
-  constexpr int kPerRow = Cfg::kBN / 4;
-  const int chunks = p.m * kPerRow;
-  for (int c = rank * Cfg::kThreads + tid; c < chunks; c += splits * Cfg::kThreads) {
-    const int m = c / kPerRow, r4 = c % kPerRow;
-    if (n0 + 4 * r4 >= p.n) continue;
-    const float* local = part + m * kPitch + 4 * r4;
+  const float qdq_gs = Cfg::kGrouped && p.qdq_gs != nullptr ? load_alpha(p.qdq_gs) : 0.0f;
+  // The sum over the splits of 4 columns at `local`, 2^7 fold undone, times alpha (fp32, exact
+  // order: ranks 0, 1, ...).
+  auto finish = [&](const float* local) {
     F4 s = *reinterpret_cast<const F4*>(splits > 1 ? ctx.remote(local, 0) : local);
     for (int r = 1; r < splits; ++r) {
       const F4 v = *reinterpret_cast<const F4*>(ctx.remote(local, r));
@@ -926,9 +706,55 @@ TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
       s = F4{mul_rn(s.x, 128.0f), mul_rn(s.y, 128.0f), mul_rn(s.z, 128.0f), mul_rn(s.w, 128.0f)};
     }
     if (has_alpha) s = F4{mul_rn(s.x, alpha), mul_rn(s.y, alpha), mul_rn(s.z, alpha), mul_rn(s.w, alpha)};
-    store_out(p, m, n0 + 4 * r4, s);
+    return s;
+  };
+  const int per_row = (glu ? kHalf : Cfg::kBN) / 4;
+  // Grouped outputs in grouped-row order get every row of the block (rows past p.m are zero: their
+  // activations were zero-filled), so no later kernel reads unwritten memory.
+  const int chunks = (Cfg::kGrouped && !p.scatter ? Cfg::kActRows : p.m) * per_row;
+  for (int c = rank * Cfg::kThreads + tid; c < chunks; c += splits * Cfg::kThreads) {
+    const int m = c / per_row, r4 = c % per_row;
+    if (n0 + 4 * r4 >= p.n) continue;
+    const float* local = part + m * kPitch + 4 * r4;
+    F4 s = finish(local);
+    int orow = m;
+    if constexpr (Cfg::kGrouped) {
+      if (glu) {
+        const F4 u = finish(local + kHalf);
+        s = F4{swiglu_of(s.x, u.x), swiglu_of(s.y, u.y), swiglu_of(s.z, u.z), swiglu_of(s.w, u.w)};
+        // a 16-column block is 4 chunks of consecutive lanes (chunks per row: a multiple of 4), and
+        // I % 16 == 0 makes the `continue` above skip whole blocks
+        if (p.qdq_gs != nullptr) s = ctx.nvfp4_qdq(s, qdq_gs);
+      }
+      orow = p.scatter ? p.row_index[row0 + m] : row0 + m;
+    }
+    store_out(p, orow, n0 + 4 * r4, s);
   }
   if (splits > 1) ctx.cluster_sync();  // keep this CTA's partials alive until every rank read them
+}
+
+// The kernel body: a dense tile, or (Cfg::kGrouped) the tile of block ctx.block() with its
+// expert's operands.
+template <class Cfg, class Ctx>
+TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
+  ctx.pdl_wait();  // before any global-memory access
+  if constexpr (Cfg::kGrouped) {
+    const int b = ctx.block();
+    const int e = p.block_expert[b];
+    if (e < 0) return;  // an unused block: the whole cluster (same b) leaves before any barrier
+    const int row0 = b * Cfg::kActRows;
+    const int used = p.expert_end[e] - row0;
+    Params q = p;
+    q.m = used < Cfg::kActRows ? used : Cfg::kActRows;
+    q.w = p.w + e * p.w_expert;
+    q.w_scale = p.w_scale + e * p.s_expert;
+    if (p.alpha != nullptr) q.alpha = p.alpha + e;
+    if (p.qdq_gs != nullptr) q.qdq_gs = p.qdq_gs + e * p.qdq_gs_stride;
+    if (!p.gather) q.act = p.act + static_cast<int64_t>(row0) * p.k;
+    small_m_tile<Cfg>(q, ctx, stages, row0);
+  } else {
+    small_m_tile<Cfg>(p, ctx, stages, 0);
+  }
 }
 
 }  // namespace small_m
@@ -941,6 +767,19 @@ TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
 struct SmallMMmArgs : MmOperands {
   int warps, tiles_per_warp, block_k, stages, split_k;
 };
+
+// The launch arguments of operands `ops` (make_mm_operands) with a tactic.
+inline SmallMMmArgs small_m_args(const MmOperands& ops, int warps, int tiles_per_warp, int block_k, int stages,
+                                 int split_k) {
+  SmallMMmArgs a{};
+  static_cast<MmOperands&>(a) = ops;
+  a.warps = warps;
+  a.tiles_per_warp = tiles_per_warp;
+  a.block_k = block_k;
+  a.stages = stages;
+  a.split_k = split_k;
+  return a;
+}
 
 }  // namespace torch_fp4
 

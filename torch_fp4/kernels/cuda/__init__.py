@@ -75,11 +75,11 @@ def _mm_reason(p: MmProblem) -> Optional[str]:
 
 
 def _moe_reason(p: Problem) -> Optional[str]:
-    """Why the grouped Hopper GEMMs (kernels/cuda/moe.py) cannot run this fused_moe problem, or
-    None: the problem limits, and the heuristic's tactic must fit this device."""
-    from .moe_tactics import default, problem_reason, why_not
+    """Why the grouped GEMMs (kernels/cuda/moe.py: small-M at decode sizes, the Hopper GEMM from
+    there) cannot run this fused_moe problem, or None: the heuristic's tactic must run it."""
+    from .moe_tactics import default, why_not
 
-    return problem_reason(p) or why_not(default(p), p)
+    return why_not(default(p), p)
 
 
 def requirement(op: str, p: Problem) -> Optional[str]:

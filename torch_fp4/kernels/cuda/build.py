@@ -28,7 +28,7 @@ from typing import Iterable, Optional
 from ...tactics import cache_dir
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-KERNEL_SOURCES = ("quantize.cu", "dequantize.cu", "global_scale.cu", "mm_small_m.cu", "mm_wgmma.cu")
+KERNEL_SOURCES = ("quantize.cu", "dequantize.cu", "global_scale.cu", "mm_small_m.cu", "mm_wgmma.cu", "moe_small_m.cu")
 MM_VARIANTS = 6                                       # kNumMmVariants in csrc/mm_operands.h
 
 # Every unit: IEEE fp32 (no fast math), the half/bfloat16 operator macros that keep conversions
@@ -58,6 +58,8 @@ LIBRARIES: dict[str, tuple[Unit, ...]] = {
     "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu")),
     **{f"small_m{v}": (Unit("mm_small_m.cu", v),) for v in range(MM_VARIANTS)},
     **{f"wgmma{v}": (Unit("mm_wgmma.cu", v),) for v in range(MM_VARIANTS)},
+    # fused_moe's grouped small-M GEMMs: row-major weights only (the variants without "sm90")
+    **{f"moe_small_m{v}": (Unit("moe_small_m.cu", v),) for v in range(0, MM_VARIANTS, 2)},
 }
 
 

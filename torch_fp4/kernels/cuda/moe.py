@@ -1,5 +1,18 @@
-"""fused_moe on the cuda backend (same signature as torch_fp4/reference/moe.py, plus the tactic):
-the shared grouped-GEMM MoE launches (kernels/triton/moe_grouped.py: align, gather, alphas,
+"""fused_moe on the cuda backend (same signature as torch_fp4/reference/moe.py, plus the tactic),
+two grouped GEMM families (kernels/cuda/moe_tactics.py picks by routed rows per expert).
+
+Decode sizes (SmallMMoeTactic): the small-M GEMM of csrc/mm_small_m.cuh run grouped
+(csrc/moe_small_m.cu, torch_fp4_moe_small_m): moe_align groups the pairs by expert in blocks of
+block_m rows; FC1 reads each block's activation rows straight from x through the pairs, streams
+its expert's gate and up rows of 64 (or 32) columns per CTA and writes RN_bf16(silu(gate) * up)
+(gate and up each RN_bf16(alpha1[e] * acc), the bf16 h of the spec); FC2 writes each row to its
+pair's row of y [T k, H]; the Triton finalize sums y in slot order. Four launches, none reading
+anything back. W4A4 quantizes x and dequantizes it exactly first (as below), and FC1's epilogue
+quantizes its output with a2_global_scale and writes the exact dequantized values (16 columns of
+a row are four lanes' chunks: one shuffle pair gives the block amax), the global scales entering
+through the alphas.
+
+From SMALL_M_BELOW rows per expert (WgmmaMoeTactic): the shared grouped-GEMM MoE launches (kernels/triton/moe_grouped.py: align, gather, alphas,
 inverse permutation, finalize) around the Hopper FP4-weight GEMM of csrc/mm_wgmma.cu run grouped
 (torch_fp4_mm_wgmma_grouped): one persistent launch per GEMM over every block of block_m routed
 rows, each block multiplying its expert's FP4 weights (decoded in registers, as mm_fp4) and
@@ -21,9 +34,13 @@ from ... import formats as F
 from ...problems import MoeProblem
 from .. import _common
 from .._common import tactic_or_default
+from ... import meta
 from ..triton import moe_grouped
+from ..triton.moe_align import align
+from ..triton.moe_fused import finalize
+from ..triton.moe_numerics import interpreting
 from .build import mm_variant
-from .moe_tactics import MOE_SPACE, WgmmaMoeTactic
+from .moe_tactics import MOE_SPACE, SmallMMoeTactic, WgmmaMoeTactic
 from .native import DTYPE_CODES, library, raw_stream
 from .quantize import dequantize_into, nvfp4_quantize
 
@@ -55,6 +72,60 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
     return moe_grouped.silu_mul(out) if swiglu else out
 
 
+def _exact_bf16(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """NVFP4 data [..., k/2] with LINEAR scales -> the bf16 values code * block scale (exact)."""
+    out = torch.empty((*data.shape[:-1], data.shape[-1] * 2), dtype=torch.bfloat16, device=data.device)
+    return dequantize_into(out, data, scale, None, F.NVFP4, LAYOUT)
+
+
+def _small_m_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor,
+                  blocks, top_k: int, split: int, fc1: bool, t: SmallMMoeTactic,
+                  qdq_gs: Optional[torch.Tensor] = None) -> None:
+    """FC1 (gather x's rows through the pairs, SwiGLU; out [rows, I]; with qdq_gs ([1] or [E])
+    each row's NVFP4 quantization with that global scale, dequantized without it) or FC2 (out
+    [T k, H] in pair order) over every block of blocks (moe_align.ExpertBlocks)."""
+    i = a.get_device()
+    fp16 = a.dtype == torch.float16
+    experts, k = w.shape[0], w.shape[2] * 2
+    n = out.shape[1]
+    lib = library(i, f"moe_small_m{mm_variant(fp16, False, False)}")
+    status = lib.moe_small_m(
+        i, raw_stream(i), _common.PDL, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(), alpha.data_ptr(),
+        out.data_ptr(), blocks.rows, n, k, w_scale.shape[2], int(fp16), 0, DTYPE_CODES[torch.bfloat16], 0,
+        t.warps, t.tiles_per_warp, t.block_k, t.stages, split, t.block_m, blocks.block_expert.data_ptr(),
+        blocks.num_blocks, experts, w.stride(0), w_scale.stride(0) * w_scale.element_size(),
+        blocks.sorted_pairs.data_ptr(), blocks.expert_end.data_ptr(), top_k, int(fc1), int(fc1), int(not fc1),
+        None if qdq_gs is None else qdq_gs.data_ptr(), 0 if qdq_gs is None or qdq_gs.numel() == 1 else 1)
+    if status:
+        lib.check(status, f"fused_moe grouped small-M {'FC1' if fc1 else 'FC2'} (N={n}, K={k}, E={experts}) "
+                          f"with {t}")
+
+
+def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
+                 a1_global_scale, a2_global_scale, local_expert_offset, out_dtype, strict_ids,
+                 t: SmallMMoeTactic) -> torch.Tensor:
+    out = _common.prepare_outputs(meta.fused_moe(x, out_dtype))
+    tokens, top_k = x.shape[0], topk_ids.shape[1]
+    if tokens == 0 or top_k == 0:
+        return out.zero_() if tokens else out
+    experts, inter, hidden = w1.shape[0], w1.shape[1] // 2, x.shape[1]
+    ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
+    blocks = align(ids, experts, local_expert_offset, t.block_m)
+    a = x.contiguous()
+    if a1_global_scale is not None:   # exact bf16 values of x~, the global scale in alpha1
+        a = _exact_bf16(*nvfp4_quantize(a, a1_global_scale, LAYOUT))
+    elif a.data_ptr() % 16:
+        a = a.clone()
+    h = torch.empty((blocks.rows, inter), dtype=torch.bfloat16, device=x.device)
+    _small_m_gemm(a, w1, w1_scale, F.nvfp4_alpha(a1_global_scale, w1_global_scale), h, blocks, top_k,
+                  t.fc1_split, True, t, qdq_gs=a2_global_scale)
+    y = torch.empty((ids.numel(), hidden), dtype=torch.bfloat16, device=x.device)
+    _small_m_gemm(h, w2, w2_scale, F.nvfp4_alpha(a2_global_scale, w2_global_scale), y, blocks, top_k,
+                  t.fc2_split, False, t)
+    finalize(y, ids, tw, out, experts, local_expert_offset, interpreting(), strict=strict_ids)
+    return out
+
+
 def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -64,6 +135,9 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     p = problem or MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
                                  local_expert_offset, None if strict_ids else w1.shape[0], out_dtype)
     t = tactic_or_default(tactic, MOE_SPACE, p, op="fused_moe")
+    if isinstance(t, SmallMMoeTactic):
+        return _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
+                            a1_global_scale, a2_global_scale, local_expert_offset, out_dtype, strict_ids, t)
 
     def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu):
         return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=t)

@@ -1,8 +1,9 @@
-"""Tactics of the cuda backend's fused_moe (kernels/cuda/moe.py): both grouped GEMMs run the
-Hopper FP4-weight GEMM of csrc/mm_wgmma.cu over the routed rows grouped by expert. Cheap to
-import: no toolchain, no extension build.
+"""Tactics of the cuda backend's fused_moe (kernels/cuda/moe.py), two families: below
+SMALL_M_BELOW routed rows per expert (decode) the grouped small-M GEMM (moe_small_m_tactics.py);
+from there both grouped GEMMs run the Hopper FP4-weight GEMM of csrc/mm_wgmma.cu over the routed
+rows grouped by expert (this module). Cheap to import: no toolchain, no extension build.
 
-A tactic picks block_m (rows of one expert per block: the grouping's padding unit and the GEMM's
+A wgmma tactic picks block_m (rows of one expert per block: the grouping's padding unit and the GEMM's
 activation tile, the wgmma N), the shared-memory stages of 64 K elements (both GEMMs), and
 ctas_per_sm (2 at block_m 64: two CTAs share an SM). Launches are persistent (one or two CTAs per
 SM over every tile of the upper bound of used blocks; tiles of unused blocks end a CTA's list
@@ -19,6 +20,12 @@ from ...tactics import Tactic, TacticSpace, register_family, valid_unique
 from .._common import MAX_GRID_Z as MAX_QUANTIZE_BATCH, problem_sm_count, smem_reason
 from ..triton.moe_align import max_blocks
 from . import mm_wgmma_tactics as wg
+from . import moe_small_m_tactics as small
+from .moe_small_m_tactics import SmallMMoeTactic
+
+# Routed rows per expert below which the small-M GEMMs run (each routed expert's weights streamed
+# once per tile; the wgmma GEMM's 64-row tiles would be mostly padding).
+SMALL_M_BELOW = 16
 
 BLOCK_MS = (64, 128, 256)
 # Routed rows per expert from which 256- and 128-row blocks win (more activation rows per weight
@@ -65,8 +72,10 @@ def problem_reason(p: MoeProblem) -> Optional[str]:
 
 
 def why_not(t: Tactic, p: MoeProblem) -> Optional[str]:
+    if isinstance(t, SmallMMoeTactic):
+        return small.why_not(t, p)
     if not isinstance(t, WgmmaMoeTactic):
-        return f"{t.family} is not a cuda Hopper fused_moe tactic"
+        return f"{t.family} is not a cuda fused_moe tactic"
     reason = problem_reason(p) or wg.tile_reason(t.block_m, t.stages, t.ctas_per_sm, BLOCK_MS)
     if reason is not None:
         return reason
@@ -82,6 +91,16 @@ def _tactic(p: MoeProblem, block_m: int, ctas: int) -> WgmmaMoeTactic:
 
 
 def default(p: MoeProblem) -> Tactic:
+    """Below SMALL_M_BELOW routed rows per expert the small-M family's heuristic (where it can run),
+    else the wgmma family's."""
+    if p.tokens * p.top_k < SMALL_M_BELOW * p.experts:
+        t = small.default(p)
+        if small.why_not(t, p) is None or problem_reason(p) is not None:
+            return t
+    return wgmma_default(p)
+
+
+def wgmma_default(p: MoeProblem) -> WgmmaMoeTactic:
     """256- or 128-row blocks once the routed rows per expert reach BLOCK_M_FROM (fewer padding
     rows below: 64-row blocks, two CTAs per SM once the tiles outnumber the SMs, as the dense
     heuristic), as many stages as fit."""
@@ -94,10 +113,12 @@ def default(p: MoeProblem) -> Tactic:
 
 
 def candidates(p: MoeProblem) -> list[Tactic]:
-    if problem_reason(p) is not None:
-        return []
-    out = [default(p), _tactic(p, 256, 1), _tactic(p, 128, 1), _tactic(p, 64, 1), _tactic(p, 64, 2)]
-    out += [WgmmaMoeTactic(bm, 4, c) for bm, c in ((256, 1), (128, 1), (64, 1), (64, 2))]
+    out: list[Tactic] = [default(p)]
+    if p.tokens * p.top_k < SMALL_M_BELOW * p.experts:
+        out += small.candidates(p)
+    if problem_reason(p) is None:
+        out += [wgmma_default(p), _tactic(p, 256, 1), _tactic(p, 128, 1), _tactic(p, 64, 1), _tactic(p, 64, 2)]
+        out += [WgmmaMoeTactic(bm, 4, c) for bm, c in ((256, 1), (128, 1), (64, 1), (64, 2))]
     return valid_unique(out, why_not, p)
 
 

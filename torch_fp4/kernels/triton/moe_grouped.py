@@ -113,7 +113,7 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _quantize_intermediate(h: torch.Tensor, a2_gs: torch.Tensor, block_expert: torch.Tensor,
+def quantize_intermediate(h: torch.Tensor, a2_gs: torch.Tensor, block_expert: torch.Tensor,
                            g: GroupedGemm):
     """NVFP4 of FC1's output [rows, I] with a2 [1] (one launch) or a2 [E] (per block of rows)."""
     if a2_gs.numel() == 1:
@@ -151,7 +151,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     h = g.gemm(a, a_sf, w1, w1_scale, alpha1, blocks.block_expert, True)
     h_sf = None
     if a2_global_scale is not None:
-        h, h_sf = _quantize_intermediate(h, a2_global_scale, blocks.block_expert, g)
+        h, h_sf = quantize_intermediate(h, a2_global_scale, blocks.block_expert, g)
     alpha2 = F.nvfp4_alpha(a2_global_scale, w2_global_scale)
     y = g.gemm(h, h_sf, w2, w2_scale, alpha2, blocks.block_expert, False)
     inv = torch.empty(pairs, dtype=torch.int32, device=x.device)
