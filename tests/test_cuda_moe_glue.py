@@ -124,6 +124,14 @@ def emulated_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m):
     return moe_grouped.silu_mul(out) if swiglu else out
 
 
+def check_expert_parallel(same, moe, x, ids, tw, block_m):
+    """Experts 2..5 local, token 0 routed to none of them: its row is zeros."""
+    ie = ids.clone()
+    ie[0] = torch.tensor([0, 6, 1], dtype=torch.int32)
+    out = same(moe, x, ie, tw, None, None, block_m, lo=2, weights=moe.sliced(2, 6), what="EP")
+    assert (out[0] == 0).all()
+
+
 def check_glue_interpreted():
     import torch_fp4
     from tests.test_moe import Moe, _gen, _routing
@@ -155,11 +163,7 @@ def check_glue_interpreted():
         same(moe, x, ids, tw, None, None, bm, what=f"W4A16 block_m {bm}")
     same(moe, x, ids, tw, a1, a2_one, 64, what="W4A4 a2[1]")
     same(moe, x, ids, tw, a1, a2_each, 64, what="W4A4 a2[E]")
-    # expert parallelism: experts 2..5 local, token 0 routed to none of them (zeros)
-    ie = ids.clone()
-    ie[0] = torch.tensor([0, 6, 1], dtype=torch.int32)
-    out = same(moe, x, ie, tw, None, None, 64, lo=2, weights=moe.sliced(2, 6), what="EP")
-    assert (out[0] == 0).all()
+    check_expert_parallel(same, moe, x, ids, tw, 64)
 
 
 @pytest.mark.parametrize("check", ["check_glue_interpreted", "check_small_m_glue_interpreted"])
@@ -241,7 +245,4 @@ def check_small_m_glue_interpreted():
         same(moe, x, ids, tw, a1, torch.tensor([180.0]), 8, what=f"W4A4 a2[1] T={tokens}")
         a2_each = torch.tensor([96.0, 150.0, 200.0, 310.0, 120.0, 260.0, 90.0, 175.0])
         same(moe, x, ids, tw, a1, a2_each, 16, what=f"W4A4 a2[E] T={tokens}")
-    ie = ids.clone()
-    ie[0] = torch.tensor([0, 6, 1], dtype=torch.int32)
-    out = same(moe, x, ie, tw, None, None, 8, lo=2, weights=moe.sliced(2, 6), what="EP")
-    assert (out[0] == 0).all()
+    check_expert_parallel(same, moe, x, ids, tw, 8)

@@ -41,25 +41,14 @@ void launch_cfg(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
                  dim3(1, static_cast<unsigned>(split), 1), stream, pdl, p, a.stages);
 }
 
-// The compiled tile shapes (warps, MMA tiles per warp, block_k): tile_compiled() in
-// mm_small_m.cuh; the tactic space (torch_fp4/kernels/cuda/mm_tactics.py) offers exactly these.
+// The compiled tile shapes (warps, MMA tiles per warp, block_k): tile_compiled() in mm_small_m.cuh;
+// the tactic space (torch_fp4/kernels/cuda/mm_tactics.py) offers exactly these.
 template <int kNB, bool kFp16, bool kMx, bool kPacked>
 bool launch_nb(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
-#define TORCH_FP4_SMALL_M_TILE(W, WR, BK)                                        \
-  if constexpr (tile_compiled(kNB, W, WR, BK)) {                                 \
-    if (a.warps == W && a.tiles_per_warp == WR && a.block_k == BK) {             \
-      launch_cfg<Config<kNB, W, WR, BK, kFp16, kMx, kPacked>>(a, stream, pdl);   \
-      return true;                                                               \
-    }                                                                            \
-  }
-  TORCH_FP4_SMALL_M_TILE(8, 1, 256)
-  TORCH_FP4_SMALL_M_TILE(4, 1, 256)
-  TORCH_FP4_SMALL_M_TILE(4, 2, 256)
-  TORCH_FP4_SMALL_M_TILE(8, 1, 128)
-  TORCH_FP4_SMALL_M_TILE(4, 1, 128)
-  TORCH_FP4_SMALL_M_TILE(4, 2, 128)
-#undef TORCH_FP4_SMALL_M_TILE
-  return false;
+  return with_tile<kNB, kFp16, kMx, kPacked, false>(a, [&](auto cfg) {
+    launch_cfg<decltype(cfg)>(a, stream, pdl);
+    return true;
+  });
 }
 
 template <bool kFp16, bool kMx, bool kPacked>

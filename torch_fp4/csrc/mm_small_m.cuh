@@ -56,6 +56,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "mm_operands.h"
 #include "small_m_ops.cuh"
@@ -146,11 +147,16 @@ struct Params {
   int steps_per_split;     // K stages per split (the last split may have fewer)
   int out_dtype;           // kOutBf16 / kOutF16 / kOutF32
   int w_aligned16;         // weight rows 16-byte aligned (K % 32 == 0), else 8-byte copies
-  // Grouped launches (Cfg::kGrouped, moe_small_m.cu): block b = blockIdx.z holds the grouped rows
-  // [b * kActRows, (b + 1) * kActRows) of expert block_expert[b] (mm_operands.h; < 0: unused, the
-  // cluster leaves at once), valid below expert_end[e]; weights, scales and alpha are expert e's.
-  const int* block_expert;
-  int64_t w_expert, s_expert;  // bytes between experts' weights and scales
+  const int* block_expert; // grouped launches (GroupedParams): expert of each block of rows
+  int64_t w_expert, s_expert;  // bytes between experts' weights and scales (grouped)
+};
+
+// Grouped launches (Cfg::kGrouped, moe_small_m.cu), a type of their own so that the dense
+// kernels' parameters (and code) do not depend on the grouped modes: block b = blockIdx.z holds
+// the grouped rows [b * kActRows, (b + 1) * kActRows) of expert block_expert[b] (mm_operands.h;
+// < 0: unused, the cluster leaves at once), valid below expert_end[e]; weights, scales and alpha
+// are expert e's.
+struct GroupedParams : Params {
   const int* row_index;    // [blocks * kActRows] the pair t * top_k + j of each grouped row
   const int* expert_end;   // [experts] end of each expert's rows
   int top_k;
@@ -160,6 +166,10 @@ struct Params {
   const float* qdq_gs;     // swiglu: NVFP4 intermediates, global scale qdq_gs[e * qdq_gs_stride]
   int qdq_gs_stride;       // (Ctx::nvfp4_qdq), else null
 };
+
+// The parameters of a kernel instantiation.
+template <class Cfg>
+using ParamsOf = typename std::conditional<Cfg::kGrouped, GroupedParams, Params>::type;
 
 // The Params of a launch from its operands, with `steps_per_split` K stages per split;
 // w_aligned16 is left to the caller.
@@ -280,8 +290,9 @@ struct CopyPlan {
 
   // n0: the CTA's first weight row (swiglu: its first output column, gate rows n0 + r and up rows
   // p.n + n0 + r - kBN / 2); row0: its first grouped row (grouped launches).
-  TORCH_FP4_HD CopyPlan(const Params& p, int tid, int n0, int row0) {
-    const bool glu = Cfg::kGrouped && p.swiglu;
+  TORCH_FP4_HD CopyPlan(const ParamsOf<Cfg>& p, int tid, int n0, int row0) {
+    bool glu = false;
+    if constexpr (Cfg::kGrouped) glu = p.swiglu != 0;
     wrow_ok = 0;
     wtile = 0;
     if constexpr (Cfg::kPacked) {  // N % 128 == 0: every row is inside N
@@ -323,7 +334,9 @@ struct CopyPlan {
       const bool ok = a_active && m < p.m;
       arow_ok |= (ok ? 1u : 0u) << j;
       int src = ok ? m : 0;
-      if (Cfg::kGrouped && p.gather && ok) src = p.row_index[row0 + m] / p.top_k;
+      if constexpr (Cfg::kGrouped) {
+        if (p.gather && ok) src = p.row_index[row0 + m] / p.top_k;
+      }
       aoff[j] = opaque(src * p.k + a_k);
     }
     const int within = tid & 127;
@@ -616,10 +629,18 @@ TORCH_FP4_HD float swiglu_of(float gate, float up) {
 // The CTA's work: weight rows (swiglu: output columns) from n0, rows of p (grouped: the block's,
 // from grouped row row0; p's pointers are the block expert's).
 template <class Cfg, class Ctx>
-TORCH_FP4_DEV void small_m_tile(const Params& p, Ctx& ctx, int stages, int row0) {
+TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, int row0) {
   const int tid = ctx.tid();
   const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const bool glu = Cfg::kGrouped && p.swiglu;
+  // The grouped modes (all off in dense launches): SwiGLU over gate and up rows, rows of the
+  // whole block in grouped-row order (not scattered), NVFP4 intermediates.
+  bool glu = false, block_rows = false;
+  float qdq_gs = 0.0f;
+  if constexpr (Cfg::kGrouped) {
+    glu = p.swiglu != 0;
+    block_rows = p.scatter == 0;
+    if (p.qdq_gs != nullptr) qdq_gs = load_alpha(p.qdq_gs);
+  }
   constexpr int kHalf = Cfg::kBN / 2;
   const int n0 = ctx.tile() * (glu ? kHalf : Cfg::kBN);
   char* smem = ctx.smem();
@@ -693,7 +714,6 @@ TORCH_FP4_DEV void small_m_tile(const Params& p, Ctx& ctx, int stages, int row0)
   }
   const bool has_alpha = p.alpha != nullptr;
   const float alpha = has_alpha ? load_alpha(p.alpha) : 1.0f;
-  const float qdq_gs = Cfg::kGrouped && p.qdq_gs != nullptr ? load_alpha(p.qdq_gs) : 0.0f;
   // The sum over the splits of 4 columns at `local`, 2^7 fold undone, times alpha (fp32, exact
   // order: ranks 0, 1, ...).
   auto finish = [&](const float* local) {
@@ -711,7 +731,7 @@ TORCH_FP4_DEV void small_m_tile(const Params& p, Ctx& ctx, int stages, int row0)
   const int per_row = (glu ? kHalf : Cfg::kBN) / 4;
   // Grouped outputs in grouped-row order get every row of the block (rows past p.m are zero: their
   // activations were zero-filled), so no later kernel reads unwritten memory.
-  const int chunks = (Cfg::kGrouped && !p.scatter ? Cfg::kActRows : p.m) * per_row;
+  const int chunks = (block_rows ? Cfg::kActRows : p.m) * per_row;
   for (int c = rank * Cfg::kThreads + tid; c < chunks; c += splits * Cfg::kThreads) {
     const int m = c / per_row, r4 = c % per_row;
     if (n0 + 4 * r4 >= p.n) continue;
@@ -736,7 +756,7 @@ TORCH_FP4_DEV void small_m_tile(const Params& p, Ctx& ctx, int stages, int row0)
 // The kernel body: a dense tile, or (Cfg::kGrouped) the tile of block ctx.block() with its
 // expert's operands.
 template <class Cfg, class Ctx>
-TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
+TORCH_FP4_DEV void small_m_mm(const ParamsOf<Cfg>& p, Ctx& ctx, int stages) {
   ctx.pdl_wait();  // before any global-memory access
   if constexpr (Cfg::kGrouped) {
     const int b = ctx.block();
@@ -744,7 +764,7 @@ TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
     if (e < 0) return;  // an unused block: the whole cluster (same b) leaves before any barrier
     const int row0 = b * Cfg::kActRows;
     const int used = p.expert_end[e] - row0;
-    Params q = p;
+    GroupedParams q = p;
     q.m = used < Cfg::kActRows ? used : Cfg::kActRows;
     q.w = p.w + e * p.w_expert;
     q.w_scale = p.w_scale + e * p.s_expert;
@@ -781,6 +801,28 @@ inline SmallMMmArgs small_m_args(const MmOperands& ops, int warps, int tiles_per
   return a;
 }
 
+namespace small_m {
+
+// f(Cfg{}) for the compiled tile (tile_compiled) that the tactic of `a` names, else false: the
+// one list of tile shapes the launchers of mm_small_m.cu and moe_small_m.cu dispatch over.
+template <int kNB, bool kFp16, bool kMx, bool kPacked, bool kGrouped, class F>
+bool with_tile(const SmallMMmArgs& a, F&& f) {
+#define TORCH_FP4_SMALL_M_TILE(W, WR, BK)                                       \
+  if constexpr (tile_compiled(kNB, W, WR, BK)) {                                \
+    if (a.warps == W && a.tiles_per_warp == WR && a.block_k == BK)              \
+      return f(Config<kNB, W, WR, BK, kFp16, kMx, kPacked, kGrouped>{});        \
+  }
+  TORCH_FP4_SMALL_M_TILE(8, 1, 256)
+  TORCH_FP4_SMALL_M_TILE(4, 1, 256)
+  TORCH_FP4_SMALL_M_TILE(4, 2, 256)
+  TORCH_FP4_SMALL_M_TILE(8, 1, 128)
+  TORCH_FP4_SMALL_M_TILE(4, 1, 128)
+  TORCH_FP4_SMALL_M_TILE(4, 2, 128)
+#undef TORCH_FP4_SMALL_M_TILE
+  return false;
+}
+
+}  // namespace small_m
 }  // namespace torch_fp4
 
 #if !defined(TORCH_FP4_MM_EMULATION)

@@ -36,7 +36,8 @@ constexpr int kMaxDevices = 64;
 constexpr int64_t kMaxBlocks = 65535;   // grid z
 
 template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) small_m_moe_kernel(const Params p, int stages) {
+__global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) small_m_moe_kernel(const GroupedParams p,
+                                                                                     int stages) {
   extern __shared__ __align__(16) char smem[];
   DeviceCtx ctx{smem};
   small_m_mm<Cfg>(p, ctx, stages);
@@ -48,7 +49,8 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   if (a.swiglu && a.out_dtype != kOutBf16) return false;
   const int steps = static_cast<int>((a.k + Cfg::kBK - 1) / Cfg::kBK);
   const int split = std::max(1, std::min(a.split_k, std::max(steps, 1)));
-  Params p = operand_params(a, (steps + split - 1) / split);
+  GroupedParams p{};
+  static_cast<Params&>(p) = operand_params(a, (steps + split - 1) / split);
   p.w_aligned16 = (a.k % 32 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && a.w_expert % 16 == 0) ? 1 : 0;
   p.row_index = a.row_index;
   p.expert_end = a.expert_end;
@@ -70,23 +72,10 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   return true;
 }
 
-// The tile shapes of mm_small_m.cu (tile_compiled), grouped.
+// The tile shapes of mm_small_m.cu (with_tile), grouped.
 template <int kNB, bool kFp16, bool kMx>
 bool launch_nb(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
-#define TORCH_FP4_SMALL_M_MOE_TILE(W, WR, BK)                                  \
-  if constexpr (tile_compiled(kNB, W, WR, BK)) {                               \
-    if (a.warps == W && a.tiles_per_warp == WR && a.block_k == BK) {           \
-      return launch_cfg<Config<kNB, W, WR, BK, kFp16, kMx, false, true>>(a, stream, pdl); \
-    }                                                                          \
-  }
-  TORCH_FP4_SMALL_M_MOE_TILE(8, 1, 256)
-  TORCH_FP4_SMALL_M_MOE_TILE(4, 1, 256)
-  TORCH_FP4_SMALL_M_MOE_TILE(4, 2, 256)
-  TORCH_FP4_SMALL_M_MOE_TILE(8, 1, 128)
-  TORCH_FP4_SMALL_M_MOE_TILE(4, 1, 128)
-  TORCH_FP4_SMALL_M_MOE_TILE(4, 2, 128)
-#undef TORCH_FP4_SMALL_M_MOE_TILE
-  return false;
+  return with_tile<kNB, kFp16, kMx, false, true>(a, [&](auto cfg) { return launch_cfg<decltype(cfg)>(a, stream, pdl); });
 }
 
 template <bool kFp16, bool kMx>
