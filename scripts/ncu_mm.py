@@ -1,6 +1,7 @@
 """One mm_fp4 call (W4A16, NVFP4, heuristic tactic) for profiling: `ncu -k regex:_mm_kernel
-python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K[,PERSISTENT]] [sm90]`
-(wgmma: the Hopper GEMM for any M > 16; with values: that tactic; sm90: weights prepacked)."""
+python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K[,PERSISTENT]] [sm90] [w4a4]`
+(wgmma: the Hopper GEMM for any M > 16; with values: that tactic; sm90: weights prepacked; w4a4:
+the activations quantized to NVFP4 beforehand, so only the GEMM runs)."""
 import contextlib
 import sys
 
@@ -24,7 +25,9 @@ for arg in sys.argv[4:]:
 dev = torch.device("cuda")
 p = Problem(m, n, k, nvfp4_weight(n, k, dev), dev)
 packed = torch_fp4.prepack_weight(p.w_data) if "sm90" in sys.argv[4:] else None
+w = p.w_data if packed is None else packed
+q, s = torch_fp4.nvfp4_quantize(p.a, p.gs_a) if "w4a4" in sys.argv[4:] else (p.a, None)
 with forced:
     for _ in range(2):
-        p.w4a16() if packed is None else p.w4a16_sm90(packed)
+        torch_fp4.mm_fp4(q, w.T, s, p.w_scale.T, p.alpha, weight_layout="row" if packed is None else "sm90")
 torch.cuda.synchronize()

@@ -124,6 +124,14 @@ def emulated_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m):
     return moe_grouped.silu_mul(out) if swiglu else out
 
 
+def reference_exact_values(x, gs):
+    """The contract of quantize.nvfp4_exact_values: nvfp4_quantize(x, gs) dequantized without gs."""
+    from torch_fp4 import formats as F
+    from torch_fp4.reference.quantize import dequantize_fp32, nvfp4_quantize
+    q, s = nvfp4_quantize(x, gs, F.SfLayout.LINEAR)
+    return dequantize_fp32(q, s, None, F.NVFP4, F.SfLayout.LINEAR).to(BF16)
+
+
 def check_expert_parallel(same, moe, x, ids, tw, block_m):
     """Experts 2..5 local, token 0 routed to none of them: its row is zeros."""
     ie = ids.clone()
@@ -144,13 +152,16 @@ def check_glue_interpreted():
 
     def same(moe, x, ids, tw, a1, a2, block_m, lo=0, weights=None, what=""):
         weights = weights if weights is not None else moe.weights()
-        g = MG.GroupedGemm(gemm=lambda *args: emulated_gemm(*args, block_m), block_m=block_m,
-                           quantize=nvfp4_quantize, sf_layout=F.SfLayout.LINEAR)
-        got = MG.fused_moe(x, *weights, ids, tw, a1, a2, lo, BF16, lo == 0, g)
         want = reference.fused_moe(x, *weights, ids, tw, a1, a2, lo, BF16, lo == 0)
-        d = (got.float() - want.float()).abs()
-        assert torch.equal(got, want), f"{what}: {int((d > 0).sum())} of {d.numel()} differ, max {d.max()}"
         assert want.abs().max() > 0.01, f"{what}: no signal"
+        # W4A4 as codes and scales (the cute-dsl backend) and as exact 16-bit values (cuda)
+        for exact in (None, reference_exact_values) if a1 is not None else (None,):
+            g = MG.GroupedGemm(gemm=lambda *args: emulated_gemm(*args, block_m), block_m=block_m,
+                               quantize=nvfp4_quantize, sf_layout=F.SfLayout.LINEAR, exact=exact)
+            got = MG.fused_moe(x, *weights, ids, tw, a1, a2, lo, BF16, lo == 0, g)
+            d = (got.float() - want.float()).abs()
+            assert torch.equal(got, want), \
+                f"{what} exact={exact is not None}: {int((d > 0).sum())} of {d.numel()} differ, max {d.max()}"
         return got
 
     moe = Moe(e=8, h=64, inter=128, seed=1)
@@ -215,16 +226,13 @@ def emulated_small_m_gemm(a, w, w_scale, alpha, out, blocks, top_k, split, fc1, 
 def check_small_m_glue_interpreted():
     import torch_fp4
     from tests.test_moe import Moe, _gen, _routing
-    from torch_fp4 import formats as F
     from torch_fp4 import reference
     from torch_fp4.kernels import _common
     from torch_fp4.kernels.cuda import moe as CM
     from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
-    from torch_fp4.reference.quantize import dequantize_fp32, nvfp4_quantize
     _common.POISON_OUTPUTS = True
     CM._small_m_gemm = emulated_small_m_gemm
-    CM.nvfp4_quantize = nvfp4_quantize
-    CM._exact_bf16 = lambda d, s: dequantize_fp32(d, s, None, F.NVFP4, F.SfLayout.LINEAR).to(BF16)
+    CM.nvfp4_exact_values = reference_exact_values
 
     def same(moe, x, ids, tw, a1, a2, block_m, lo=0, weights=None, what=""):
         weights = weights if weights is not None else moe.weights()

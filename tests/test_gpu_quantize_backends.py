@@ -90,6 +90,21 @@ def test_nvfp4_quantize_bitexact(backend, layout, shape):
     _assert_same(t4.nvfp4_quantize(x, gs, layout, backend=backend), want, f"{backend} nvfp4 {layout}")
 
 
+@pytest.mark.parametrize("dtype", IN_DTYPES[:3], ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_cuda_nvfp4_exact_values_are_quantize_then_dequantize(shape, dtype):
+    """The cuda backend's one-launch exact values (fused_moe's W4A4 activations) are the reference's
+    nvfp4_quantize followed by fp4_dequantize without the global scale, bit for bit (NaN, Inf,
+    subnormal and saturating blocks included), 2-D and batched with a scale per entry."""
+    from torch_fp4.kernels.cuda.quantize import nvfp4_exact_values
+    x = edge_input(shape, dtype, seed=7 * shape[-1] + len(shape))
+    gs = torch.rand(shape[0] if len(shape) == 3 else 1, device="cuda") * 1000 + 0.5
+    _need("nvfp4_quantize", "cuda", x, gs, t4.SfLayout.LINEAR)
+    q, s = t4.nvfp4_quantize(x, gs, "linear", backend="reference")
+    want = t4.fp4_dequantize(q, s, None, sf_layout="linear", out_dtype=torch.bfloat16, backend="reference")
+    _assert_same((nvfp4_exact_values(x, gs),), (want,), f"exact values {dtype}")
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))

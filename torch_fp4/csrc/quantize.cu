@@ -5,6 +5,11 @@
 // scale byte; every other thread loads its whole block (16-byte loads), computes the block scale,
 // encodes the block's elements and writes its packed bytes and its scale byte. Every output byte
 // is written by exactly one thread.
+//
+// The exact-values mode (NVFP4, kExact): the same quantization, but each thread writes its block's
+// dequantized values without the global scale, code * e4m3 block scale (exact in bf16), as bf16
+// [batch, rows, k] instead of codes and scales: nvfp4_quantize then fp4_dequantize without a
+// global scale in one launch, for GEMMs that take 16-bit activations (fused_moe's W4A4).
 #include <algorithm>
 #include <cstdint>
 
@@ -33,6 +38,7 @@ struct QuantizeParams {
   uint32_t entries;  // rows_padded * kb_padded
   FastDivmod by_kb_padded;
   int layout;
+  uint16_t* exact;   // kExact: bf16 [batch, rows, k] (data and scale unused)
 };
 
 template <int kWords>
@@ -45,7 +51,26 @@ __device__ __forceinline__ void store_words(uint8_t* p, const uint32_t* w) {
   }
 }
 
-template <int kDType, bool kNvfp4, bool kVec>
+// kExact: the block's values code * scale as bf16, 32 bytes (NVFP4 only).
+__device__ __forceinline__ void store_exact_values(uint16_t* dst, const uint32_t* codes, uint32_t scale_byte) {
+  const float sf64 = __fmul_rn(e4m3_to_float(scale_byte), 64.0f);   // exact: |sf| <= 448
+  uint32_t packed[8];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    float v[8];
+    e2m1_decode8_scaled(codes[j], v);                                 // +-LUT * 2^-6, exact
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(v[2 * i], sf64), __fmul_rn(v[2 * i + 1], sf64));
+      packed[4 * j + i] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+  }
+  uint4* out = reinterpret_cast<uint4*>(dst);
+  out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+}
+
+template <int kDType, bool kNvfp4, bool kVec, bool kExact = false>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams p) {
   constexpr int kBlock = kNvfp4 ? 16 : 32;
   constexpr int kElemBytes = SourceType<kDType>::kBytes;
@@ -63,7 +88,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
   for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
     uint8_t* scale = p.scale + b * static_cast<int64_t>(p.entries) + scale_in_matrix;
     if (!in_data) {
-      *scale = 0;
+      if constexpr (!kExact) *scale = 0;
       continue;
     }
     const int64_t block = (b * p.rows + m) * static_cast<int64_t>(p.k_blocks) + kb;
@@ -109,12 +134,17 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
         out[j] = e2m1_encode8_nan_safe(v);
       }
     }
-    store_words<kOutWords>(p.data + block * (kBlock / 2), out);
-    *scale = static_cast<uint8_t>(bs.byte);
+    if constexpr (kExact) {
+      static_assert(kNvfp4, "exact values are an NVFP4 mode");
+      store_exact_values(p.exact + block * kBlock, out, bs.byte);
+    } else {
+      store_words<kOutWords>(p.data + block * (kBlock / 2), out);
+      *scale = static_cast<uint8_t>(bs.byte);
+    }
   }
 }
 
-template <bool kNvfp4>
+template <bool kNvfp4, bool kExact = false>
 void launch_quantize(const QuantizeArgs& a, cudaStream_t stream, bool pdl) {
   const int block = kNvfp4 ? 16 : 32;
   const int64_t entries = a.rows_padded * a.kb_padded;
@@ -133,17 +163,18 @@ void launch_quantize(const QuantizeArgs& a, cudaStream_t stream, bool pdl) {
   p.entries = static_cast<uint32_t>(entries);
   p.by_kb_padded = FastDivmod(p.kb_padded);
   p.layout = a.layout;
+  p.exact = kExact ? static_cast<uint16_t*>(a.exact) : nullptr;
 
   const dim3 grid(static_cast<unsigned>((entries + kThreads - 1) / kThreads),
                   static_cast<unsigned>(std::min<int64_t>(a.batch, 65535)));
   const bool vec = reinterpret_cast<uintptr_t>(a.x) % 16 == 0;
 
-#define TORCH_FP4_LAUNCH(DT)                                                             \
-  do {                                                                                   \
-    if (vec)                                                                             \
-      launch_kernel(quantize_kernel<DT, kNvfp4, true>, grid, kThreads, stream, pdl, p);  \
-    else                                                                                 \
-      launch_kernel(quantize_kernel<DT, kNvfp4, false>, grid, kThreads, stream, pdl, p); \
+#define TORCH_FP4_LAUNCH(DT)                                                                     \
+  do {                                                                                           \
+    if (vec)                                                                                     \
+      launch_kernel(quantize_kernel<DT, kNvfp4, true, kExact>, grid, kThreads, stream, pdl, p);  \
+    else                                                                                         \
+      launch_kernel(quantize_kernel<DT, kNvfp4, false, kExact>, grid, kThreads, stream, pdl, p); \
   } while (0)
 
   switch (a.in_dtype) {
@@ -164,6 +195,10 @@ void launch_nvfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool p
 
 void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool pdl) {
   launch_quantize<false>(args, stream, pdl);
+}
+
+void launch_nvfp4_exact_values(const QuantizeArgs& args, cudaStream_t stream, bool pdl) {
+  launch_quantize<true, true>(args, stream, pdl);
 }
 
 }  // namespace torch_fp4
@@ -209,6 +244,17 @@ TORCH_FP4_CAPI int torch_fp4_nvfp4_quantize(int device, void* stream, int pdl, c
   return quantize_entry(torch_fp4::launch_nvfp4_quantize, device, stream, pdl,
                         quantize_args(x, gs, gs_stride, data, scale, batch, rows, k, rows_padded, kb_padded, layout,
                                       in_dtype));
+}
+
+// x [batch, rows, k] -> exact [batch, rows, k] bf16: the values of its NVFP4 quantization with gs
+// (element b * gs_stride for batch entry b), dequantized without gs.
+TORCH_FP4_CAPI int torch_fp4_nvfp4_exact_values(int device, void* stream, int pdl, const void* x, const float* gs,
+                                                int64_t gs_stride, void* exact, int64_t batch, int64_t rows,
+                                                int64_t k, int in_dtype) {
+  torch_fp4::QuantizeArgs a =
+      quantize_args(x, gs, gs_stride, nullptr, nullptr, batch, rows, k, rows, k / 16, torch_fp4::kLayoutLinear, in_dtype);
+  a.exact = exact;
+  return quantize_entry(torch_fp4::launch_nvfp4_exact_values, device, stream, pdl, a);
 }
 
 TORCH_FP4_CAPI int torch_fp4_mxfp4_quantize(int device, void* stream, int pdl, const void* x, const float* gs,

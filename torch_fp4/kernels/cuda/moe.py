@@ -7,7 +7,8 @@ block_m rows; FC1 reads each block's activation rows straight from x through the
 its expert's gate and up rows of 64 (or 32) columns per CTA and writes RN_bf16(silu(gate) * up)
 (gate and up each RN_bf16(alpha1[e] * acc), the bf16 h of the spec); FC2 writes each row to its
 pair's row of y [T k, H]; the Triton finalize sums y in slot order. Four launches, none reading
-anything back. W4A4 quantizes x and dequantizes it exactly first (as below), and FC1's epilogue
+anything back. W4A4 replaces x by the exact values of its quantization (quantize.nvfp4_exact_values:
+one launch), and FC1's epilogue
 quantizes its output with a2_global_scale and writes the exact dequantized values (16 columns of
 a row are four lanes' chunks: one shuffle pair gives the block amax), the global scales entering
 through the alphas.
@@ -20,9 +21,10 @@ scaled by its expert's alpha in the epilogue; blocks past the used rows cost not
 
 FC1 writes h = RN_bf16(alpha1[e] * acc) [rows, 2I] and moe_grouped.silu_mul forms
 RN_bf16(silu(gate) * up). W4A16 feeds x's rows (bf16/fp16) to FC1 and the bf16 intermediate to
-FC2 as they are. W4A4 quantizes both with the cuda quantize kernel (linear scale layout) and
-dequantizes them without their global scales (exact: every NVFP4 value times its e4m3 block
-scale is a bf16 value), the global scales entering through the alphas, as mm_fp4's W4A4 does.
+FC2 as they are. W4A4 replaces both by the exact values of their NVFP4 quantization without the
+global scales (quantize.nvfp4_exact_values: quantize and dequantize in one launch; every NVFP4
+value times its e4m3 block scale is a bf16 value), the global scales entering through the
+alphas, as mm_fp4's W4A4 does.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from ..triton.moe_numerics import interpreting
 from .build import mm_variant
 from .moe_tactics import MOE_SPACE, SmallMMoeTactic, WgmmaMoeTactic
 from .native import DTYPE_CODES, library, raw_stream
-from .quantize import dequantize_into, nvfp4_quantize
+from .quantize import nvfp4_exact_values, nvfp4_quantize
 
 LAYOUT = F.SfLayout.LINEAR   # the quantized activations' scales: never read by another backend
 
@@ -52,9 +54,8 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
                   tactic: WgmmaMoeTactic) -> torch.Tensor:
     rows, k = a.shape[0], w.shape[2] * 2
     experts, n = w.shape[0], w.shape[1]
-    if a_scale is not None:   # NVFP4 activations: exact bf16 values, the global scale in alpha
-        a = dequantize_into(torch.empty((rows, k), dtype=torch.bfloat16, device=a.device), a, a_scale, None,
-                            F.NVFP4, LAYOUT)
+    if a_scale is not None:   # W4A4 arrives as exact 16-bit values (GroupedGemm.exact)
+        raise RuntimeError("torch_fp4 internal: the cuda grouped GEMM takes 16-bit activations only")
     out = torch.empty((rows, n), dtype=torch.bfloat16, device=a.device)
     if rows:
         i = a.get_device()
@@ -70,12 +71,6 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
         if status:
             lib.check(status, f"fused_moe grouped GEMM (rows={rows}, N={n}, K={k}, E={experts}) with {tactic}")
     return moe_grouped.silu_mul(out) if swiglu else out
-
-
-def _exact_bf16(data: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """NVFP4 data [..., k/2] with LINEAR scales -> the bf16 values code * block scale (exact)."""
-    out = torch.empty((*data.shape[:-1], data.shape[-1] * 2), dtype=torch.bfloat16, device=data.device)
-    return dequantize_into(out, data, scale, None, F.NVFP4, LAYOUT)
 
 
 def _small_m_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor,
@@ -113,7 +108,7 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
     blocks = align(ids, experts, local_expert_offset, t.block_m)
     a = x.contiguous()
     if a1_global_scale is not None:   # exact bf16 values of x~, the global scale in alpha1
-        a = _exact_bf16(*nvfp4_quantize(a, a1_global_scale, LAYOUT))
+        a = nvfp4_exact_values(a, a1_global_scale)
     elif a.data_ptr() % 16:
         a = a.clone()
     h = torch.empty((blocks.rows, inter), dtype=torch.bfloat16, device=x.device)
@@ -141,7 +136,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
 
     def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu):
         return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=t)
-    g = moe_grouped.GroupedGemm(gemm=gemm, block_m=t.block_m, quantize=nvfp4_quantize, sf_layout=LAYOUT)
+    g = moe_grouped.GroupedGemm(gemm=gemm, block_m=t.block_m, quantize=nvfp4_quantize, sf_layout=LAYOUT,
+                                exact=nvfp4_exact_values)
     return moe_grouped.fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype,
                                  strict_ids, g)

@@ -55,6 +55,23 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor,
     return _quantize("nvfp4_quantize", x, global_scale, F.NVFP4, sf_layout)
 
 
+def nvfp4_exact_values(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
+    """bf16 [..., rows, k]: the values of nvfp4_quantize(x, global_scale) dequantized without the
+    global scale (code * e4m3 block scale, exact in bf16), in one launch: what fp4_dequantize(
+    *nvfp4_quantize(x, gs), None) returns, bit for bit. x is contiguous [rows, k] or [batch, rows,
+    k] (global_scale [1] or [batch]), k a multiple of 16."""
+    out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
+    if x.numel() == 0:
+        return out
+    i = x.get_device()
+    lib = library(i, "core")
+    gs, gs_stride = _gs(global_scale)
+    lib.check(lib.nvfp4_exact_values(i, raw_stream(i), use_pdl(x.device), x.data_ptr(), gs, gs_stride, out.data_ptr(),
+                                     x.shape[0] if x.dim() == 3 else 1, x.shape[-2], x.shape[-1], DTYPE_CODES[x.dtype]),
+              "nvfp4_exact_values")
+    return out
+
+
 def mxfp4_quantize(x: torch.Tensor, sf_layout: F.SfLayout) -> tuple[torch.Tensor, torch.Tensor]:
     return _quantize("mxfp4_quantize", x, None, F.MXFP4, sf_layout)
 

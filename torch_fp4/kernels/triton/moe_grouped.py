@@ -12,12 +12,13 @@ construction: every buffer is sized from upper bounds of the shapes):
    token's row, are never read back, and stay confined to their own rows (every GEMM and
    quantization here is row-wise).
 3. W4A4: A quantized with a1_global_scale (the backend's quantize, in its scale layout): the
-   rows of nvfp4_quantize(x) in sorted order, i.e. the reference's x~ (quantization is row-wise).
+   rows of nvfp4_quantize(x) in sorted order, i.e. the reference's x~ (quantization is row-wise);
+   with `GroupedGemm.exact`, their exact values without the global scale (one launch) instead.
 4. FC1 = gemm(A, w1, alpha1, swiglu=True): bf16 [rows, I] = RN_bf16(silu(gate) * up) from
    h = RN_bf16(alpha1[e] * acc), alpha1 = formats.nvfp4_alpha(a1_gs or None, w1_gs) [E] formed
    on the device.
-5. W4A4: the intermediate quantized with a2_global_scale: a [1] scale quantizes [rows, I] in one
-   go; a per-expert [E] scale quantizes per block, [rows, I] viewed as [blocks, block_m, I] (one
+5. W4A4: the intermediate quantized with a2_global_scale (or its exact values, as in 3): a [1]
+   scale quantizes [rows, I] in one go; a per-expert [E] scale quantizes per block, [rows, I] viewed as [blocks, block_m, I] (one
    global scale per batch entry: a2[max(block_expert, 0)]).
 6. FC2 = gemm(A2, w2, alpha2, swiglu=False): bf16 [rows, H] in sorted order.
 7. _inverse_kernel: inv[sorted_pairs[r]] = r for every row r holding a pair (r < expert_end of its
@@ -62,11 +63,21 @@ class GroupedGemm:
     in `sf_layout`; rows are blocks of `block_m` rows, block b multiplying expert block_expert[b]
     (-1: an unused block, whose rows may hold anything).
     quantize(x, gs, sf_layout) -> (data, scale): NVFP4 with a [1] or per-batch-entry global scale.
+    exact(x, gs) -> bf16 (optional): the values of quantize(x, gs) dequantized without gs (exact
+    in bf16) in one launch; given, W4A4 feeds these to gemm as 16-bit activations (a_scale None;
+    the global scales stay in the alphas) instead of the codes and scales.
     """
     gemm: Callable[..., torch.Tensor]
     block_m: int
     quantize: Callable[..., tuple[torch.Tensor, torch.Tensor]]
     sf_layout: F.SfLayout = F.SfLayout.LAYOUT_128x4
+    exact: Optional[Callable[..., torch.Tensor]] = None
+
+    def quantized(self, x: torch.Tensor, gs: torch.Tensor):
+        """x quantized with gs for gemm: (codes, scales), or (exact values, None) with `exact`."""
+        if self.exact is not None:
+            return self.exact(x, gs), None
+        return self.quantize(x, gs, self.sf_layout)
 
 
 @triton.jit(do_not_specialize=["n_rows"])
@@ -117,10 +128,12 @@ def quantize_intermediate(h: torch.Tensor, a2_gs: torch.Tensor, block_expert: to
                            g: GroupedGemm):
     """NVFP4 of FC1's output [rows, I] with a2 [1] (one launch) or a2 [E] (per block of rows)."""
     if a2_gs.numel() == 1:
-        return g.quantize(h, a2_gs, g.sf_layout)
+        return g.quantized(h, a2_gs)
     rows, inter = h.shape
     per_block = a2_gs.index_select(0, block_expert.clamp(min=0))
-    data, scale = g.quantize(h.view(rows // g.block_m, g.block_m, inter), per_block, g.sf_layout)
+    data, scale = g.quantized(h.view(rows // g.block_m, g.block_m, inter), per_block)
+    if scale is None:
+        return data.reshape(rows, inter), None
     return data.reshape(rows, inter // 2), scale.reshape(rows, scale.shape[-1])
 
 
@@ -146,7 +159,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     a = x.index_select(0, src)
     a_sf = None
     if a1_global_scale is not None:
-        a, a_sf = g.quantize(a, a1_global_scale, g.sf_layout)
+        a, a_sf = g.quantized(a, a1_global_scale)
     alpha1 = F.nvfp4_alpha(a1_global_scale, w1_global_scale)
     h = g.gemm(a, a_sf, w1, w1_scale, alpha1, blocks.block_expert, True)
     h_sf = None
