@@ -191,17 +191,18 @@ def test_glue_under_interpreter(check):
 # ---------------------------------------------------------------------------------------------
 # The decode launcher (grouped small-M GEMMs) around its GEMM contract, under the interpreter
 # ---------------------------------------------------------------------------------------------
-def emulated_small_m_gemm(a, w, w_scale, alpha, out, blocks, top_k, split, fc1, t, qdq_gs=None):
+def emulated_small_m_gemm(a, w, w_scale, w_gs, a_gs, out, blocks, top_k, split, fc1, t, qdq_gs=None):
     """The contract of moe._small_m_gemm (csrc/moe_small_m.cu): per block b of block_m rows with
     e = block_expert[b] >= 0 and rows r < expert_end[e]: FC1 takes x's row sorted_pairs[r] // top_k
     and writes RN_bf16(silu(gate) * up) of h = RN_bf16(RN_fp32(alpha[e] * exact sum)) to row r
     (rows of the block past expert_end: zero); FC2 writes RN_bf16(alpha[e] * sum) to row
-    sorted_pairs[r]. qdq_gs (FC1): the rows quantized to NVFP4 with qdq_gs[e] (or [0]) and
-    dequantized without it."""
+    sorted_pairs[r]. alpha = formats.nvfp4_alpha(a_gs, w_gs) per expert. qdq_gs (FC1): the rows
+    quantized to NVFP4 with qdq_gs[e] (or [0]) and dequantized without it."""
     from torch_fp4 import formats as F
     from torch_fp4.reference.moe import silu_mul
     from torch_fp4.reference.quantize import dequantize_fp32, nvfp4_quantize
     bm = t.block_m
+    alpha = F.nvfp4_alpha(a_gs, w_gs)
     pairs = blocks.sorted_pairs.tolist()
     ends = blocks.expert_end.tolist()
     for b, e in enumerate(blocks.block_expert.tolist()):

@@ -182,13 +182,13 @@ def test_small_m_fc1_swiglu_bits_over_a_range_of_gates(qdq):
     codes = torch.randint(0, 3, (experts, 2 * inter, hidden), generator=g).to(torch.uint8)
     codes |= torch.randint(0, 2, codes.shape, generator=g).to(torch.uint8) << 3
     w1, w1_s = _pack(codes, torch.ones(experts, 2 * inter, hidden // 16))
-    alpha = torch.ones(experts, device=DEV)
+    w_gs = torch.ones(experts, device=DEV)   # alpha 1
     gs = torch.tensor([37.5], device=DEV) if qdq else None
     ids, tw = random_routing(tokens, experts, top_k, seed=8)
     for t in (SmallMMoeTactic(8, 8, 1, 256, 4), SmallMMoeTactic(8, 4, 2, 128, 3, 2, 1)):
         blocks = align(ids, experts, 0, t.block_m)
         h = torch.full((blocks.rows, inter), float("nan"), dtype=BF16, device=DEV)
-        CM._small_m_gemm(x, w1, w1_s, alpha, h, blocks, top_k, t.fc1_split, True, t, qdq_gs=gs)
+        CM._small_m_gemm(x, w1, w1_s, w_gs, None, h, blocks, top_k, t.fc1_split, True, t, qdq_gs=gs)
         pairs, ends = blocks.sorted_pairs.tolist(), blocks.expert_end.tolist()
         gates = []
         for b, e in enumerate(blocks.block_expert.tolist()):

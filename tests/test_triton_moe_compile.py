@@ -201,6 +201,13 @@ def test_align_kernels_compile_without_atomics():
                  dict(C=MA.CHUNK, ES=MA.EXPERT_SLICE, BM=16, BLOCK_E=512, CH=8, NB=8, Z=MA.ZERO_STEP,
                       USE_GDC=False),
                  set()).asm["ptx"],
+        _compile(MA._align_small_kernel,   # the decode shape: a 16-pair chunk, 256 experts per step
+                 dict(ids_ptr="*i32", P="i32", lo="i32", E="i32", chunk_counts_ptr="*i32",
+                      base_ptr="*i32", counts_ptr="*i32", start_ptr="*i32", end_ptr="*i32",
+                      block_expert_ptr="*i32", n_blocks="i32", sorted_ptr="*i32", zero_ptr="*i32",
+                      n_zero="i32"),
+                 dict(C=16, ES=256, BM=8, BLOCK_E=256, CH=1, NB=16, Z=MA.ZERO_STEP, USE_GDC=False),
+                 set()).asm["ptx"],
     ]
     for ptx in ptxs:
         assert ".entry" in ptx and "atom." not in ptx

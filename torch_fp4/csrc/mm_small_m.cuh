@@ -154,8 +154,10 @@ struct Params {
 // Grouped launches (Cfg::kGrouped, moe_small_m.cu), a type of their own so that the dense
 // kernels' parameters (and code) do not depend on the grouped modes: block b = blockIdx.z holds
 // the grouped rows [b * kActRows, (b + 1) * kActRows) of expert block_expert[b] (mm_operands.h;
-// < 0: unused, the cluster leaves at once), valid below expert_end[e]; weights, scales and alpha
-// are expert e's.
+// < 0: unused, the cluster leaves at once), valid below expert_end[e]; weights and scales are
+// expert e's, and its alpha is formed here from the global scales, RN(1 / RN(a_gs * w_gs[e]))
+// (RN(1 / w_gs[e]) without a_gs; formats.nvfp4_alpha), so that no launch computes the alphas
+// (Params::alpha is unused).
 struct GroupedParams : Params {
   const int* row_index;    // [blocks * kActRows] the pair t * top_k + j of each grouped row
   const int* expert_end;   // [experts] end of each expert's rows
@@ -165,6 +167,9 @@ struct GroupedParams : Params {
   int scatter;             // out row of grouped row r: row_index[r] (pair order), else r
   const float* qdq_gs;     // swiglu: NVFP4 intermediates, global scale qdq_gs[e * qdq_gs_stride]
   int qdq_gs_stride;       // (Ctx::nvfp4_qdq), else null
+  const float* w_gs;       // [experts] the weights' global scales
+  const float* a_gs;       // the activations' global scale a_gs[e * a_gs_stride] (W4A4), or null
+  int a_gs_stride;
 };
 
 // The parameters of a kernel instantiation.
@@ -712,8 +717,13 @@ TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, in
   } else {
     ctx.sync();
   }
-  const bool has_alpha = p.alpha != nullptr;
-  const float alpha = has_alpha ? load_alpha(p.alpha) : 1.0f;
+  bool has_alpha = p.alpha != nullptr;
+  float alpha = has_alpha ? load_alpha(p.alpha) : 1.0f;
+  if constexpr (Cfg::kGrouped) {  // the block's expert's alpha from the global scales
+    const float w = load_alpha(p.w_gs);
+    has_alpha = true;
+    alpha = div_rn(1.0f, p.a_gs != nullptr ? mul_rn(load_alpha(p.a_gs), w) : w);
+  }
   // The sum over the splits of 4 columns at `local`, 2^7 fold undone, times alpha (fp32, exact
   // order: ranks 0, 1, ...).
   auto finish = [&](const float* local) {
@@ -768,7 +778,8 @@ TORCH_FP4_DEV void small_m_mm(const ParamsOf<Cfg>& p, Ctx& ctx, int stages) {
     q.m = used < Cfg::kActRows ? used : Cfg::kActRows;
     q.w = p.w + e * p.w_expert;
     q.w_scale = p.w_scale + e * p.s_expert;
-    if (p.alpha != nullptr) q.alpha = p.alpha + e;
+    q.w_gs = p.w_gs + e;
+    if (p.a_gs != nullptr) q.a_gs = p.a_gs + e * p.a_gs_stride;
     if (p.qdq_gs != nullptr) q.qdq_gs = p.qdq_gs + e * p.qdq_gs_stride;
     if (!p.gather) q.act = p.act + static_cast<int64_t>(row0) * p.k;
     small_m_tile<Cfg>(q, ctx, stages, row0);

@@ -28,6 +28,9 @@ struct SmallMMoeArgs : SmallMMmArgs {
   int top_k, gather, swiglu, scatter;
   const float* qdq_gs;
   int qdq_gs_stride;
+  const float* w_gs;
+  const float* a_gs;
+  int a_gs_stride;
 };
 
 namespace small_m {
@@ -60,6 +63,10 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   p.scatter = a.scatter;
   p.qdq_gs = a.swiglu ? a.qdq_gs : nullptr;
   p.qdq_gs_stride = a.qdq_gs_stride;
+  p.alpha = nullptr;
+  p.w_gs = a.w_gs;
+  p.a_gs = a.a_gs;
+  p.a_gs_stride = a.a_gs_stride;
 
   const int smem = smem_bytes<Cfg>(a.stages);
   auto kernel = small_m_moe_kernel<Cfg>;
@@ -105,6 +112,7 @@ bool launch_variant(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
 bool launch_small_m_moe(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   if (a.stages < 2 || a.stages > 6 || a.split_k < 1 || a.split_k > small_m::kMaxSplit) return false;
   if (a.block_expert == nullptr || a.row_index == nullptr || a.expert_end == nullptr || a.top_k < 1) return false;
+  if (a.w_gs == nullptr) return false;
   if (a.blocks > small_m::kMaxBlocks) return false;
   if (a.blocks <= 0 || a.n <= 0) return true;
   return with_mm_variant(mm_variant(a), [&](auto v) {
@@ -118,7 +126,9 @@ bool launch_small_m_moe(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
 // rows, blocks * block_m) with the small-M tactic (warps, tiles_per_warp, block_k, stages, split_k)
 // and the grouping (block_m, block_expert [blocks], experts and the bytes between their weights
 // and scales, row_index, expert_end, top_k, gather, swiglu, scatter); with swiglu, qdq_gs (null,
-// or [1] / [experts] with qdq_gs_stride 0 / 1) makes FC1's output NVFP4-exact (Ctx::nvfp4_qdq).
+// or [1] / [experts] with qdq_gs_stride 0 / 1) makes FC1's output NVFP4-exact (Ctx::nvfp4_qdq);
+// each block's alpha is formed from w_gs [experts] and a_gs (null, or [1] / [experts] with
+// a_gs_stride 0 / 1): alpha is ignored.
 TORCH_FP4_CAPI int torch_fp4_moe_small_m(int device, void* stream, int pdl, const void* act, const void* w,
                                          const void* w_scale, const float* alpha, void* out, int64_t m, int64_t n,
                                          int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
@@ -126,7 +136,8 @@ TORCH_FP4_CAPI int torch_fp4_moe_small_m(int device, void* stream, int pdl, cons
                                          int block_m, const int* block_expert, int64_t blocks, int64_t experts,
                                          int64_t w_expert, int64_t s_expert, const int* row_index,
                                          const int* expert_end, int top_k, int gather, int swiglu, int scatter,
-                                         const float* qdq_gs, int qdq_gs_stride) {
+                                         const float* qdq_gs, int qdq_gs_stride, const float* w_gs,
+                                         const float* a_gs, int a_gs_stride) {
   if (const int e = torch_fp4::capi_begin(device)) return e;
   torch_fp4::SmallMMoeArgs a{};
   static_cast<torch_fp4::SmallMMmArgs&>(a) = torch_fp4::small_m_args(
@@ -146,5 +157,8 @@ TORCH_FP4_CAPI int torch_fp4_moe_small_m(int device, void* stream, int pdl, cons
   a.scatter = scatter;
   a.qdq_gs = qdq_gs;
   a.qdq_gs_stride = qdq_gs_stride;
+  a.w_gs = w_gs;
+  a.a_gs = a_gs;
+  a.a_gs_stride = a_gs_stride;
   return torch_fp4::capi_end(torch_fp4::launch_small_m_moe(a, static_cast<cudaStream_t>(stream), pdl != 0));
 }

@@ -7,7 +7,7 @@ block_m rows; FC1 reads each block's activation rows straight from x through the
 its expert's gate and up rows of 64 (or 32) columns per CTA and writes RN_bf16(silu(gate) * up)
 (gate and up each RN_bf16(alpha1[e] * acc), the bf16 h of the spec); FC2 writes each row to its
 pair's row of y [T k, H]; the Triton finalize sums y in slot order. Four launches, none reading
-anything back. W4A4 replaces x by the exact values of its quantization (quantize.nvfp4_exact_values:
+anything back; each block's alpha is formed in the GEMM from the global scales (no launch). W4A4 replaces x by the exact values of its quantization (quantize.nvfp4_exact_values:
 one launch), and FC1's epilogue
 quantizes its output with a2_global_scale and writes the exact dequantized values (16 columns of
 a row are four lanes' chunks: one shuffle pair gives the block amax), the global scales entering
@@ -73,24 +73,30 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
     return moe_grouped.silu_mul(out) if swiglu else out
 
 
-def _small_m_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, alpha: torch.Tensor, out: torch.Tensor,
-                  blocks, top_k: int, split: int, fc1: bool, t: SmallMMoeTactic,
-                  qdq_gs: Optional[torch.Tensor] = None) -> None:
+def _gs_stride(gs: Optional[torch.Tensor]) -> int:
+    return 0 if gs is None or gs.numel() == 1 else 1
+
+
+def _small_m_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_gs: torch.Tensor,
+                  a_gs: Optional[torch.Tensor], out: torch.Tensor, blocks, top_k: int, split: int, fc1: bool,
+                  t: SmallMMoeTactic, qdq_gs: Optional[torch.Tensor] = None) -> None:
     """FC1 (gather x's rows through the pairs, SwiGLU; out [rows, I]; with qdq_gs ([1] or [E])
     each row's NVFP4 quantization with that global scale, dequantized without it) or FC2 (out
-    [T k, H] in pair order) over every block of blocks (moe_align.ExpertBlocks)."""
+    [T k, H] in pair order) over every block of blocks (moe_align.ExpertBlocks); expert e's alpha
+    is formats.nvfp4_alpha(a_gs ([1] or [E], or None), w_gs[e]), formed in the kernel."""
     i = a.get_device()
     fp16 = a.dtype == torch.float16
     experts, k = w.shape[0], w.shape[2] * 2
     n = out.shape[1]
     lib = library(i, f"moe_small_m{mm_variant(fp16, False, False)}")
     status = lib.moe_small_m(
-        i, raw_stream(i), _common.PDL, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(), alpha.data_ptr(),
+        i, raw_stream(i), _common.PDL, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(), None,
         out.data_ptr(), blocks.rows, n, k, w_scale.shape[2], int(fp16), 0, DTYPE_CODES[torch.bfloat16], 0,
         t.warps, t.tiles_per_warp, t.block_k, t.stages, split, t.block_m, blocks.block_expert.data_ptr(),
         blocks.num_blocks, experts, w.stride(0), w_scale.stride(0) * w_scale.element_size(),
         blocks.sorted_pairs.data_ptr(), blocks.expert_end.data_ptr(), top_k, int(fc1), int(fc1), int(not fc1),
-        None if qdq_gs is None else qdq_gs.data_ptr(), 0 if qdq_gs is None or qdq_gs.numel() == 1 else 1)
+        None if qdq_gs is None else qdq_gs.data_ptr(), _gs_stride(qdq_gs), w_gs.data_ptr(),
+        None if a_gs is None else a_gs.data_ptr(), _gs_stride(a_gs))
     if status:
         lib.check(status, f"fused_moe grouped small-M {'FC1' if fc1 else 'FC2'} (N={n}, K={k}, E={experts}) "
                           f"with {t}")
@@ -112,11 +118,10 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
     elif a.data_ptr() % 16:
         a = a.clone()
     h = torch.empty((blocks.rows, inter), dtype=torch.bfloat16, device=x.device)
-    _small_m_gemm(a, w1, w1_scale, F.nvfp4_alpha(a1_global_scale, w1_global_scale), h, blocks, top_k,
-                  t.fc1_split, True, t, qdq_gs=a2_global_scale)
+    _small_m_gemm(a, w1, w1_scale, w1_global_scale, a1_global_scale, h, blocks, top_k, t.fc1_split, True, t,
+                  qdq_gs=a2_global_scale)
     y = torch.empty((ids.numel(), hidden), dtype=torch.bfloat16, device=x.device)
-    _small_m_gemm(h, w2, w2_scale, F.nvfp4_alpha(a2_global_scale, w2_global_scale), y, blocks, top_k,
-                  t.fc2_split, False, t)
+    _small_m_gemm(h, w2, w2_scale, w2_global_scale, a2_global_scale, y, blocks, top_k, t.fc2_split, False, t)
     finalize(y, ids, tw, out, experts, local_expert_offset, interpreting(), strict=strict_ids)
     return out
 

@@ -31,7 +31,7 @@ SIGNATURES = {
     "mm_wgmma": (_I, _HEAD + _MM + (_I,) * 6 + (_P,)),
     "mm_wgmma_workspace_bytes": (_L, (_I,) + _MM + (_I,) * 6),
     "mm_wgmma_grouped": (_I, _HEAD + _MM + (_I,) * 5 + (_P, _L, _L, _L)),
-    "moe_small_m": (_I, _HEAD + _MM + (_I,) * 6 + (_P, _L, _L, _L, _L, _P, _P, _I, _I, _I, _I, _P, _I)),
+    "moe_small_m": (_I, _HEAD + _MM + (_I,) * 6 + (_P, _L, _L, _L, _L, _P, _P, _I, _I, _I, _I, _P, _I, _P, _P, _I)),
     "error_string": (ctypes.c_char_p, (_I,)),
 }
 

@@ -21,7 +21,8 @@ each pair's rank among the chunk's earlier pairs of its expert (one-hot columns 
 sum). _layout_kernel (one program): per expert, the exclusive scan of the chunk counts, then
 counts, start, end and the block map. _scatter_kernel: row = start[e] + (pairs of e in earlier
 chunks) + rank. When every pair fits one chunk (decode), _align_small_kernel does all three in
-one program. No atomics: the result is a function of topk_ids alone.
+one program, its chunk only as wide as the pairs and its one-hot steps as wide as that allows. No
+atomics: the result is a function of topk_ids alone.
 
 align() also zeroes an optional int32 buffer for a later kernel of the same call (the arrival
 counters of FC2's fused finalize), so that needs no launch of its own: the count kernel's programs
@@ -211,9 +212,14 @@ def align(topk_ids: torch.Tensor, experts: int, local_expert_offset: int, block_
     ids = topk_ids.reshape(-1)
     zeroed = (zero, zero.numel()) if zero is not None else (ids, 0)
     if n_chunks == 1:
+        # decode: a chunk as wide as the pairs (at least 16) and as many experts per one-hot step
+        # as keep it at CHUNK x EXPERT_SLICE elements; the layout reads its one chunk row alone
+        c = max(16, triton.next_power_of_2(pairs))
+        es = max(EXPERT_SLICE, min(block_e, CHUNK * EXPERT_SLICE // c))
         _align_small_kernel[(1,)](ids, pairs, local_expert_offset, experts, chunk_counts, base,
-                                  *layout_args, out.sorted_pairs, *zeroed, C=CHUNK, ES=EXPERT_SLICE,
-                                  **shape, Z=ZERO_STEP, **launch, num_warps=4)
+                                  *layout_args, out.sorted_pairs, *zeroed, C=c, ES=es,
+                                  BM=block_m, BLOCK_E=block_e, CH=1, NB=ch, Z=ZERO_STEP, **launch,
+                                  num_warps=4)
         return out
     rank = torch.empty(pairs, **i32)
     _count_kernel[(n_chunks,)](ids, pairs, local_expert_offset, experts, chunk_counts, rank,
