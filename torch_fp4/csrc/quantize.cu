@@ -86,7 +86,8 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
   const bool in_data = m < p.rows && kb < p.k_blocks;
 
   for (int64_t b = blockIdx.y; b < p.batch; b += gridDim.y) {
-    uint8_t* scale = p.scale + b * static_cast<int64_t>(p.entries) + scale_in_matrix;
+    // the scale byte's address (no scale matrix in the exact-values mode)
+    uint8_t* scale = kExact ? nullptr : p.scale + b * static_cast<int64_t>(p.entries) + scale_in_matrix;
     if (!in_data) {
       if constexpr (!kExact) *scale = 0;
       continue;
