@@ -379,23 +379,21 @@ const Params* Runner<Cfg>::params = nullptr;
 template <class Cfg>
 int Runner<Cfg>::stages = 0;
 
+// The tactic's tile: the launchers' own list (with_tile in mm_small_m.cuh).
+static torch_fp4::SmallMMmArgs tile_args(int warps, int wr, int bk) {
+  torch_fp4::SmallMMmArgs a{};
+  a.warps = warps;
+  a.tiles_per_warp = wr;
+  a.block_k = bk;
+  return a;
+}
+
 template <int kNB, bool kFp16, bool kMx, bool kPacked>
 static bool dispatch_nb(const Problem& pr, const Params& p, int split) {
-#define EMU_TILE(W, WR, BK)                                                   \
-  if constexpr (tile_compiled(kNB, W, WR, BK)) {                              \
-    if (pr.warps == W && pr.wr == WR && pr.bk == BK) {                        \
-      Runner<Config<kNB, W, WR, BK, kFp16, kMx, kPacked>>::run(pr, p, split); \
-      return true;                                                            \
-    }                                                                         \
-  }
-  EMU_TILE(8, 1, 256)
-  EMU_TILE(4, 1, 256)
-  EMU_TILE(4, 2, 256)
-  EMU_TILE(8, 1, 128)
-  EMU_TILE(4, 1, 128)
-  EMU_TILE(4, 2, 128)
-#undef EMU_TILE
-  return false;
+  return with_tile<kNB, kFp16, kMx, kPacked, false>(tile_args(pr.warps, pr.wr, pr.bk), [&](auto cfg) {
+    Runner<decltype(cfg)>::run(pr, p, split);
+    return true;
+  });
 }
 
 template <bool kFp16, bool kMx>
@@ -558,19 +556,12 @@ int main(int argc, char** argv) {
 
 template <int kNB, bool kFp16, bool kMx, bool kPacked>
 static int smem_nb(int warps, int wr, int bk, int stages) {
-#define EMU_SMEM(W, WR, BK)                                                                    \
-  if constexpr (tile_compiled(kNB, W, WR, BK)) {                                               \
-    if (warps == W && wr == WR && bk == BK)                                                    \
-      return smem_bytes<Config<kNB, W, WR, BK, kFp16, kMx, kPacked>>(stages);                  \
-  }
-  EMU_SMEM(8, 1, 256)
-  EMU_SMEM(4, 1, 256)
-  EMU_SMEM(4, 2, 256)
-  EMU_SMEM(8, 1, 128)
-  EMU_SMEM(4, 1, 128)
-  EMU_SMEM(4, 2, 128)
-#undef EMU_SMEM
-  return -1;
+  int bytes = -1;
+  with_tile<kNB, kFp16, kMx, kPacked, false>(tile_args(warps, wr, bk), [&](auto cfg) {
+    bytes = smem_bytes<decltype(cfg)>(stages);
+    return true;
+  });
+  return bytes;
 }
 
 static int smem_query(int nb, int warps, int wr, int bk, int fp16, int mx, int stages, int packed) {

@@ -50,35 +50,6 @@ __device__ __forceinline__ void load_packed(const uint8_t* p, uint32_t* w) {
   }
 }
 
-// kCount fp32 values -> out_dtype at p (16-byte aligned), RNE.
-template <int kOutDType, int kCount>
-__device__ __forceinline__ void store_values(uint8_t* p, const float* v) {
-  uint4* q = reinterpret_cast<uint4*>(p);
-  if constexpr (kOutDType == kFloat32) {
-#pragma unroll
-    for (int i = 0; i < kCount / 4; ++i) {
-      q[i] = make_uint4(__float_as_uint(v[4 * i]), __float_as_uint(v[4 * i + 1]),
-                        __float_as_uint(v[4 * i + 2]), __float_as_uint(v[4 * i + 3]));
-    }
-  } else {
-    uint32_t pairs[kCount / 2];
-#pragma unroll
-    for (int i = 0; i < kCount / 2; ++i) {
-      if constexpr (kOutDType == kBFloat16) {
-        const __nv_bfloat162 h = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-        pairs[i] = *reinterpret_cast<const uint32_t*>(&h);
-      } else {
-        const __half2 h = __floats2half2_rn(v[2 * i], v[2 * i + 1]);
-        pairs[i] = *reinterpret_cast<const uint32_t*>(&h);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kCount / 8; ++i) {
-      q[i] = make_uint4(pairs[4 * i], pairs[4 * i + 1], pairs[4 * i + 2], pairs[4 * i + 3]);
-    }
-  }
-}
-
 template <int kOutDType>
 constexpr int words_per_thread() {
   return kOutDType == kFloat32 ? 1 : 2;

@@ -717,12 +717,14 @@ TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, in
   } else {
     ctx.sync();
   }
-  bool has_alpha = p.alpha != nullptr;
-  float alpha = has_alpha ? load_alpha(p.alpha) : 1.0f;
-  if constexpr (Cfg::kGrouped) {  // the block's expert's alpha from the global scales
+  // grouped: the block's expert's alpha, from its global scales
+  const bool has_alpha = Cfg::kGrouped || p.alpha != nullptr;
+  float alpha = 1.0f;
+  if constexpr (Cfg::kGrouped) {
     const float w = load_alpha(p.w_gs);
-    has_alpha = true;
     alpha = div_rn(1.0f, p.a_gs != nullptr ? mul_rn(load_alpha(p.a_gs), w) : w);
+  } else if (has_alpha) {
+    alpha = load_alpha(p.alpha);
   }
   // The sum over the splits of 4 columns at `local`, 2^7 fold undone, times alpha (fp32, exact
   // order: ranks 0, 1, ...).

@@ -63,7 +63,6 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   p.scatter = a.scatter;
   p.qdq_gs = a.swiglu ? a.qdq_gs : nullptr;
   p.qdq_gs_stride = a.qdq_gs_stride;
-  p.alpha = nullptr;
   p.w_gs = a.w_gs;
   p.a_gs = a.a_gs;
   p.a_gs_stride = a.a_gs_stride;

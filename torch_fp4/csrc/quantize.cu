@@ -51,23 +51,16 @@ __device__ __forceinline__ void store_words(uint8_t* p, const uint32_t* w) {
   }
 }
 
-// kExact: the block's values code * scale as bf16, 32 bytes (NVFP4 only).
+// kExact: the block's values code * scale as bf16, 32 bytes (NVFP4 only), as dequantize.cu forms
+// them without a global scale.
 __device__ __forceinline__ void store_exact_values(uint16_t* dst, const uint32_t* codes, uint32_t scale_byte) {
   const float sf64 = __fmul_rn(e4m3_to_float(scale_byte), 64.0f);   // exact: |sf| <= 448
-  uint32_t packed[8];
+  float v[16];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    float v[8];
-    e2m1_decode8_scaled(codes[j], v);                                 // +-LUT * 2^-6, exact
+  for (int j = 0; j < 2; ++j) e2m1_decode8_scaled(codes[j], v + 8 * j);   // +-LUT * 2^-6, exact
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 b = __floats2bfloat162_rn(__fmul_rn(v[2 * i], sf64), __fmul_rn(v[2 * i + 1], sf64));
-      packed[4 * j + i] = *reinterpret_cast<const uint32_t*>(&b);
-    }
-  }
-  uint4* out = reinterpret_cast<uint4*>(dst);
-  out[0] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
-  out[1] = make_uint4(packed[4], packed[5], packed[6], packed[7]);
+  for (int i = 0; i < 16; ++i) v[i] = __fmul_rn(v[i], sf64);
+  store_values<kBFloat16, 16>(reinterpret_cast<uint8_t*>(dst), v);
 }
 
 template <int kDType, bool kNvfp4, bool kVec, bool kExact = false>
