@@ -8,7 +8,8 @@ under each tool in one process per tool and prints a table of errors per case an
 status 1 if any). Driver API calls that fail by design (the CuTe DSL runtime probing entry points
 with cuGetProcAddress) are not errors here (`--report-api-errors no`): they are API results, not
 memory or synchronization errors. Without `--sanitize` it runs every case once; `--list` prints
-the case names; `--case NAME` runs one. Each case prints `=== case NAME` before it and
+the case names; `--case NAME` runs one; `--cases A,B` limits either mode to those cases (the
+table is printed after each tool, so a device call that ends early keeps what finished). Each case prints `=== case NAME` before it and
 `=== done NAME` after it, so a report is attributed to the case that launched the kernel.
 Shapes: M = 1, 16, 33 and 129 (partial tiles), N = 136 (not a multiple of 128 or 64), K a
 multiple of the block only; fused_moe with empty experts, one expert taking every pair, T = 1
@@ -71,7 +72,7 @@ def _moe(backend: Backend) -> None:
         for tokens, experts, top_k in ((1, 4, 2), (33, 8, 2), (129, 8, 4)):
             kw = T.moe_problem(tokens, 64, 32, experts, top_k, DEV, w4a4=w4a4)
             logits = torch.randn(tokens, experts, device=DEV)
-            ids, weights = t4.route(logits, top_k, backend=backend)
+            ids, weights = t4.route(logits, top_k)                   # route has its own case
             kw.update(topk_ids=ids, topk_weights=weights)
             t4.fused_moe(**kw, backend=backend)
             kw["topk_ids"] = torch.zeros_like(ids)                    # one expert takes every pair
@@ -105,6 +106,8 @@ def cases() -> dict[str, Callable[[], None]]:
     out["mm_fp4 sm90/cuda"] = lambda: _mm_every_tactic(Backend.CUDA, "sm90")
     out["route/triton"] = lambda: _route(Backend.TRITON)
     out["fused_moe/triton"] = lambda: _moe(Backend.TRITON)
+    if torch.cuda.get_device_capability() == (9, 0):
+        out["fused_moe/cuda"] = lambda: _moe(Backend.CUDA)
     return out
 
 
@@ -118,10 +121,16 @@ def run(name: str, fn: Callable[[], None]) -> None:
 TOOLS = ("memcheck", "racecheck", "synccheck", "initcheck")
 
 
-def _errors_per_case(output: str) -> dict[str, int]:
-    """Sanitizer error reports per case: a report starts with '========= ' and a word (its
-    details are indented further); summaries and banners are not reports."""
+UNTRACKED = "Internal Sanitizer Error"   # the tool could not follow a launch: no finding about the kernel
+
+
+def _errors_per_case(output: str) -> tuple[dict[str, int], dict[str, int]]:
+    """Sanitizer error reports per case, and apart from them the launches the tool reported it
+    could not track (its own failure, e.g. out of memory for synccheck's state of a kernel with
+    200 KiB of shared memory: those launches went unchecked). A report starts with '========= '
+    and a word (its details are indented further); summaries and banners are not reports."""
     counts: dict[str, int] = {}
+    untracked: dict[str, int] = {}
     case = "(before any case)"
     for line in output.splitlines():
         if line.startswith("=== case "):
@@ -129,17 +138,33 @@ def _errors_per_case(output: str) -> dict[str, int]:
             counts.setdefault(case, 0)
         elif line.startswith("========= ") and not line.startswith("=========  "):
             text = line[len("========= "):]
-            if not text.startswith(("ERROR SUMMARY", "COMPUTE-SANITIZER", "RACECHECK SUMMARY",
-                                    "Target application", "LEAK SUMMARY")):
+            if text.startswith(UNTRACKED):
+                untracked[case] = untracked.get(case, 0) + 1
+            elif text.strip() and not text.startswith(("ERROR SUMMARY", "COMPUTE-SANITIZER", "RACECHECK SUMMARY",
+                                                       "Target application", "LEAK SUMMARY")):
                 counts[case] = counts.get(case, 0) + 1
-    return counts
+    return counts, untracked
 
 
-def sanitize(tools: tuple[str, ...], timeout: int) -> int:
+def _print_table(names: list[str], tools: tuple[str, ...], table: dict[str, dict[str, str]]) -> None:
+    width = max(len(n) for n in names)
+    print(f"{'case':<{width}} | " + " | ".join(f"{t:>16}" for t in tools))
+    for n in names:
+        print(f"{n:<{width}} | " + " | ".join(f"{table[n].get(t, '-'):>16}" for t in tools), flush=True)
+
+
+def sanitize(tools: tuple[str, ...], timeout: int, only: list[str] | None = None,
+             log_dir: str | None = None) -> int:
     import subprocess
 
     names = list(cases())
-    run_all = [sys.executable, __file__]
+    if only is not None:
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            print(f"sanitize_kernels: --cases: expected names from {names}, got {unknown}", file=sys.stderr)
+            return 2
+        names = only
+    run_all = [sys.executable, __file__, "--cases", ",".join(names)]
     subprocess.run(run_all, check=True, stdout=subprocess.DEVNULL)        # compile and cache
     table: dict[str, dict[str, str]] = {n: {} for n in names}
     failed = False
@@ -152,16 +177,18 @@ def sanitize(tools: tuple[str, ...], timeout: int) -> int:
         except subprocess.TimeoutExpired as e:
             text = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
             text += "\n=== timeout"
-        counts = _errors_per_case(text)
+        if log_dir is not None:   # the tool's whole report, for the errors behind the counts
+            with open(f"{log_dir}/sanitize_{tool}.log", "w") as f:
+                f.write(text)
+        counts, untracked = _errors_per_case(text)
         for n in names:
             done = f"=== done {n}" in text
             errors = counts.get(n, 0)
-            table[n][tool] = str(errors) if done else f"{errors} (did not finish)"
+            cell = str(errors) + (f" ({untracked[n]} untracked)" if untracked.get(n) else "")
+            table[n][tool] = cell if done else f"{cell} (did not finish)"
             failed |= errors > 0 or not done
-    width = max(len(n) for n in names)
-    print(f"{'case':<{width}} | " + " | ".join(f"{t:>12}" for t in tools))
-    for n in names:
-        print(f"{n:<{width}} | " + " | ".join(f"{table[n][t]:>12}" for t in tools))
+        print(f"--- after {tool}:", flush=True)   # the table so far: a timeout later loses nothing
+        _print_table(names, tools, table)
     return 1 if failed else 0
 
 
@@ -169,13 +196,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--list", action="store_true", help="print the case names")
     parser.add_argument("--case", help="run one case")
+    parser.add_argument("--cases", help="comma-separated case names (default: every case)")
     parser.add_argument("--sanitize", action="store_true",
                         help="run every case under each compute-sanitizer tool and print a table")
     parser.add_argument("--tools", default=",".join(TOOLS), help="comma-separated tools")
     parser.add_argument("--timeout", type=int, default=900, help="seconds per tool")
+    parser.add_argument("--log-dir", default=None, help="write each tool's report to DIR/sanitize_TOOL.log")
     args = parser.parse_args(argv)
+    only = args.cases.split(",") if args.cases else None
     if args.sanitize:
-        return sanitize(tuple(args.tools.split(",")), args.timeout)
+        return sanitize(tuple(args.tools.split(",")), args.timeout, only, args.log_dir)
     table = cases()
     if args.list:
         print("\n".join(table))
@@ -188,7 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         run(args.case, table[args.case])
         return 0
     for name, fn in table.items():
-        run(name, fn)
+        if only is None or name in only:
+            run(name, fn)
     return 0
 
 
