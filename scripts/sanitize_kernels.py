@@ -9,8 +9,9 @@ status 1 if any). Driver API calls that fail by design (the CuTe DSL runtime pro
 with cuGetProcAddress) are not errors here (`--report-api-errors no`): they are API results, not
 memory or synchronization errors. Without `--sanitize` it runs every case once; `--list` prints
 the case names; `--case NAME` runs one; `--cases A,B` limits either mode to those cases (the
-table is printed after each tool, so a device call that ends early keeps what finished). Each case prints `=== case NAME` before it and
-`=== done NAME` after it, so a report is attributed to the case that launched the kernel.
+table is printed after each tool, so a device call that ends early keeps what finished). Each
+case prints `=== case NAME` before it and `=== done NAME` after it, so a report is attributed to
+the case that launched the kernel.
 Shapes: M = 1, 16, 33 and 129 (partial tiles), N = 136 (not a multiple of 128 or 64), K a
 multiple of the block only; fused_moe with empty experts, one expert taking every pair, T = 1
 and expert-parallel offsets.
@@ -153,17 +154,9 @@ def _print_table(names: list[str], tools: tuple[str, ...], table: dict[str, dict
         print(f"{n:<{width}} | " + " | ".join(f"{table[n].get(t, '-'):>16}" for t in tools), flush=True)
 
 
-def sanitize(tools: tuple[str, ...], timeout: int, only: list[str] | None = None,
-             log_dir: str | None = None) -> int:
+def sanitize(tools: tuple[str, ...], timeout: int, names: list[str], log_dir: str | None = None) -> int:
     import subprocess
 
-    names = list(cases())
-    if only is not None:
-        unknown = [n for n in only if n not in names]
-        if unknown:
-            print(f"sanitize_kernels: --cases: expected names from {names}, got {unknown}", file=sys.stderr)
-            return 2
-        names = only
     run_all = [sys.executable, __file__, "--cases", ",".join(names)]
     subprocess.run(run_all, check=True, stdout=subprocess.DEVNULL)        # compile and cache
     table: dict[str, dict[str, str]] = {n: {} for n in names}
@@ -203,23 +196,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=int, default=900, help="seconds per tool")
     parser.add_argument("--log-dir", default=None, help="write each tool's report to DIR/sanitize_TOOL.log")
     args = parser.parse_args(argv)
-    only = args.cases.split(",") if args.cases else None
-    if args.sanitize:
-        return sanitize(tuple(args.tools.split(",")), args.timeout, only, args.log_dir)
     table = cases()
     if args.list:
         print("\n".join(table))
         return 0
+    flag, names = None, list(table)
     if args.case is not None:
-        if args.case not in table:
-            print(f"sanitize_kernels: --case: expected one of {list(table)}, got {args.case!r}",
-                  file=sys.stderr)
-            return 2
-        run(args.case, table[args.case])
-        return 0
-    for name, fn in table.items():
-        if only is None or name in only:
-            run(name, fn)
+        flag, names = "--case", [args.case]
+    elif args.cases:
+        flag, names = "--cases", args.cases.split(",")
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        print(f"sanitize_kernels: {flag}: expected names from {list(table)}, got {unknown}", file=sys.stderr)
+        return 2
+    if args.sanitize:
+        return sanitize(tuple(args.tools.split(",")), args.timeout, names, args.log_dir)
+    for name in names:
+        run(name, table[name])
     return 0
 
 
