@@ -4,11 +4,12 @@
 // rows are the wgmma's M side (64 per MMA warpgroup, two warpgroups: 128 per CTA), the
 // activation rows its N side (block_m = 32, 64, 128 or 256 per CTA), K in stages of 64, one ring of
 // `stages` stages:
-// - a producer warpgroup (one thread) loads, per stage, the activation tile [block_m, 64]
-//   bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [rows, 32 bytes] by TMA
-//   (32-byte swizzle: conflict-free reads) or, for weights in the "sm90" layout (docs/NUMERICS.md
-//   4b), the tile's contiguous 4 KiB by one bulk copy, and the 512-byte blocks of 128x4 scale
-//   words by bulk copies, all completing on the stage's "full" mbarrier, once the stage is "empty";
+// - a producer warpgroup (three loader threads, one per operand) loads, per stage, the activation
+//   tile [block_m, 64] bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [rows,
+//   32 bytes] by TMA (32-byte swizzle: conflict-free reads) or, for weights in the "sm90" layout
+//   (docs/NUMERICS.md 4b), the tile's contiguous 4 KiB by one bulk copy, and the 512-byte block of
+//   128x4 scale words by a bulk copy, all completing on the stage's "full" mbarrier, once the
+//   stage is "empty";
 // - each MMA thread reads the two weight rows of its A fragment (rows g and g + 8 of its warp's
 //   16) and their scale words, then per k16 step decodes its eight codes straight into the four
 //   bf16x2 / fp16x2 A registers of that step: exact (row-major weights: a byte permute places the
@@ -398,6 +399,62 @@ __device__ __forceinline__ void sk_gather(const float* partials, const int* flag
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// The producer warpgroup's loaders, each one thread (lane 0 of its warp) running the CTA's work
+// list on its own: 0 loads the activation tile by TMA, 1 the FP4 weight tile (TMA, or for "sm90"
+// weights the tile's contiguous 4 KiB by one bulk copy), 2 the 512-byte block of 128x4 scale words
+// by a bulk copy. Per stage each waits until the stage is empty, then arrives on its "full" barrier
+// announcing its bytes and issues its copy (the barrier completes once all three arrived and every
+// byte landed): three threads in parallel instead of one serial chain of waits, address arithmetic
+// and copies per stage.
+constexpr int kLoaders = 3;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <class Cfg, int kLoader>
+__device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CUtensorMap& w_map, const Params& p,
+                                            const Schedule& sc, int stages, uint32_t full, uint32_t empty,
+                                            uint32_t pipe) {
+  if (kLoader == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
+  if (kLoader == 1 && !Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
+  // Computed here, not shared with the MMA warps' copies in the kernel's prologue: values live
+  // across the split into the 40-register producer would be spilled.
+  int cta, rank;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(rank));
+  const int n_tiles = (small_m::opaque(static_cast<int>(p.n)) + Cfg::kRows - 1) / Cfg::kRows;
+  const int tiles = (small_m::opaque(static_cast<int>(p.k)) + kBK - 1) / kBK;
+  const int kt0 = rank * p.steps_per_split, kt1 = min(tiles, kt0 + p.steps_per_split);
+  constexpr uint32_t kBytes = kLoader == 0 ? act_stage_bytes(Cfg::kBM) : kLoader == 1 ? Cfg::kW : 512;
+  // Stage slot s and the parity of its use, kept incrementally across tiles (no division).
+  int s = 0, phase = 0;
+  WorkList list(sc, cta);
+  for (Work w; list.next(sc, p, n_tiles, kt0, kt1, w);) {
+    const int t = w.tile;
+    const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
+    const uint8_t* w_src = p.w + w.expert * p.w_expert + (static_cast<int64_t>(n0 / 128) * tiles + w.kb) * Cfg::kW;
+    const uint8_t* s_src = p.w_scale + w.expert * p.s_expert + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
+#pragma unroll 1
+    for (int kt = w.kb; kt < w.ke; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
+      mbar_wait(empty + 8 * s, phase ^ 1);
+      const uint32_t st = pipe + s * Cfg::kStage, wt = st + act_stage_bytes(Cfg::kBM), bar = full + 8 * s;
+      mbar_expect_tx(bar, kBytes);
+      if constexpr (kLoader == 0) {
+        tma_2d(st, &act_map, bar, kt * kBK, m0);
+      } else if constexpr (kLoader == 1) {
+        if constexpr (Cfg::kPacked) {  // "sm90": the tile's 4 KiB are contiguous
+          bulk_copy(wt, w_src, Cfg::kW, bar);
+          w_src += Cfg::kW;
+        } else {  // the map's rows are every expert's, expert after expert
+          tma_2d(wt, &w_map, bar, kt * (kBK / 2), w.expert * p.n + n0);
+        }
+      } else {
+        const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
+        bulk_copy(wt + Cfg::kW, s_src + static_cast<int64_t>(block) * 512, 512, bar);
+      }
+    }
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
@@ -422,7 +479,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   for (int i = tid; i < 256; i += Cfg::kThreads) lut[i] = small_m::scale_table_entry<Cfg>(static_cast<uint32_t>(i));
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
-      mbar_init(full + s, 1);
+      mbar_init(full + s, kLoaders);  // each loader arrives with its bytes
       mbar_init(empty + s, Cfg::kWG * 4);  // one arrival per MMA warp
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -433,39 +490,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   // alike, so a cluster leaves whole) has nothing to do.
   if (!persistent && p.block_expert != nullptr && __ldg(p.block_expert + cta / n_tiles) < 0) return;
 
-  if (tid < 128) {  // producer warpgroup (one thread)
+  if (tid < 128) {  // producer warpgroup: lane 0 of warps 0, 1, 2 (kLoaders)
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
-    if (tid == 0) {
-      asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
-      if (!Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
-      // Stage slot s and the parity of its use, kept incrementally across tiles (no division).
-      int s = 0, phase = 0;
-      WorkList list(sc, cta);
-      for (Work w; list.next(sc, p, n_tiles, kt0, kt1, w);) {
-        const int t = w.tile;
-        const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
-        const uint8_t* w_expert = p.w + w.expert * p.w_expert;
-        const uint8_t* scale_row =
-            p.w_scale + w.expert * p.s_expert + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
-        // 128-row groups of the scale matrix this tile covers (the last tile may cover fewer: its
-        // rows past N have zero codes and whatever scale bytes the slot holds, and are not stored).
-        const int groups = max(0, min(Cfg::kRows / 128 > 0 ? Cfg::kRows / 128 : 1, (p.n - n0 + 127) / 128));
-        for (int kt = w.kb; kt < w.ke; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
-          mbar_wait(smem_u32(empty + s), phase ^ 1);
-          char* st = pipe + s * kStage;
-          char* wt = st + act_stage_bytes(Cfg::kBM);
-          mbar_expect_tx(full + s, act_stage_bytes(Cfg::kBM) + Cfg::kW + 512 * groups);
-          tma_2d(st, &act_map, full + s, kt * kBK, m0);
-          if constexpr (Cfg::kPacked)  // "sm90": the tile's 4 KiB are contiguous
-            bulk_copy(wt, w_expert + (static_cast<int64_t>(n0 / 128) * tiles + kt) * Cfg::kW, Cfg::kW, full + s);
-          else  // the map's rows are every expert's, expert after expert
-            tma_2d(wt, &w_map, full + s, kt * (kBK / 2), w.expert * p.n + n0);
-          const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
-          for (int gr = 0; gr < groups; ++gr)
-            bulk_copy(wt + Cfg::kW + 512 * gr, scale_row + (static_cast<int64_t>(gr) * (p.kp / 4) + block) * 512,
-                      512, full + s);
-        }
-      }
+    const int loader = tid >> 5;
+    if ((tid & 31) == 0) {
+      const uint32_t f = smem_u32(full), e = smem_u32(empty), d = smem_u32(pipe);
+      if (loader == 0) load_stages<Cfg, 0>(act_map, w_map, p, sc, stages, f, e, d);
+      if (loader == 1) load_stages<Cfg, 1>(act_map, w_map, p, sc, stages, f, e, d);
+      if (loader == 2) load_stages<Cfg, 2>(act_map, w_map, p, sc, stages, f, e, d);
     }
     __syncwarp();  // lane 0 rejoins its warp: the cluster barriers are warp-aligned
     if (splits > 1) {
