@@ -343,8 +343,8 @@ def _align_expected(ids: torch.Tensor, experts: int, lo: int, bm: int):
     return flat, counts, padded, start
 
 
-def _assert_align(ids, experts, lo, bm):
-    b = MA.align(ids, experts, lo, bm)
+def _assert_align(ids, experts, lo, bm, zero_padding=False):
+    b = MA.align(ids, experts, lo, bm, zero_padding=zero_padding)
     flat, counts, padded, start = _align_expected(ids, experts, lo, bm)
     what = f"T*k={ids.numel()} E={experts} offset={lo} block_m={bm}"
     assert torch.equal(b.counts.long(), counts), f"{what}: counts"
@@ -360,6 +360,11 @@ def _assert_align(ids, experts, lo, bm):
     for blk in range(b.num_blocks):
         want = int(torch.searchsorted(ends, blk * bm, right=True)) if blk < used else -1
         assert int(b.block_expert[blk]) == want, f"{what}: block {blk}: {int(b.block_expert[blk])} vs {want}"
+    if zero_padding:   # every row that holds no pair reads pair 0
+        holds = torch.zeros(b.rows, dtype=torch.bool)
+        for e in range(experts):
+            holds[int(start[e]):int(start[e] + counts[e])] = True
+        assert not b.sorted_pairs[~holds].any(), f"{what}: padding entries not cleared"
 
 
 def check_align_interpreted():
@@ -375,6 +380,12 @@ def check_align_interpreted():
     _assert_align(torch.full((200, 2), 7, dtype=torch.int32), 8, 0, 16)
     _assert_align(torch.full((200, 2), 1, dtype=torch.int32), 8, 2, 64)
     _assert_align(torch.tensor([[-2**31, 2**31 - 1], [-1, 4]], dtype=torch.int32), 4, 2, 16)
+    # the cleared padding the grouped-GEMM launches gather through (one chunk and several)
+    _assert_align(torch.randint(0, 6, (5, 2), generator=g, dtype=torch.int32), 6, 0, 16, zero_padding=True)
+    _assert_align(torch.randint(0, 8, (300, 4), generator=g, dtype=torch.int32), 8, 0, 128, zero_padding=True)
+    with pytest.raises(ValueError, match="pass one of them"):
+        MA.align(torch.zeros((1, 1), dtype=torch.int32), 2, 0, 16, zero=torch.zeros(2, dtype=torch.int32),
+                 zero_padding=True)
 
 
 def check_fused_moe_interpreted():

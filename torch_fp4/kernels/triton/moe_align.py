@@ -48,7 +48,8 @@ ZERO_STEP = 1024      # elements per store step when clearing the `zero` buffer
 @dataclass(frozen=True)
 class ExpertBlocks:
     """The sorted, padded layout of one routing (all int32 device tensors)."""
-    sorted_pairs: torch.Tensor   # [rows] pair index t * k + j of each row (padding: undefined)
+    sorted_pairs: torch.Tensor   # [rows] pair index t * k + j of each row (padding: 0 with
+                                 # align(zero_padding=True), else undefined)
     block_expert: torch.Tensor   # [rows // block_m] local expert of each block, -1 past the used rows
     expert_start: torch.Tensor   # [E] first row of each expert
     expert_end: torch.Tensor     # [E] end of each expert's pairs (start + count)
@@ -188,10 +189,13 @@ def _align_small_kernel(ids_ptr, P, lo, E, chunk_counts_ptr, base_ptr, counts_pt
 
 
 def align(topk_ids: torch.Tensor, experts: int, local_expert_offset: int, block_m: int,
-          zero: Optional[torch.Tensor] = None) -> ExpertBlocks:
+          zero: Optional[torch.Tensor] = None, zero_padding: bool = False) -> ExpertBlocks:
     """Group the pairs of topk_ids [T, k] (int32, contiguous) by local expert, each expert padded
-    to a multiple of block_m rows; also set the int32 tensor `zero` (if given) to 0. Launches
-    only; reads nothing back."""
+    to a multiple of block_m rows; also set the int32 tensor `zero` (if given) to 0, or with
+    zero_padding the padding rows' sorted_pairs entries (the whole buffer is cleared before the
+    pairs are scattered into it). Launches only; reads nothing back."""
+    if zero is not None and zero_padding:
+        raise ValueError("align: zero and zero_padding clear through the same slot; pass one of them")
     dev = topk_ids.device
     pairs = topk_ids.numel()
     n_blocks = max_blocks(pairs, experts, block_m)
@@ -210,6 +214,8 @@ def align(topk_ids: torch.Tensor, experts: int, local_expert_offset: int, block_
     layout_args = (out.counts, out.expert_start, out.expert_end, out.block_expert, n_blocks)
     shape = dict(BM=block_m, BLOCK_E=block_e, CH=ch, NB=ch)
     ids = topk_ids.reshape(-1)
+    if zero_padding:
+        zero = out.sorted_pairs
     zeroed = (zero, zero.numel()) if zero is not None else (ids, 0)
     if n_chunks == 1:
         # decode: a chunk as wide as the pairs (at least 16) and as many experts per one-hot step

@@ -7,10 +7,9 @@ Launches, all on the current stream, none reading anything back (CUDA-graph safe
 construction: every buffer is sized from upper bounds of the shapes):
 1. moe_align.align(topk_ids, E, offset, block_m): pairs grouped by local expert, each expert
    padded to whole blocks of block_m rows; block_expert[b] (-1 past the used rows).
-2. A = x[clamp(sorted_pairs, 0, T k - 1) // k]: x's rows in sorted order (torch index_select).
-   Padding rows' sorted_pairs entries are undefined, hence the clamp; those rows then hold some
-   token's row, are never read back, and stay confined to their own rows (every GEMM and
-   quantization here is row-wise).
+2. A = x[sorted_pairs // k]: x's rows in sorted order (torch index_select). Padding rows'
+   sorted_pairs entries are 0 (align's zero_padding), so those rows hold token 0's row, are never
+   read back, and stay confined to their own rows (every GEMM and quantization here is row-wise).
 3. W4A4: A quantized with a1_global_scale (the backend's quantize, in its scale layout): the
    rows of nvfp4_quantize(x) in sorted order, i.e. the reference's x~ (quantization is row-wise);
    with `GroupedGemm.exact`, their exact values without the global scale (one launch) instead.
@@ -153,9 +152,9 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
         return out.zero_() if tokens else out
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     pairs = ids.numel()
-    blocks = align(ids, experts, local_expert_offset, g.block_m)
-    # A: x's rows in sorted order (padding rows: clamped undefined entries, never read back)
-    src = blocks.sorted_pairs.clamp(0, pairs - 1) // top_k
+    blocks = align(ids, experts, local_expert_offset, g.block_m, zero_padding=True)
+    # A: x's rows in sorted order (padding rows: token 0's row, never read back)
+    src = blocks.sorted_pairs // top_k
     a = x.index_select(0, src)
     a_sf = None
     if a1_global_scale is not None:
