@@ -100,6 +100,23 @@ def test_exact_small_m_tactics(mode):
             assert_same(_launch(p, ids, tw, t), want, f"{mode} T={tokens} {t.label()}")
 
 
+def test_strided_global_scales_give_the_contiguous_bits():
+    """Global scales are any [E] / [1] fp32 views (the op does not ask for contiguity): every-other
+    element views of w1/w2/a2 global scales give the bits of their contiguous copies, at decode
+    (grouped small-M GEMMs, which read the scales themselves) and at T = 300."""
+    for tokens in (4, 300):
+        p = random_problem(8, 256, 128, tokens, True, seed=40 + tokens, a2_per_expert=True)
+        ids, tw = random_routing(tokens, 8, 2, seed=41 + tokens)
+        want = p.run(ids, tw, "cuda")
+
+        def strided(gs):   # the same values, every other element of a buffer holding junk between
+            return torch.stack([gs, torch.full_like(gs, 1e30)], dim=1)[:, 0]
+        w1, s1, g1, w2, s2, g2 = p.weights()
+        got = t4.fused_moe(p.x, w1, s1, strided(g1), w2, s2, strided(g2), ids, tw, a1_global_scale=p.a1,
+                           a2_global_scale=strided(p.a2), backend="cuda")
+        assert_same(got, want, f"T={tokens}")
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("tokens", [1, 5, 64, 300])
 def test_exact_token_counts(mode, tokens):

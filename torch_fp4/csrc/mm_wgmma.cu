@@ -413,8 +413,8 @@ template <class Cfg, int kLoader>
 __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CUtensorMap& w_map, const Params& p,
                                             const Schedule& sc, int stages, uint32_t full, uint32_t empty,
                                             uint32_t pipe) {
-  if (kLoader == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
-  if (kLoader == 1 && !Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
+  if constexpr (kLoader == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
+  if constexpr (kLoader == 1 && !Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
   // Computed here, not shared with the MMA warps' copies in the kernel's prologue: values live
   // across the split into the 40-register producer would be spilled.
   int cta, rank;

@@ -44,7 +44,7 @@ from ..triton.moe_numerics import interpreting
 from .build import mm_variant
 from .moe_tactics import MOE_SPACE, SmallMMoeTactic, WgmmaMoeTactic
 from .native import DTYPE_CODES, library, raw_stream
-from .quantize import nvfp4_exact_values, nvfp4_quantize
+from .quantize import gs_pointer, nvfp4_exact_values, nvfp4_quantize
 
 LAYOUT = F.SfLayout.LINEAR   # the quantized activations' scales: never read by another backend
 
@@ -73,17 +73,14 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
     return moe_grouped.silu_mul(out) if swiglu else out
 
 
-def _gs_stride(gs: Optional[torch.Tensor]) -> int:
-    return 0 if gs is None or gs.numel() == 1 else 1
-
-
 def _small_m_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_gs: torch.Tensor,
                   a_gs: Optional[torch.Tensor], out: torch.Tensor, blocks, top_k: int, split: int, fc1: bool,
                   t: SmallMMoeTactic, qdq_gs: Optional[torch.Tensor] = None) -> None:
     """FC1 (gather x's rows through the pairs, SwiGLU; out [rows, I]; with qdq_gs ([1] or [E])
     each row's NVFP4 quantization with that global scale, dequantized without it) or FC2 (out
     [T k, H] in pair order) over every block of blocks (moe_align.ExpertBlocks); expert e's alpha
-    is formats.nvfp4_alpha(a_gs ([1] or [E], or None), w_gs[e]), formed in the kernel."""
+    is formats.nvfp4_alpha(a_gs ([1] or [E], or None), w_gs[e]), formed in the kernel (which reads
+    w_gs [E] contiguous and a_gs / qdq_gs at their element stride)."""
     i = a.get_device()
     fp16 = a.dtype == torch.float16
     experts, k = w.shape[0], w.shape[2] * 2
@@ -95,8 +92,7 @@ def _small_m_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_gs:
         t.warps, t.tiles_per_warp, t.block_k, t.stages, split, t.block_m, blocks.block_expert.data_ptr(),
         blocks.num_blocks, experts, w.stride(0), w_scale.stride(0) * w_scale.element_size(),
         blocks.sorted_pairs.data_ptr(), blocks.expert_end.data_ptr(), top_k, int(fc1), int(fc1), int(not fc1),
-        None if qdq_gs is None else qdq_gs.data_ptr(), _gs_stride(qdq_gs), w_gs.data_ptr(),
-        None if a_gs is None else a_gs.data_ptr(), _gs_stride(a_gs))
+        *gs_pointer(qdq_gs), w_gs.contiguous().data_ptr(), *gs_pointer(a_gs))
     if status:
         lib.check(status, f"fused_moe grouped small-M {'FC1' if fc1 else 'FC2'} (N={n}, K={k}, E={experts}) "
                           f"with {t}")

@@ -18,7 +18,7 @@ from .native import DTYPE_CODES, library, raw_stream
 _LAYOUT_CODES = {F.SfLayout.LAYOUT_128x4: 0, F.SfLayout.LAYOUT_8x4: 1, F.SfLayout.LINEAR: 2}
 
 
-def _gs(global_scale: Optional[torch.Tensor]) -> tuple[Optional[int], int]:
+def gs_pointer(global_scale: Optional[torch.Tensor]) -> tuple[Optional[int], int]:
     """Pointer of the global scale(s) and the element stride between batch entries (0: one)."""
     if global_scale is None:
         return None, 0
@@ -42,7 +42,7 @@ def _quantize(entry: str, x: torch.Tensor, global_scale: Optional[torch.Tensor],
     data, scale = prepare_outputs(*meta.quantize(x, fmt, sf_layout))
     i = x.get_device()
     lib = library(i, "core")
-    gs, gs_stride = _gs(global_scale)
+    gs, gs_stride = gs_pointer(global_scale)
     lib.check(getattr(lib, entry)(i, raw_stream(i), use_pdl(x.device), x.data_ptr(), gs, gs_stride, data.data_ptr(),
                                   scale.data_ptr(), x.shape[0] if x.dim() == 3 else 1, x.shape[-2], x.shape[-1],
                                   scale.shape[-2], scale.shape[-1], _LAYOUT_CODES[sf_layout], DTYPE_CODES[x.dtype]),
@@ -65,7 +65,7 @@ def nvfp4_exact_values(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Ten
         return out
     i = x.get_device()
     lib = library(i, "core")
-    gs, gs_stride = _gs(global_scale)
+    gs, gs_stride = gs_pointer(global_scale)
     lib.check(lib.nvfp4_exact_values(i, raw_stream(i), use_pdl(x.device), x.data_ptr(), gs, gs_stride, out.data_ptr(),
                                      x.shape[0] if x.dim() == 3 else 1, x.shape[-2], x.shape[-1], DTYPE_CODES[x.dtype]),
               "nvfp4_exact_values")
@@ -82,7 +82,7 @@ def dequantize_into(out: torch.Tensor, data: torch.Tensor, scale: torch.Tensor, 
     preallocated `out` [..., rows, k]."""
     i = data.get_device()
     lib = library(i, "core")
-    gs, gs_stride = _gs(global_scale)
+    gs, gs_stride = gs_pointer(global_scale)
     lib.check(lib.dequantize(i, raw_stream(i), use_pdl(data.device), data.data_ptr(), scale.data_ptr(), gs, gs_stride,
                              out.data_ptr(), data.shape[0] if data.dim() == 3 else 1, data.shape[-2],
                              data.shape[-1] * 2, scale.shape[-2], scale.shape[-1], _LAYOUT_CODES[sf_layout],
