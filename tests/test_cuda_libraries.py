@@ -27,11 +27,15 @@ def test_every_kernel_source_is_in_a_library():
     assert {u.source for u in units} == set(build.KERNEL_SOURCES)
     assert len(set(units)) == len(units)                       # no unit in two libraries
     for v in range(build.MM_VARIANTS):
-        assert build.LIBRARIES[f"small_m{v}"] == (build.Unit("mm_small_m.cu", v),)
-        assert build.LIBRARIES[f"wgmma{v}"] == (build.Unit("mm_wgmma.cu", v),)
-        # fused_moe's grouped small-M GEMMs read row-major weights: no "sm90" variant
-        assert build.LIBRARIES.get(f"moe_small_m{v}") == (None if v % 2 else (build.Unit("moe_small_m.cu", v),))
-    assert build.Unit("mm_wgmma.cu", 3).defines() == ("-DTORCH_FP4_PART=3",)
+        assert build.LIBRARIES[f"small_m{v}"] == (build.Unit("mm_small_m.cu", (v,)),)
+        assert build.LIBRARIES[f"wgmma{v}"] == (build.Unit("mm_wgmma.cu", (v,)),)
+    # fused_moe's decode path (NVFP4, row-major weights): bf16 x, or fp16 x (fp16 FC1, bf16 FC2)
+    assert build.LIBRARIES["moe_small_m0"] == (build.Unit("moe_small_m.cu", (0,)),)
+    assert build.LIBRARIES["moe_small_m2"] == (build.Unit("moe_small_m.cu", (2, 0)),)
+    assert not [n for n in build.LIBRARIES if n.startswith("moe_small_m") and n not in ("moe_small_m0", "moe_small_m2")]
+    assert build.Unit("mm_wgmma.cu", (3,)).defines() == ("-DTORCH_FP4_PARTS=8",)
+    assert build.Unit("moe_small_m.cu", (2, 0)).defines() == ("-DTORCH_FP4_PARTS=5",)
+    assert build.Unit("moe_small_m.cu", (2, 0)).stem == "moe_small_m.part2_0"
     assert build.Unit("quantize.cu").defines() == ()
 
 
@@ -66,20 +70,22 @@ def _tools():
 def test_a_variant_unit_holds_only_its_kernels(tmp_path):
     nm = _tools()
     obj = tmp_path / "part.o"
-    unit = build.Unit("mm_small_m.cu", 5)                    # bf16, MXFP4, "sm90" weights
+    unit = build.Unit("mm_small_m.cu", (5,))                 # bf16, MXFP4, "sm90" weights
     subprocess.run(build.compile_command(unit, (9, 0), obj), check=True, capture_output=True, timeout=600)
     text = subprocess.run([nm, "-C", str(obj)], check=True, capture_output=True, text=True).stdout
     config = r"Config<[^>]*?(true|false), (true|false), (true|false), (true|false)>"
     kernels = re.findall(r"small_m_mm_kernel<torch_fp4::small_m::" + config, text)
     assert kernels and set(kernels) == {("false", "true", "true", "false")}   # fp16, MXFP4, sm90, grouped
     assert re.search(r" T torch_fp4_mm_small_m\b", text)
-    # the grouped (fused_moe) unit of the same variant family: row-major MXFP4 weights, grouped
-    moe = build.Unit("moe_small_m.cu", 4)
+    # fused_moe's fp16 decode unit: grouped kernels of the fp16 and the bf16 row-major NVFP4
+    # variants (FC1 reads fp16 x, FC2 the bf16 intermediate), and the routing kernels
+    moe = build.Unit("moe_small_m.cu", (2, 0))
     subprocess.run(build.compile_command(moe, (9, 0), obj), check=True, capture_output=True, timeout=600)
     text = subprocess.run([nm, "-C", str(obj)], check=True, capture_output=True, text=True).stdout
     kernels = re.findall(r"small_m_moe_kernel<torch_fp4::small_m::" + config, text)
-    assert kernels and set(kernels) == {("false", "true", "false", "true")}
-    assert re.search(r" T torch_fp4_moe_small_m\b", text)
+    assert set(kernels) == {("true", "false", "false", "true"), ("false", "false", "false", "true")}
+    assert re.search(r"moe_route::align_kernel", text) and re.search(r"moe_route::topk_sum_kernel<float>", text)
+    assert re.search(r" T torch_fp4_moe_decode\b", text)
 
 
 def test_built_library_exports_only_its_entry_points_and_is_reused(tmp_path, monkeypatch):
@@ -107,3 +113,36 @@ def test_built_library_exports_only_its_entry_points_and_is_reused(tmp_path, mon
 def test_unknown_library_is_refused():
     with pytest.raises(ValueError, match="unknown kernel libraries"):
         build.build((9, 0), ["wgmma9"], progress=None)
+
+
+def test_decode_plan_fields_match_the_c_struct():
+    text = (build.CSRC / "moe_decode.h").read_text()
+    body = re.search(r"struct MoeDecodePlan \{(.*?)\};", text, re.S).group(1)
+    body = re.sub(r"//[^\n]*", "", body)
+    names = [n for decl in re.findall(r"int64_t ([^;]+);", body) for n in re.findall(r"\w+", decl)]
+    assert [name for name, _ in native.MoeDecodePlan._fields_] == names
+    assert all(t is native._L for _, t in native.MoeDecodePlan._fields_)
+
+
+def test_decode_workspace_layout_matches_the_c_header(tmp_path):
+    """kernels/cuda/moe.workspace_layout (the views the GPU tests read) against csrc/moe_decode.h's
+    moe_decode_workspace, compiled by the host C++ compiler."""
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no host C++ compiler")
+    from test_cuda_moe_glue import _problem
+    from torch_fp4.kernels.cuda import moe as CM
+    cases = [(1, 8, 2, 4096, 14336, 8), (5, 8, 3, 64, 128, 16), (300, 256, 8, 7168, 2048, 64), (4, 2048, 6, 16, 16, 32)]
+    src = tmp_path / "layout.cc"
+    src.write_text('#include <cstdio>\n#include "moe_decode.h"\nint main() {\n' + "".join(
+        f"  {{ torch_fp4::MoeDecodePlan p{{}}; p.tokens = {t}; p.experts = {e}; p.top_k = {k}; p.hidden = {h}; "
+        f"p.inter = {i}; p.block_m = {bm}; auto w = torch_fp4::moe_decode_workspace(p); "
+        'std::printf("%lld %lld %lld %lld %lld %lld\\n", (long long)w.sorted_pairs, (long long)w.block_expert, '
+        '(long long)w.expert_end, (long long)w.h, (long long)w.y, (long long)w.bytes); }\n'
+        for t, e, k, h, i, bm in cases) + "}\n")
+    exe = tmp_path / "layout"
+    subprocess.run([cxx, "-std=c++17", f"-I{build.CSRC}", str(src), "-o", str(exe)], check=True, capture_output=True)
+    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+    for (t, e, k, h, i, bm), line in zip(cases, lines):
+        layout, total = CM.workspace_layout(_problem(t, e, k, hidden=h, inter=i), bm)
+        assert [int(v) for v in line.split()] == [off for off, _, _ in layout.values()] + [total], (t, e, k, bm)

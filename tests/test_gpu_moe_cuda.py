@@ -182,15 +182,67 @@ def test_auto_picks_cuda_at_every_size():
         assert got.label == "cuda", (tokens, got)
 
 
+def _decode(x, w, ids, tw, tactic, a1=None, a2=None, lo=0, strict=True, out_dtype=BF16):
+    """fused_moe's decode path (one C call) with `tactic` on weights w = (w1, w1_s, w1_gs, w2, w2_s,
+    w2_gs), and the parts of its workspace (sorted_pairs, block_expert, expert_end, h, y)."""
+    from torch_fp4.kernels.cuda import moe as CM
+    from torch_fp4.problems import MoeProblem
+    prob = MoeProblem.of(x, w[0], w[1], w[3], w[4], ids, a1, a2, lo, None if strict else w[0].shape[0], out_dtype)
+    kept = []
+    out = CM._small_m_moe(x, *w, ids, tw, a1, a2, out_dtype, prob, tactic, keep_workspace=kept)
+    d, workspace = kept[0]
+    return out, CM.workspace_views(d, workspace)
+
+
+@pytest.mark.parametrize("experts,local,top_k,tokens,block_m", [
+    (8, (0, 8), 3, 1, 8), (8, (0, 8), 3, 40, 16), (8, (2, 6), 2, 24, 8), (256, (0, 256), 8, 300, 8),
+    (2048, (0, 2048), 6, 4, 8), (4, (0, 4), 1, 100, 64)])
+def test_decode_grouping_is_the_triton_layout(experts, local, top_k, tokens, block_m):
+    """The decode path's one-CTA grouping (csrc/moe_route.cuh) writes the layout of the Triton
+    align with cleared padding, entry for entry: more pairs than one 256-pair step of its scatter
+    warp (2400), 2048 experts, expert parallelism (ids outside the local slice dropped), 100
+    pairs on one expert (ranks across steps); the outputs equal the reference's bits."""
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import _TILES, SmallMMoeTactic
+    from torch_fp4.kernels.triton.moe_align import align
+    lo, hi = local
+    tactic = SmallMMoeTactic(block_m, *_TILES[block_m // 8])   # a tile compiled for block_m
+    p = exact_problem(experts, 64, 32, tokens, False, seed=experts + tokens)
+    ids, tw = random_routing(tokens, experts, top_k, seed=tokens)
+    if top_k == 1:
+        ids.fill_(2)
+    strict = lo == 0 and hi == experts
+    got, ws = _decode(p.x, p.weights(lo, hi), ids, tw, tactic, lo=lo, strict=strict)
+    want = align(ids, hi - lo, lo, block_m, zero_padding=True)
+    for name in ("sorted_pairs", "block_expert", "expert_end"):
+        assert torch.equal(ws[name], getattr(want, name)), name
+    assert_same(got, p.run(ids, tw, "reference", lo, None if strict else hi), f"E={experts} T={tokens} k={top_k}")
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float32, torch.float16, BF16], ids=str)
+def test_decode_stray_ids_give_nan_rows(out_dtype):
+    """Without expert parallelism a token with an id outside [0, E) is NaN in every column (the
+    decode path's top-k sum); the other tokens keep the reference's bits."""
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
+    p = exact_problem(8, 64, 32, 6, False, seed=31)
+    ids, tw = random_routing(6, 8, 2, seed=32)
+    bad = ids.clone()
+    bad[1, 0], bad[4, 1] = 8, -1
+    got, _ = _decode(p.x, p.weights(), bad, tw, SmallMMoeTactic(8), out_dtype=out_dtype)
+    want = p.run(ids, tw, "reference", out_dtype=out_dtype)
+    rows = torch.tensor([1, 4], device=DEV)
+    assert got[rows].isnan().all()
+    keep = torch.tensor([0, 2, 3, 5], device=DEV)
+    assert_same(got[keep], want[keep], f"{out_dtype} other rows")
+
+
 @pytest.mark.parametrize("qdq", [False, True], ids=["bf16", "nvfp4-intermediate"])
 def test_small_m_fc1_swiglu_bits_over_a_range_of_gates(qdq):
-    """FC1 of the decode path alone, on data whose gate and up sums are exact in any order (x and
-    the weights in {0, +-0.5, +-1}, block scales 1) and whose gates span about [-20, 20], so that
-    its SwiGLU (expf, the division) and, with an NVFP4 intermediate, its quantization (block
-    amax across four lanes) must equal the reference's bit for bit."""
-    from torch_fp4.kernels.cuda import moe as CM
+    """FC1 of the decode path (its output h, read from the call's workspace), on data whose gate
+    and up sums are exact in any order (x and the weights in {0, +-0.5, +-1}, block scales 1) and
+    whose gates span about [-20, 20], so that its SwiGLU (expf, the division) and, with an NVFP4
+    intermediate, its quantization (block amax across four lanes) must equal the reference's bit
+    for bit."""
     from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
-    from torch_fp4.kernels.triton.moe_align import align
     from torch_fp4.reference.moe import silu_mul
     from test_gpu_moe import _gen, _pack
     experts, hidden, inter, tokens, top_k = 4, 256, 96, 5, 2
@@ -199,16 +251,16 @@ def test_small_m_fc1_swiglu_bits_over_a_range_of_gates(qdq):
     codes = torch.randint(0, 3, (experts, 2 * inter, hidden), generator=g).to(torch.uint8)
     codes |= torch.randint(0, 2, codes.shape, generator=g).to(torch.uint8) << 3
     w1, w1_s = _pack(codes, torch.ones(experts, 2 * inter, hidden // 16))
+    w2, w2_s = _pack(torch.zeros(experts, hidden, inter, dtype=torch.uint8), torch.ones(experts, hidden, inter // 16))
     w_gs = torch.ones(experts, device=DEV)   # alpha 1
-    gs = torch.tensor([37.5], device=DEV) if qdq else None
+    gs = torch.tensor([37.5], device=DEV) if qdq else None   # bf16 x, NVFP4 intermediate
     ids, tw = random_routing(tokens, experts, top_k, seed=8)
     for t in (SmallMMoeTactic(8, 8, 1, 256, 4), SmallMMoeTactic(8, 4, 2, 128, 3, 2, 1)):
-        blocks = align(ids, experts, 0, t.block_m)
-        h = torch.full((blocks.rows, inter), float("nan"), dtype=BF16, device=DEV)
-        CM._small_m_gemm(x, w1, w1_s, w_gs, None, h, blocks, top_k, t.fc1_split, True, t, qdq_gs=gs)
-        pairs, ends = blocks.sorted_pairs.tolist(), blocks.expert_end.tolist()
+        _, ws = _decode(x, (w1, w1_s, w_gs, w2, w2_s, w_gs.clone()), ids, tw, t, a2=gs)
+        h = ws["h"]
+        pairs, ends = ws["sorted_pairs"].tolist(), ws["expert_end"].tolist()
         gates = []
-        for b, e in enumerate(blocks.block_expert.tolist()):
+        for b, e in enumerate(ws["block_expert"].tolist()):
             if e < 0:
                 continue
             rows = list(range(b * t.block_m, min((b + 1) * t.block_m, ends[e])))

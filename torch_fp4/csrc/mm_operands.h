@@ -31,9 +31,10 @@ struct MmOperands {
 // The kernel variants of each GEMM, by index: (fp16 activations ? 2 : MXFP4 ? 4 : 0) + "sm90"
 // weights (fp16 activations with MXFP4 are not compiled: fp16 cannot hold every MXFP4 value).
 // Each variant of each GEMM is a kernel library of its own (torch_fp4/kernels/cuda/build.py:
-// the source compiled with -DTORCH_FP4_PART=index holds that variant's kernels only, and its
-// dispatch and C entry point refuse the other variants), built when a call first needs it;
-// without TORCH_FP4_PART a source holds every variant.
+// the source compiled with -DTORCH_FP4_PARTS=mask holds the kernels of the variants whose bits
+// are set only (one, or fused_moe's fp16 decode path: fp16 FC1, bf16 FC2), and its dispatch and
+// C entry points refuse the others), built when a call first needs it; without TORCH_FP4_PARTS a
+// source holds every variant.
 struct MmVariant {
   bool fp16, mx, packed;
 };
@@ -55,8 +56,8 @@ struct MmVariantIndex {
 // Whether this translation unit holds variant kV's kernels.
 template <int kV>
 constexpr bool mm_variant_compiled() {
-#if defined(TORCH_FP4_PART)
-  return kV == TORCH_FP4_PART;
+#if defined(TORCH_FP4_PARTS)
+  return ((TORCH_FP4_PARTS) >> kV) & 1;
 #else
   return true;
 #endif

@@ -12,6 +12,8 @@
 
 #include "capi.h"
 #include "launch.h"
+#include "moe_decode.h"
+#include "moe_route.cuh"
 #include "small_m_device.cuh"
 
 namespace torch_fp4 {
@@ -119,45 +121,94 @@ bool launch_small_m_moe(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   });
 }
 
+// One GEMM of the decode path over every block of `ws`: act [.., k] times each block's expert's
+// weights (weight_rows rows of k / 2 bytes per expert) into out [.., n] bf16.
+SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, char* base, const void* act,
+                          int act_fp16, const void* w, const void* w_scale, const float* w_gs, void* out, int64_t n,
+                          int64_t k, int64_t weight_rows, int64_t kp, int64_t s_expert, int64_t split) {
+  SmallMMoeArgs a{};
+  static_cast<SmallMMmArgs&>(a) =
+      small_m_args(make_mm_operands(act, w, w_scale, nullptr, out, ws.rows, n, k, kp, act_fp16, 0, kBFloat16, 0),
+                   static_cast<int>(p.warps), static_cast<int>(p.tiles_per_warp), static_cast<int>(p.block_k),
+                   static_cast<int>(p.stages), static_cast<int>(split));
+  a.block_m = static_cast<int>(p.block_m);
+  a.block_expert = reinterpret_cast<const int*>(base + ws.block_expert);
+  a.blocks = ws.blocks;
+  a.experts = p.experts;
+  a.w_expert = weight_rows * (k / 2);
+  a.s_expert = s_expert;
+  a.row_index = reinterpret_cast<const int*>(base + ws.sorted_pairs);
+  a.expert_end = reinterpret_cast<const int*>(base + ws.expert_end);
+  a.top_k = static_cast<int>(p.top_k);
+  a.w_gs = w_gs;
+  return a;
+}
+
+// Why the decode path cannot run plan p, or null.
+const char* decode_plan_reason(const MoeDecodePlan& p) {
+  if (p.tokens < 1 || p.top_k < 1 || p.experts < 1 || p.hidden < 16 || p.inter < 16) return "empty sizes";
+  if (p.hidden % moe_route::kSumColumns) return "hidden % 8 != 0";
+  if (p.experts > moe_route::kMaxExperts) return "more experts than the alignment's tables";
+  if (p.block_m != 8 && p.block_m != 16 && p.block_m != 32 && p.block_m != 64) return "block_m";
+  const MoeDecodeWorkspace ws = moe_decode_workspace(p);
+  if (ws.rows >= (int64_t{1} << 31) || ws.blocks > small_m::kMaxBlocks) return "too many grouped rows";
+  return nullptr;
+}
+
 }  // namespace torch_fp4
 
-// C entry point (capi.h): the grouped small-M GEMM on MmOperands (make_mm_operands; m: the grouped
-// rows, blocks * block_m) with the small-M tactic (warps, tiles_per_warp, block_k, stages, split_k)
-// and the grouping (block_m, block_expert [blocks], experts and the bytes between their weights
-// and scales, row_index, expert_end, top_k, gather, swiglu, scatter); with swiglu, qdq_gs (null,
-// or [1] / [experts] with qdq_gs_stride 0 / 1) makes FC1's output NVFP4-exact (Ctx::nvfp4_qdq);
-// each block's alpha is formed from w_gs [experts] and a_gs (null, or [1] / [experts] with
-// a_gs_stride 0 / 1): alpha is ignored.
-TORCH_FP4_CAPI int torch_fp4_moe_small_m(int device, void* stream, int pdl, const void* act, const void* w,
-                                         const void* w_scale, const float* alpha, void* out, int64_t m, int64_t n,
-                                         int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
-                                         int warps, int tiles_per_warp, int block_k, int stages, int split_k,
-                                         int block_m, const int* block_expert, int64_t blocks, int64_t experts,
-                                         int64_t w_expert, int64_t s_expert, const int* row_index,
-                                         const int* expert_end, int top_k, int gather, int swiglu, int scatter,
-                                         const float* qdq_gs, int qdq_gs_stride, const float* w_gs,
-                                         const float* a_gs, int a_gs_stride) {
-  if (const int e = torch_fp4::capi_begin(device)) return e;
-  torch_fp4::SmallMMoeArgs a{};
-  static_cast<torch_fp4::SmallMMmArgs&>(a) = torch_fp4::small_m_args(
-      torch_fp4::make_mm_operands(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype, packed), warps,
-      tiles_per_warp, block_k, stages, split_k);
-  a.block_m = block_m;
-  a.block_expert = block_expert;
-  a.blocks = blocks;
-  a.experts = experts;
-  a.w_expert = w_expert;
-  a.s_expert = s_expert;
-  a.row_index = row_index;
-  a.expert_end = expert_end;
-  a.top_k = top_k;
-  a.gather = gather;
-  a.swiglu = swiglu;
-  a.scatter = scatter;
-  a.qdq_gs = qdq_gs;
-  a.qdq_gs_stride = qdq_gs_stride;
-  a.w_gs = w_gs;
-  a.a_gs = a_gs;
-  a.a_gs_stride = a_gs_stride;
-  return torch_fp4::capi_end(torch_fp4::launch_small_m_moe(a, static_cast<cudaStream_t>(stream), pdl != 0));
+// C entry points (capi.h) of fused_moe's decode path on the plan (moe_decode.h). The workspace's
+// size in bytes (moe_decode_workspace), or -1 when the decode path cannot run the plan.
+TORCH_FP4_CAPI int64_t torch_fp4_moe_decode_workspace_bytes(const torch_fp4::MoeDecodePlan* plan) {
+  if (plan == nullptr || torch_fp4::decode_plan_reason(*plan) != nullptr) return -1;
+  return torch_fp4::moe_decode_workspace(*plan).bytes;
+}
+
+// out [tokens, hidden] (plan.out_dtype) of fused_moe: x [tokens, hidden] (bf16/fp16, 16-byte
+// aligned; W4A4: the exact bf16 values of its NVFP4 quantization), w1 [E, 2I, H/2] / w2 [E, H, I/2]
+// row-major with 128x4 scales, w1_gs / w2_gs [E] contiguous, topk_ids int32 / topk_weights fp32
+// [tokens, top_k] contiguous, a1_gs / a2_gs null (W4A16) or the activations' global scales,
+// workspace torch_fp4_moe_decode_workspace_bytes bytes, 256-byte aligned. Four launches: align,
+// FC1 (gather, SwiGLU; W4A4: the intermediate's NVFP4 exact values), FC2 (rows in pair order),
+// the top-k sum; none reads anything back.
+TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const torch_fp4::MoeDecodePlan* plan,
+                                        const void* x, const void* w1, const void* w1_scale, const float* w1_gs,
+                                        const void* w2, const void* w2_scale, const float* w2_gs,
+                                        const int* topk_ids, const float* topk_weights, const float* a1_gs,
+                                        const float* a2_gs, void* out, void* workspace) {
+  using namespace torch_fp4;
+  if (const int e = capi_begin(device)) return e;
+  if (plan == nullptr || decode_plan_reason(*plan) != nullptr || workspace == nullptr) return kNotCompiled;
+  const MoeDecodePlan& p = *plan;
+  const MoeDecodeWorkspace ws = moe_decode_workspace(p);
+  char* base = static_cast<char*>(workspace);
+  const cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const bool use_pdl = pdl != 0;
+  const int lo = static_cast<int>(p.local_offset), experts = static_cast<int>(p.experts);
+  moe_route::launch_align(topk_ids, p.tokens * p.top_k, lo, experts, static_cast<int>(p.block_m), ws.blocks,
+                          reinterpret_cast<int*>(base + ws.sorted_pairs), reinterpret_cast<int*>(base + ws.block_expert),
+                          reinterpret_cast<int*>(base + ws.expert_end), s, use_pdl);
+
+  SmallMMoeArgs fc1 = decode_gemm(p, ws, base, x, static_cast<int>(p.act_fp16), w1, w1_scale, w1_gs, base + ws.h,
+                                  p.inter, p.hidden, 2 * p.inter, p.w1_kp, p.w1_s_expert, p.fc1_split);
+  fc1.gather = 1;
+  fc1.swiglu = 1;
+  fc1.qdq_gs = a2_gs;
+  fc1.qdq_gs_stride = static_cast<int>(p.a2_gs_stride);
+  fc1.a_gs = a1_gs;
+  fc1.a_gs_stride = static_cast<int>(p.a1_gs_stride);
+  bool launched = launch_small_m_moe(fc1, s, use_pdl);
+
+  SmallMMoeArgs fc2 = decode_gemm(p, ws, base, base + ws.h, 0, w2, w2_scale, w2_gs, base + ws.y, p.hidden, p.inter,
+                                  p.hidden, p.w2_kp, p.w2_s_expert, p.fc2_split);
+  fc2.scatter = 1;
+  fc2.a_gs = a2_gs;
+  fc2.a_gs_stride = static_cast<int>(p.a2_gs_stride);
+  launched = launched && launch_small_m_moe(fc2, s, use_pdl);
+
+  launched = launched && moe_route::launch_topk_sum(reinterpret_cast<const uint16_t*>(base + ws.y), topk_ids,
+                                                    topk_weights, out, static_cast<int>(p.out_dtype), p.tokens,
+                                                    static_cast<int>(p.hidden), static_cast<int>(p.top_k), lo, experts,
+                                                    p.strict != 0, s, use_pdl);
+  return capi_end(launched);
 }

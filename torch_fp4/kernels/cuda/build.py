@@ -2,7 +2,8 @@
 
 A library is a shared object built by nvcc alone (no torch headers, no torch C++ ABI): "core"
 (quantize, dequantize, global scale) and one per GEMM source and kernel variant ("small_m1",
-"wgmma4": csrc/mm_operands.h's variant index, the source compiled with -DTORCH_FP4_PART=index).
+"wgmma4": csrc/mm_operands.h's variant index, the source compiled with -DTORCH_FP4_PARTS=1<<index;
+fused_moe's decode path with fp16 activations holds two variants: fp16 FC1, bf16 FC2).
 So the first call of a fresh process waits only for the units it uses, compiled in parallel. A
 library links its own static CUDA runtime with its symbols kept inside (-Bsymbolic, no exported
 runtime), exports only its C entry points (csrc/capi.h; called through native.py), and is cached
@@ -41,25 +42,27 @@ LINK_FLAGS = ("-shared", "-Xlinker", "-Bsymbolic,--exclude-libs,ALL")
 
 @dataclass(frozen=True)
 class Unit:
-    """One translation unit: a csrc source, or one kernel variant of a GEMM source."""
+    """One translation unit: a csrc source, or the kernel variants `parts` of a GEMM source."""
     source: str
-    part: Optional[int] = None
+    parts: tuple[int, ...] = ()
 
     @property
     def stem(self) -> str:
         base = self.source.removesuffix(".cu")
-        return base if self.part is None else f"{base}.part{self.part}"
+        return base if not self.parts else f"{base}.part{'_'.join(map(str, self.parts))}"
 
     def defines(self) -> tuple[str, ...]:
-        return () if self.part is None else (f"-DTORCH_FP4_PART={self.part}",)
+        return () if not self.parts else (f"-DTORCH_FP4_PARTS={sum(1 << v for v in set(self.parts))}",)
 
 
 LIBRARIES: dict[str, tuple[Unit, ...]] = {
     "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu")),
-    **{f"small_m{v}": (Unit("mm_small_m.cu", v),) for v in range(MM_VARIANTS)},
-    **{f"wgmma{v}": (Unit("mm_wgmma.cu", v),) for v in range(MM_VARIANTS)},
-    # fused_moe's grouped small-M GEMMs: row-major weights only (the variants without "sm90")
-    **{f"moe_small_m{v}": (Unit("moe_small_m.cu", v),) for v in range(0, MM_VARIANTS, 2)},
+    **{f"small_m{v}": (Unit("mm_small_m.cu", (v,)),) for v in range(MM_VARIANTS)},
+    **{f"wgmma{v}": (Unit("mm_wgmma.cu", (v,)),) for v in range(MM_VARIANTS)},
+    # fused_moe's decode path (NVFP4, row-major weights) by FC1's activations: bf16, or fp16 (its
+    # FC2 reads the bf16 intermediate: both variants)
+    "moe_small_m0": (Unit("moe_small_m.cu", (0,)),),
+    "moe_small_m2": (Unit("moe_small_m.cu", (2, 0)),),
 }
 
 

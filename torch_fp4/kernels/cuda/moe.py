@@ -1,17 +1,20 @@
 """fused_moe on the cuda backend (same signature as torch_fp4/reference/moe.py, plus the tactic),
 two grouped GEMM families (kernels/cuda/moe_tactics.py picks by routed rows per expert).
 
-Decode sizes (SmallMMoeTactic): the small-M GEMM of csrc/mm_small_m.cuh run grouped
-(csrc/moe_small_m.cu, torch_fp4_moe_small_m): moe_align groups the pairs by expert in blocks of
-block_m rows; FC1 reads each block's activation rows straight from x through the pairs, streams
-its expert's gate and up rows of 64 (or 32) columns per CTA and writes RN_bf16(silu(gate) * up)
-(gate and up each RN_bf16(alpha1[e] * acc), the bf16 h of the spec); FC2 writes each row to its
-pair's row of y [T k, H]; the Triton finalize sums y in slot order. Four launches, none reading
-anything back; each block's alpha is formed in the GEMM from the global scales (no launch). W4A4 replaces x by the exact values of its quantization (quantize.nvfp4_exact_values:
-one launch), and FC1's epilogue
-quantizes its output with a2_global_scale and writes the exact dequantized values (16 columns of
-a row are four lanes' chunks: one shuffle pair gives the block amax), the global scales entering
-through the alphas.
+Decode sizes (SmallMMoeTactic): one C call (csrc/moe_small_m.cu torch_fp4_moe_decode) on a
+plan built once per problem and tactic (csrc/moe_decode.h), the tensors passed as pointers, one
+workspace tensor for every intermediate. It enqueues four launches, none reading anything back:
+the grouping of the pairs by expert in blocks of block_m rows (csrc/moe_route.cuh, the layout of
+kernels/triton/moe_align.py); FC1, the small-M GEMM of csrc/mm_small_m.cuh run grouped, reading
+each block's activation rows straight from x through the pairs, streaming its expert's gate and
+up rows of 64 (or 32) columns per CTA and writing RN_bf16(silu(gate) * up) (gate and up each
+RN_bf16(alpha1[e] * acc), the bf16 h of the spec); FC2, writing each row to its pair's row of
+y [T k, H]; the top-k sum in slot order (csrc/moe_route.cuh). Each block's alpha is formed in the
+GEMM from the global scales. W4A4 replaces x by the exact values of its quantization
+(quantize.nvfp4_exact_values: one launch before the call), and FC1's epilogue quantizes its
+output with a2_global_scale and writes the exact dequantized values (16 columns of a row are four
+lanes' chunks: one shuffle pair gives the block amax), the global scales entering through the
+alphas.
 
 From SMALL_M_BELOW rows per expert (WgmmaMoeTactic): the shared grouped-GEMM MoE launches (kernels/triton/moe_grouped.py: align, gather, alphas,
 inverse permutation, finalize) around the Hopper FP4-weight GEMM of csrc/mm_wgmma.cu run grouped
@@ -28,7 +31,9 @@ alphas, as mm_fp4's W4A4 does.
 """
 from __future__ import annotations
 
-from typing import Optional
+import ctypes
+import math
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -38,13 +43,11 @@ from .. import _common
 from .._common import tactic_or_default
 from ... import meta
 from ..triton import moe_grouped
-from ..triton.moe_align import align
-from ..triton.moe_fused import finalize
-from ..triton.moe_numerics import interpreting
+from ..triton.moe_align import max_blocks
 from .build import mm_variant
 from .moe_tactics import MOE_SPACE, SmallMMoeTactic, WgmmaMoeTactic
-from .native import DTYPE_CODES, library, raw_stream
-from .quantize import gs_pointer, nvfp4_exact_values, nvfp4_quantize
+from .native import DTYPE_CODES, MoeDecodePlan, library, raw_stream
+from .quantize import nvfp4_exact_values, nvfp4_quantize
 
 LAYOUT = F.SfLayout.LINEAR   # the quantized activations' scales: never read by another backend
 
@@ -73,52 +76,107 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
     return moe_grouped.silu_mul(out) if swiglu else out
 
 
-def _small_m_gemm(a: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor, w_gs: torch.Tensor,
-                  a_gs: Optional[torch.Tensor], out: torch.Tensor, blocks, top_k: int, split: int, fc1: bool,
-                  t: SmallMMoeTactic, qdq_gs: Optional[torch.Tensor] = None) -> None:
-    """FC1 (gather x's rows through the pairs, SwiGLU; out [rows, I]; with qdq_gs ([1] or [E])
-    each row's NVFP4 quantization with that global scale, dequantized without it) or FC2 (out
-    [T k, H] in pair order) over every block of blocks (moe_align.ExpertBlocks); expert e's alpha
-    is formats.nvfp4_alpha(a_gs ([1] or [E], or None), w_gs[e]), formed in the kernel (which reads
-    w_gs [E] contiguous and a_gs / qdq_gs at their element stride)."""
-    i = a.get_device()
-    fp16 = a.dtype == torch.float16
-    experts, k = w.shape[0], w.shape[2] * 2
-    n = out.shape[1]
-    lib = library(i, f"moe_small_m{mm_variant(fp16, False, False)}")
-    status = lib.moe_small_m(
-        i, raw_stream(i), _common.PDL, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(), None,
-        out.data_ptr(), blocks.rows, n, k, w_scale.shape[2], int(fp16), 0, DTYPE_CODES[torch.bfloat16], 0,
-        t.warps, t.tiles_per_warp, t.block_k, t.stages, split, t.block_m, blocks.block_expert.data_ptr(),
-        blocks.num_blocks, experts, w.stride(0), w_scale.stride(0) * w_scale.element_size(),
-        blocks.sorted_pairs.data_ptr(), blocks.expert_end.data_ptr(), top_k, int(fc1), int(fc1), int(not fc1),
-        *gs_pointer(qdq_gs), w_gs.contiguous().data_ptr(), *gs_pointer(a_gs))
-    if status:
-        lib.check(status, f"fused_moe grouped small-M {'FC1' if fc1 else 'FC2'} (N={n}, K={k}, E={experts}) "
-                          f"with {t}")
+class _Decode(NamedTuple):
+    """What the decode path keeps per (problem, tactic): the C plan and its address, the
+    workspace's size, the library."""
+    problem: MoeProblem
+    tactic: SmallMMoeTactic
+    plan: MoeDecodePlan
+    address: int
+    workspace_bytes: int
+    library: str
+
+
+_DECODES: dict[tuple[int, int], _Decode] = {}
+_MAX_DECODES = 256
+
+
+def _decode(p: MoeProblem, t: SmallMMoeTactic, w1_scale: torch.Tensor, w2_scale: torch.Tensor) -> _Decode:
+    """The decode plan of problem p with tactic t, built once: the dispatch passes the same
+    problem and tactic objects on every call of a problem, so the lookup is by identity (the entry
+    holds both, so their ids stay theirs)."""
+    d = _DECODES.get((id(p), id(t)))
+    if d is not None and d.problem is p and d.tactic is t:
+        return d
+    fp16 = p.x_dtype == torch.float16 and not p.w4a4   # W4A4's FC1 reads bf16 exact values
+    plan = MoeDecodePlan(
+        tokens=p.tokens, hidden=p.hidden, inter=p.inter, experts=p.experts, top_k=p.top_k,
+        local_offset=p.local_expert_offset, strict=int(p.strict_ids), act_fp16=int(fp16),
+        out_dtype=DTYPE_CODES[p.out_dtype], block_m=t.block_m, warps=t.warps, tiles_per_warp=t.tiles_per_warp,
+        block_k=t.block_k, stages=t.stages, fc1_split=t.fc1_split, fc2_split=t.fc2_split,
+        w1_kp=w1_scale.shape[2], w2_kp=w2_scale.shape[2], w1_s_expert=w1_scale.stride(0) * w1_scale.element_size(),
+        w2_s_expert=w2_scale.stride(0) * w2_scale.element_size(), a1_gs_stride=0,
+        a2_gs_stride=int(p.a2_per_expert))
+    name = f"moe_small_m{mm_variant(fp16, False, False)}"
+    nbytes = library(p.device.index, name).moe_decode_workspace_bytes(ctypes.addressof(plan))
+    if nbytes < 0 or nbytes != workspace_layout(p, t.block_m)[1]:
+        raise RuntimeError(f"torch_fp4 internal: the cuda fused_moe decode path refused its plan {plan_fields(plan)} "
+                           f"(workspace {nbytes} bytes)")
+    if len(_DECODES) >= _MAX_DECODES:
+        _DECODES.clear()
+    d = _DECODES[(id(p), id(t))] = _Decode(p, t, plan, ctypes.addressof(plan), nbytes, name)
+    return d
+
+
+def plan_fields(plan: MoeDecodePlan) -> dict[str, int]:
+    return {name: getattr(plan, name) for name, _ in plan._fields_}
+
+
+def workspace_layout(p: MoeProblem, block_m: int) -> tuple[dict[str, tuple[int, torch.dtype, tuple]], int]:
+    """csrc/moe_decode.h's moe_decode_workspace: {part: (byte offset, dtype, shape)} of
+    sorted_pairs, block_expert, expert_end (int32), h [rows, I] and y [T k, H] (bf16), and the
+    total bytes; each part 256-byte aligned."""
+    pairs = p.tokens * p.top_k
+    blocks = max_blocks(pairs, p.experts, block_m)
+    rows = blocks * block_m
+    parts = {"sorted_pairs": (torch.int32, (rows,)), "block_expert": (torch.int32, (blocks,)),
+             "expert_end": (torch.int32, (p.experts,)), "h": (torch.bfloat16, (rows, p.inter)),
+             "y": (torch.bfloat16, (pairs, p.hidden))}
+    layout, offset = {}, 0
+    for name, (dtype, shape) in parts.items():
+        layout[name] = (offset, dtype, shape)
+        offset += -(-(dtype.itemsize * math.prod(shape)) // 256) * 256
+    return layout, offset
+
+
+def workspace_views(d: _Decode, workspace: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The parts of a decode call's workspace (workspace_layout), for tests."""
+    layout, _ = workspace_layout(d.problem, d.tactic.block_m)
+    return {name: workspace[offset:offset + dtype.itemsize * math.prod(shape)].view(dtype).view(shape)
+            for name, (offset, dtype, shape) in layout.items()}
 
 
 def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
-                 a1_global_scale, a2_global_scale, local_expert_offset, out_dtype, strict_ids,
-                 t: SmallMMoeTactic) -> torch.Tensor:
+                 a1_global_scale, a2_global_scale, out_dtype, p: MoeProblem, t: SmallMMoeTactic,
+                 keep_workspace: Optional[list] = None) -> torch.Tensor:
+    """The decode path: one C call (csrc/moe_small_m.cu torch_fp4_moe_decode) on the plan of
+    (p, t); `keep_workspace` (tests) receives the call's workspace."""
     out = _common.prepare_outputs(meta.fused_moe(x, out_dtype))
-    tokens, top_k = x.shape[0], topk_ids.shape[1]
-    if tokens == 0 or top_k == 0:
-        return out.zero_() if tokens else out
-    experts, inter, hidden = w1.shape[0], w1.shape[1] // 2, x.shape[1]
-    ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
-    blocks = align(ids, experts, local_expert_offset, t.block_m)
-    a = x.contiguous()
-    if a1_global_scale is not None:   # exact bf16 values of x~, the global scale in alpha1
-        a = nvfp4_exact_values(a, a1_global_scale)
+    if p.tokens == 0 or p.top_k == 0:
+        return out.zero_() if p.tokens else out
+    d = _decode(p, t, w1_scale, w2_scale)
+    workspace = torch.empty(d.workspace_bytes, dtype=torch.uint8, device=x.device)
+    if keep_workspace is not None:
+        keep_workspace.append((d, workspace))
+    # every tensor the call reads stays referenced until it is enqueued: a temporary freed before
+    # that could be handed to an allocation (and a kernel writing it) enqueued ahead of the call
+    a, a1, a2 = x, a1_global_scale, a2_global_scale
+    if a2 is not None:
+        a2 = a2.contiguous()
+    if a1 is not None:   # exact bf16 values of x~, the global scales in the alphas
+        a = nvfp4_exact_values(x, a1)
     elif a.data_ptr() % 16:
         a = a.clone()
-    h = torch.empty((blocks.rows, inter), dtype=torch.bfloat16, device=x.device)
-    _small_m_gemm(a, w1, w1_scale, w1_global_scale, a1_global_scale, h, blocks, top_k, t.fc1_split, True, t,
-                  qdq_gs=a2_global_scale)
-    y = torch.empty((ids.numel(), hidden), dtype=torch.bfloat16, device=x.device)
-    _small_m_gemm(h, w2, w2_scale, w2_global_scale, a2_global_scale, y, blocks, top_k, t.fc2_split, False, t)
-    finalize(y, ids, tw, out, experts, local_expert_offset, interpreting(), strict=strict_ids)
+    g1, g2 = w1_global_scale.contiguous(), w2_global_scale.contiguous()
+    ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
+    i = x.get_device()
+    lib = library(i, d.library)
+    status = lib.moe_decode(i, raw_stream(i), _common.PDL, d.address, a.data_ptr(), w1.data_ptr(), w1_scale.data_ptr(),
+                            g1.data_ptr(), w2.data_ptr(), w2_scale.data_ptr(), g2.data_ptr(), ids.data_ptr(),
+                            tw.data_ptr(), None if a1 is None else a1.data_ptr(), None if a2 is None else a2.data_ptr(),
+                            out.data_ptr(), workspace.data_ptr())
+    if status:
+        lib.check(status, f"fused_moe decode path ({plan_fields(d.plan)})")
     return out
 
 
@@ -133,7 +191,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     t = tactic_or_default(tactic, MOE_SPACE, p, op="fused_moe")
     if isinstance(t, SmallMMoeTactic):
         return _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
-                            a1_global_scale, a2_global_scale, local_expert_offset, out_dtype, strict_ids, t)
+                            a1_global_scale, a2_global_scale, out_dtype, p, t)
 
     def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu):
         return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=t)

@@ -22,6 +22,7 @@ from . import mm_tactics as sm
 
 BLOCK_MS = (8, 16, 32, 64)
 MAX_OPERAND = 2**31 - 1       # 32-bit element offsets inside one expert's operands
+MAX_EXPERTS = 2048            # the decode path's one-CTA grouping (csrc/moe_route.cuh kMaxExperts)
 
 
 @register_family
@@ -53,6 +54,10 @@ def problem_reason(p: MoeProblem) -> Optional[str]:
     """Why the grouped small-M GEMMs cannot run this fused_moe problem at all, or None."""
     if p.is_cuda and p.capability < (9, 0):
         return "the grouped small-M GEMM needs compute capability 9.0+ (thread-block clusters)"
+    if p.experts > MAX_EXPERTS:
+        return f"the decode path groups the pairs of at most {MAX_EXPERTS} local experts, got {p.experts}"
+    if p.hidden == 0 or p.inter == 0:
+        return "empty expert weights (H or I is 0)"
     if p.hidden * max(p.tokens, 1) > MAX_OPERAND:
         return f"x [{p.tokens}, {p.hidden}] is beyond 2^31 elements (32-bit row offsets)"
     if 2 * p.inter * (p.hidden // 2) > MAX_OPERAND or p.hidden * (p.inter // 2) > MAX_OPERAND:

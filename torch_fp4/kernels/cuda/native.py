@@ -31,9 +31,20 @@ SIGNATURES = {
     "mm_wgmma": (_I, _HEAD + _MM + (_I,) * 6 + (_P,)),
     "mm_wgmma_workspace_bytes": (_L, (_I,) + _MM + (_I,) * 6),
     "mm_wgmma_grouped": (_I, _HEAD + _MM + (_I,) * 5 + (_P, _L, _L, _L)),
-    "moe_small_m": (_I, _HEAD + _MM + (_I,) * 6 + (_P, _L, _L, _L, _L, _P, _P, _I, _I, _I, _I, _P, _I, _P, _P, _I)),
+    "moe_decode_workspace_bytes": (_L, (_P,)),
+    "moe_decode": (_I, _HEAD + (_P,) * 14),
     "error_string": (ctypes.c_char_p, (_I,)),
 }
+
+
+
+class MoeDecodePlan(ctypes.Structure):
+    """csrc/moe_decode.h's MoeDecodePlan: fused_moe's decode path, fixed per problem."""
+    _fields_ = [(name, _L) for name in (
+        "tokens", "hidden", "inter", "experts", "top_k", "local_offset", "strict", "act_fp16", "out_dtype",
+        "block_m", "warps", "tiles_per_warp", "block_k", "stages", "fc1_split", "fc2_split", "w1_kp", "w2_kp",
+        "w1_s_expert", "w2_s_expert", "a1_gs_stride", "a2_gs_stride")]
+
 
 # launch.h's DType codes.
 DTYPE_CODES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float8_e4m3fn: 3}
