@@ -694,3 +694,24 @@ def test_quantize_model_of_a_bare_linear_says_what_to_use():
     with pytest.raises(TypeError, match=r"quantize_model: model: .*FP4Linear.from_linear.*got an nn.Linear"):
         quantize_model(lin)
     assert dict(lin.named_children()) == {} and set(lin.state_dict()) == {"weight", "bias"}
+
+
+def test_one_inf_weight_or_activation_stays_in_its_block():
+    """Regression (docs/NUMERICS.md section 2: global scales ignore Inf and NaN): one Inf weight
+    made every output NaN through FP4Linear.from_linear, and one Inf activation every token of a
+    W4A4 batch NaN (its per-call global scale was 0)."""
+    g = torch.Generator().manual_seed(3)
+    lin = torch.nn.Linear(64, 32, dtype=torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(32, 64, generator=g) * 0.1)
+        lin.weight[3, 5] = float("inf")
+    x = torch.randn(4, 64, generator=g).to(torch.bfloat16)
+    assert torch.isfinite(FP4Linear.from_linear(lin)(x)).all()
+    with torch.no_grad():
+        lin.weight[3, 5] = 0.1
+    w4a4 = FP4Linear.from_linear(lin, activations="fp4")
+    clean = w4a4(x)
+    x[2, 7] = float("inf")
+    got = w4a4(x)
+    assert torch.isfinite(got).all()
+    assert torch.equal(got[[0, 1, 3]], clean[[0, 1, 3]])   # the same global scale: the Inf is ignored

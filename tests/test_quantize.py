@@ -449,9 +449,34 @@ def test_compute_global_scale_degenerate():
     assert gsc(fp32([[2.0 ** -149]])).tolist() == [1.0]
     # smallest amax whose quotient is finite: 2688 / 2^-117 = 1.3125 * 2^128 overflows, 2^-116 not
     assert gsc(fp32([[2.0 ** -116]])).item() == 2688.0 * 2.0 ** 116
-    # NaN anywhere -> 1.0
-    assert gsc(fp32([[1.0, NAN, 3.0]])).tolist() == [1.0]
+    # Inf and NaN are ignored (docs/NUMERICS.md section 2); nothing finite but zero -> 1.0
+    assert gsc(fp32([[1.0, NAN, 3.0]])).tolist() == [896.0]
+    assert gsc(fp32([[1.0, float("inf"), -3.0, float("-inf")]])).tolist() == [896.0]
+    for dt in (torch.bfloat16, torch.float16):
+        assert gsc(fp32([[NAN, 2.0, float("inf")]]).to(dt)).tolist() == [1344.0]
+    assert gsc(fp32([[NAN, 2.0]]).to(torch.float8_e4m3fn)).tolist() == [1344.0]
     assert gsc(fp32([[NAN]]).to(torch.bfloat16)).tolist() == [1.0]
+    assert gsc(fp32([[float("inf"), float("-inf")]])).tolist() == [1.0]
+
+
+def test_one_inf_changes_only_its_own_block():
+    """Regression: one +Inf made the global scale 0 and every dequantized value NaN."""
+    x = torch.randn(4, 32, generator=torch.Generator().manual_seed(0))
+    clean = x.clone()
+    x[0, 0] = float("inf")
+    g = gsc(x)
+    without = clean.clone()
+    without[0, 0] = 0.0
+    assert g.item() == gsc(without).item()                                # the Inf is ignored
+    d, s = torch_fp4.nvfp4_quantize(x, g, backend=REF)
+    out = torch_fp4.fp4_dequantize(d, s, g, out_dtype=torch.float32, backend=REF)
+    assert torch.isfinite(out).all()
+    assert out[0, 0].item() == (torch.tensor([2688.0]) * (1.0 / g)).item()   # code 6 at scale 448
+    dc, sc = torch_fp4.nvfp4_quantize(clean, g, backend=REF)
+    want = torch_fp4.fp4_dequantize(dc, sc, g, out_dtype=torch.float32, backend=REF)
+    block = torch.zeros_like(out, dtype=torch.bool)
+    block[0, :16] = True
+    assert torch.equal(out[~block], want[~block])                         # every other block as without it
 
 
 @settings(max_examples=60, deadline=None)

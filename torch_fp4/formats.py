@@ -343,7 +343,8 @@ def scale_to_float(scale: torch.Tensor, fmt: Fp4Format) -> torch.Tensor:
 # Block-scale rules
 # ---------------------------------------------------------------------------------------------
 def global_scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """NVFP4 encode global scale: RN(2688 / amax); 1.0 where amax == 0 or the result is not finite."""
+    """NVFP4 encode global scale: RN(2688 / amax) (amax of the finite elements, docs/NUMERICS.md
+    section 2); 1.0 where amax == 0 or the result is not finite."""
     amax = amax.float()
     gs = torch.full_like(amax, NVFP4_AMAX_TARGET) / amax
     ok = (amax != 0) & torch.isfinite(gs)

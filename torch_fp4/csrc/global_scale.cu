@@ -1,12 +1,14 @@
-// NVFP4 global scale of a whole tensor in one launch: gs = RN(2688 / amax), 1.0 when amax == 0
-// or the quotient is not finite (formats.global_scale_from_amax).
+// NVFP4 global scale of a whole tensor in one launch: gs = RN(2688 / amax) over the finite
+// elements, 1.0 when amax == 0 or the quotient is not finite (formats.global_scale_from_amax).
 //
-// Each CTA (2 per SM) reduces a grid-stride slice to the fp32 bit pattern of its max |x| and
-// folds it into workspace[0] with atomicMax (absolute-value patterns order like magnitudes and NaN patterns lie
-// above Inf's, so a NaN propagates). The CTA that increments workspace[1] last reads the maximum,
-// writes gs and sets both words back to zero for the next launch. No host synchronization.
+// Each CTA (2 per SM) reduces a grid-stride slice to the fp32 bit pattern of its max |x| over the
+// finite elements (absolute-value patterns order like magnitudes; Inf and NaN lanes count as 0)
+// and folds it into workspace[0] with atomicMax. The CTA that increments workspace[1] last reads
+// the maximum, writes gs and sets both words back to zero for the next launch. No host
+// synchronization.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -26,28 +28,39 @@ template <int kDType>
 struct AbsMax {
   uint32_t acc = 0;
 
+  // kFinite: non-finite lanes (Inf, NaN: magnitude patterns from the type's Inf pattern up; e4m3
+  // has only NaN, 0x7F) count as 0. The kernel's first pass takes every lane (fewer instructions)
+  // and reruns a thread's elements with kFinite only where that found Inf or NaN.
+  template <bool kFinite>
   __device__ __forceinline__ void add_word(uint32_t w) {
-    if constexpr (kDType == kFloat32) {
-      acc = max(acc, w & 0x7FFFFFFFu);
-    } else if constexpr (kDType == kBFloat16 || kDType == kFloat16) {
-      acc = __vmaxu2(acc, w & 0x7FFF7FFFu);
+    if constexpr (!kFinite) {
+      acc = kDType == kFloat32 ? max(acc, w & 0x7FFFFFFFu)
+            : kDType == kFloat8E4M3 ? __vmaxu4(acc, w & 0x7F7F7F7Fu) : __vmaxu2(acc, w & 0x7FFF7FFFu);
+    } else if constexpr (kDType == kFloat32) {
+      const uint32_t a = w & 0x7FFFFFFFu;
+      acc = max(acc, a < 0x7F800000u ? a : 0u);
+    } else if constexpr (kDType == kBFloat16) {
+      const uint32_t a = w & 0x7FFF7FFFu;
+      acc = __vmaxu2(acc, a & __vcmpltu2(a, 0x7F807F80u));
+    } else if constexpr (kDType == kFloat16) {
+      const uint32_t a = w & 0x7FFF7FFFu;
+      acc = __vmaxu2(acc, a & __vcmpltu2(a, 0x7C007C00u));
     } else {
-      acc = __vmaxu4(acc, w & 0x7F7F7F7Fu);
+      const uint32_t a = w & 0x7F7F7F7Fu;
+      acc = __vmaxu4(acc, a & __vcmpltu4(a, 0x7F7F7F7Fu));
     }
   }
 
   // One element given in the low bits of `bits`.
+  template <bool kFinite>
   __device__ __forceinline__ void add_element(uint32_t bits) {
-    if constexpr (kDType == kFloat32) {
-      acc = max(acc, bits & 0x7FFFFFFFu);
-    } else if constexpr (kDType == kBFloat16 || kDType == kFloat16) {
-      acc = max(acc, bits & 0x7FFFu);
-    } else {
-      acc = max(acc, bits & 0x7Fu);
-    }
+    const uint32_t a = bits & (kDType == kFloat32 ? 0x7FFFFFFFu : kDType == kFloat8E4M3 ? 0x7Fu : 0x7FFFu);
+    const uint32_t inf = kDType == kFloat32 ? 0x7F800000u : kDType == kBFloat16 ? 0x7F80u
+                         : kDType == kFloat16 ? 0x7C00u : 0x7Fu;
+    acc = max(acc, !kFinite || a < inf ? a : 0u);
   }
 
-  // The fp32 bit pattern of the maximum (monotone in the narrow pattern; NaN stays NaN).
+  // The fp32 bit pattern of the maximum (monotone in the narrow pattern).
   __device__ __forceinline__ uint32_t fp32_bits() const {
     if constexpr (kDType == kFloat32) {
       return acc;
@@ -87,23 +100,31 @@ __global__ void __launch_bounds__(kThreads) global_scale_kernel(const uint8_t* x
   const int64_t head = std::min<int64_t>(n, ((16 - reinterpret_cast<uintptr_t>(x) % 16) % 16) / kElemBytes);
   const uint4* body = reinterpret_cast<const uint4*>(x + head * kElemBytes);
   const int64_t vectors = (n - head) * kElemBytes / 16;
-  for (int64_t v = tid; v < vectors; v += kUnroll * stride) {
-    uint4 u[kUnroll];
-#pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
-      u[j] = v + j * stride < vectors ? __ldg(body + v + j * stride) : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kUnroll; ++j) {
-      am.add_word(u[j].x);
-      am.add_word(u[j].y);
-      am.add_word(u[j].z);
-      am.add_word(u[j].w);
-    }
-  }
   const int64_t tail = head + vectors * 16 / kElemBytes;
-  for (int64_t i = tid; i < head; i += stride) am.add_element(load_element<kElemBytes>(x, i));
-  for (int64_t i = tail + tid; i < n; i += stride) am.add_element(load_element<kElemBytes>(x, i));
+  auto scan = [&](auto finite) {
+    constexpr bool kFinite = decltype(finite)::value;
+    for (int64_t v = tid; v < vectors; v += kUnroll * stride) {
+      uint4 u[kUnroll];
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        u[j] = v + j * stride < vectors ? __ldg(body + v + j * stride) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < kUnroll; ++j) {
+        am.template add_word<kFinite>(u[j].x);
+        am.template add_word<kFinite>(u[j].y);
+        am.template add_word<kFinite>(u[j].z);
+        am.template add_word<kFinite>(u[j].w);
+      }
+    }
+    for (int64_t i = tid; i < head; i += stride) am.template add_element<kFinite>(load_element<kElemBytes>(x, i));
+    for (int64_t i = tail + tid; i < n; i += stride) am.template add_element<kFinite>(load_element<kElemBytes>(x, i));
+  };
+  scan(std::false_type{});
+  if (am.fp32_bits() >= 0x7F800000u) {   // this thread's elements hold Inf or NaN: again without them
+    am.acc = 0;
+    scan(std::true_type{});
+  }
   // Every input load is done; the next kernel may start (it waits for this grid, workspace reset
   // included, before touching memory).
   pdl_launch_dependents();

@@ -214,12 +214,14 @@ def _calibrate_linears(model: torch.nn.Module, layers: list, calibration, moes: 
     def record(mod, args, kwargs):
         x = args[0] if args else kwargs.get("x")
         _input("FP4Linear", x, mod.in_features, "in_features")
-        # The running maximum is kept in compute_dtype, the dtype forward quantizes in, so
-        # compute_global_scale of it is bit-identical to that of all the inputs concatenated.
+        # The running maximum of the finite magnitudes is kept in compute_dtype, the dtype forward
+        # quantizes in, so compute_global_scale of it is bit-identical to that of all the inputs
+        # concatenated (which ignores Inf and NaN).
         a = x.detach().reshape(-1, mod.in_features).to(mod.compute_dtype)
         if a.shape[0] == 0:
             return
-        m = a.abs().amax().reshape(1)
+        a = a.abs()
+        m = torch.where(torch.isfinite(a), a, torch.zeros_like(a)).amax().reshape(1)
         amax[mod] = m if mod not in amax else torch.maximum(amax[mod], m)
 
     hooks = []

@@ -183,8 +183,9 @@ register_impl("fp4_dequantize", Backend.REFERENCE, reference.fp4_dequantize)
 def compute_global_scale(x: torch.Tensor, backend: Backend | str = "auto") -> torch.Tensor:
     """NVFP4 encode global scale of a whole tensor: a [1] fp32 tensor on x's device.
 
-    gs = RN(2688 / amax(|x|)), or 1.0 when amax is 0 or the quotient is not finite. Computed on
-    the device with no host synchronization.
+    gs = RN(2688 / amax), amax the largest |x| over the finite elements (±Inf and NaN are
+    ignored: they affect only their own blocks when quantized), or 1.0 when amax is 0 or the
+    quotient is not finite. Computed on the device with no host synchronization.
     """
     if eager(x):
         return _compute_global_scale(x, backend)

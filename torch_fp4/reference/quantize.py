@@ -7,8 +7,11 @@ from .. import formats as F
 
 
 def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
-    """[1] fp32 NVFP4 encode global scale of the whole tensor, computed on x's device."""
-    amax = x.float().abs().amax() if x.numel() else torch.zeros((), device=x.device)
+    """[1] fp32 NVFP4 encode global scale of the whole tensor, computed on x's device, from the
+    largest magnitude of its finite elements (Inf and NaN are ignored)."""
+    a = x.float().abs()
+    a = torch.where(torch.isfinite(a), a, torch.zeros_like(a))
+    amax = a.amax() if x.numel() else torch.zeros((), device=x.device)
     return F.global_scale_from_amax(amax).reshape(1)
 
 

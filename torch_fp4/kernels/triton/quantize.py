@@ -109,8 +109,9 @@ def _dequantize_kernel(data_ptr, scale_ptr, gs_ptr, out_ptr, M, half_k, n_kb, mp
 @triton.jit
 def _global_scale_kernel(x_ptr, n, ws_ptr, out_ptr, BLOCK: tl.constexpr,
                          USE_GDC: tl.constexpr = False):
-    """Grid-stride max of |x| (as fp32 bit patterns, so NaN wins over Inf), then the last
-    program to finish turns it into RN(2688 / amax) and resets the workspace."""
+    """Grid-stride max of |x| over the finite elements (fp32 magnitude patterns; a program whose
+    elements hold Inf or NaN takes them again with those as 0), then the last program to finish
+    turns it into RN(2688 / amax) and resets the workspace."""
     if USE_GDC:  # launched with PDL: wait for the previous kernel's memory
         tl.extra.cuda.gdc_wait()
     pid, nprog = tl.program_id(0), tl.num_programs(0)
@@ -119,6 +120,13 @@ def _global_scale_kernel(x_ptr, n, ws_ptr, out_ptr, BLOCK: tl.constexpr,
         offs = start + tl.arange(0, BLOCK).to(tl.int64)
         x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
         acc = tl.maximum(acc, x.to(tl.int32, bitcast=True) & 0x7FFFFFFF)
+    if tl.max(acc, axis=0) >= 0x7F800000:
+        acc = tl.zeros([BLOCK], tl.int32)
+        for start in range(pid * BLOCK, n, nprog * BLOCK):
+            offs = start + tl.arange(0, BLOCK).to(tl.int64)
+            x = tl.load(x_ptr + offs, mask=offs < n, other=0.0).to(tl.float32)
+            mag = x.to(tl.int32, bitcast=True) & 0x7FFFFFFF
+            acc = tl.maximum(acc, tl.where(mag < 0x7F800000, mag, 0))
     tl.atomic_max(ws_ptr, tl.max(acc, axis=0))
     done = tl.atomic_add(ws_ptr + 1, 1)
     if done == nprog - 1:
