@@ -28,36 +28,32 @@ template <int kDType>
 struct AbsMax {
   uint32_t acc = 0;
 
-  // kFinite: non-finite lanes (Inf, NaN: magnitude patterns from the type's Inf pattern up; e4m3
-  // has only NaN, 0x7F) count as 0. The kernel's first pass takes every lane (fewer instructions)
-  // and reruns a thread's elements with kFinite only where that found Inf or NaN.
+  // One lane's magnitude bits, and its Inf pattern (magnitudes from it up are Inf or NaN; e4m3
+  // has only NaN, 0x7F).
+  static constexpr uint32_t kMag = kDType == kFloat32 ? 0x7FFFFFFFu : kDType == kFloat8E4M3 ? 0x7Fu : 0x7FFFu;
+  static constexpr uint32_t kInf = kDType == kFloat32 ? 0x7F800000u : kDType == kBFloat16 ? 0x7F80u
+                                   : kDType == kFloat16 ? 0x7C00u : 0x7Fu;
+
+  // kFinite: non-finite lanes count as 0. The kernel's first pass takes every lane (fewer
+  // instructions) and reruns a thread's elements with kFinite only where that found Inf or NaN.
   template <bool kFinite>
   __device__ __forceinline__ void add_word(uint32_t w) {
-    if constexpr (!kFinite) {
-      acc = kDType == kFloat32 ? max(acc, w & 0x7FFFFFFFu)
-            : kDType == kFloat8E4M3 ? __vmaxu4(acc, w & 0x7F7F7F7Fu) : __vmaxu2(acc, w & 0x7FFF7FFFu);
-    } else if constexpr (kDType == kFloat32) {
-      const uint32_t a = w & 0x7FFFFFFFu;
-      acc = max(acc, a < 0x7F800000u ? a : 0u);
-    } else if constexpr (kDType == kBFloat16) {
-      const uint32_t a = w & 0x7FFF7FFFu;
-      acc = __vmaxu2(acc, a & __vcmpltu2(a, 0x7F807F80u));
-    } else if constexpr (kDType == kFloat16) {
-      const uint32_t a = w & 0x7FFF7FFFu;
-      acc = __vmaxu2(acc, a & __vcmpltu2(a, 0x7C007C00u));
+    if constexpr (kDType == kFloat32) {
+      add_element<kFinite>(w);
+    } else if constexpr (kDType == kFloat8E4M3) {
+      const uint32_t a = w & (kMag * 0x01010101u);
+      acc = __vmaxu4(acc, kFinite ? a & __vcmpltu4(a, kInf * 0x01010101u) : a);
     } else {
-      const uint32_t a = w & 0x7F7F7F7Fu;
-      acc = __vmaxu4(acc, a & __vcmpltu4(a, 0x7F7F7F7Fu));
+      const uint32_t a = w & (kMag * 0x00010001u);
+      acc = __vmaxu2(acc, kFinite ? a & __vcmpltu2(a, kInf * 0x00010001u) : a);
     }
   }
 
   // One element given in the low bits of `bits`.
   template <bool kFinite>
   __device__ __forceinline__ void add_element(uint32_t bits) {
-    const uint32_t a = bits & (kDType == kFloat32 ? 0x7FFFFFFFu : kDType == kFloat8E4M3 ? 0x7Fu : 0x7FFFu);
-    const uint32_t inf = kDType == kFloat32 ? 0x7F800000u : kDType == kBFloat16 ? 0x7F80u
-                         : kDType == kFloat16 ? 0x7C00u : 0x7Fu;
-    acc = max(acc, !kFinite || a < inf ? a : 0u);
+    const uint32_t a = bits & kMag;
+    acc = max(acc, !kFinite || a < kInf ? a : 0u);
   }
 
   // The fp32 bit pattern of the maximum (monotone in the narrow pattern).

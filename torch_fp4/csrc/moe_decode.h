@@ -17,7 +17,7 @@ struct MoeDecodePlan {
   int64_t block_m, warps, tiles_per_warp, block_k, stages, fc1_split, fc2_split;   // the tactic
   int64_t w1_kp, w2_kp;      // bytes per scale row of w1_scale, w2_scale (128x4 layout)
   int64_t w1_s_expert, w2_s_expert;     // bytes between two experts' scales
-  int64_t a1_gs_stride, a2_gs_stride;   // W4A4: element stride of the activations' global scales
+  int64_t a2_gs_stride;      // W4A4: a2_global_scale [1] (0) or [E] (1); a1_global_scale is one value
 };
 
 // The workspace of one call, carved from one buffer: the grouping (sorted_pairs [rows],

@@ -144,15 +144,14 @@ SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, 
   return a;
 }
 
-// Why the decode path cannot run plan p, or null.
-const char* decode_plan_reason(const MoeDecodePlan& p) {
-  if (p.tokens < 1 || p.top_k < 1 || p.experts < 1 || p.hidden < 16 || p.inter < 16) return "empty sizes";
-  if (p.hidden % moe_route::kSumColumns) return "hidden % 8 != 0";
-  if (p.experts > moe_route::kMaxExperts) return "more experts than the alignment's tables";
-  if (p.block_m != 8 && p.block_m != 16 && p.block_m != 32 && p.block_m != 64) return "block_m";
+// Whether the decode path can run plan p (sizes, experts within the alignment's tables, block_m,
+// grouped rows within 32-bit indices and the grid).
+bool decode_plan_ok(const MoeDecodePlan& p) {
+  if (p.tokens < 1 || p.top_k < 1 || p.experts < 1 || p.hidden < 16 || p.inter < 16) return false;
+  if (p.hidden % moe_route::kSumColumns || p.experts > moe_route::kMaxExperts) return false;
+  if (p.block_m != 8 && p.block_m != 16 && p.block_m != 32 && p.block_m != 64) return false;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);
-  if (ws.rows >= (int64_t{1} << 31) || ws.blocks > small_m::kMaxBlocks) return "too many grouped rows";
-  return nullptr;
+  return ws.rows < (int64_t{1} << 31) && ws.blocks <= small_m::kMaxBlocks;
 }
 
 }  // namespace torch_fp4
@@ -160,7 +159,7 @@ const char* decode_plan_reason(const MoeDecodePlan& p) {
 // C entry points (capi.h) of fused_moe's decode path on the plan (moe_decode.h). The workspace's
 // size in bytes (moe_decode_workspace), or -1 when the decode path cannot run the plan.
 TORCH_FP4_CAPI int64_t torch_fp4_moe_decode_workspace_bytes(const torch_fp4::MoeDecodePlan* plan) {
-  if (plan == nullptr || torch_fp4::decode_plan_reason(*plan) != nullptr) return -1;
+  if (plan == nullptr || !torch_fp4::decode_plan_ok(*plan)) return -1;
   return torch_fp4::moe_decode_workspace(*plan).bytes;
 }
 
@@ -178,7 +177,7 @@ TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const
                                         const float* a2_gs, void* out, void* workspace) {
   using namespace torch_fp4;
   if (const int e = capi_begin(device)) return e;
-  if (plan == nullptr || decode_plan_reason(*plan) != nullptr || workspace == nullptr) return kNotCompiled;
+  if (plan == nullptr || !decode_plan_ok(*plan) || workspace == nullptr) return kNotCompiled;
   const MoeDecodePlan& p = *plan;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);
   char* base = static_cast<char*>(workspace);
@@ -195,8 +194,7 @@ TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const
   fc1.swiglu = 1;
   fc1.qdq_gs = a2_gs;
   fc1.qdq_gs_stride = static_cast<int>(p.a2_gs_stride);
-  fc1.a_gs = a1_gs;
-  fc1.a_gs_stride = static_cast<int>(p.a1_gs_stride);
+  fc1.a_gs = a1_gs;   // one value: a_gs_stride 0
   bool launched = launch_small_m_moe(fc1, s, use_pdl);
 
   SmallMMoeArgs fc2 = decode_gemm(p, ws, base, base + ws.h, 0, w2, w2_scale, w2_gs, base + ws.y, p.hidden, p.inter,

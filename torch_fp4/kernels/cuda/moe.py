@@ -105,8 +105,7 @@ def _decode(p: MoeProblem, t: SmallMMoeTactic, w1_scale: torch.Tensor, w2_scale:
         out_dtype=DTYPE_CODES[p.out_dtype], block_m=t.block_m, warps=t.warps, tiles_per_warp=t.tiles_per_warp,
         block_k=t.block_k, stages=t.stages, fc1_split=t.fc1_split, fc2_split=t.fc2_split,
         w1_kp=w1_scale.shape[2], w2_kp=w2_scale.shape[2], w1_s_expert=w1_scale.stride(0) * w1_scale.element_size(),
-        w2_s_expert=w2_scale.stride(0) * w2_scale.element_size(), a1_gs_stride=0,
-        a2_gs_stride=int(p.a2_per_expert))
+        w2_s_expert=w2_scale.stride(0) * w2_scale.element_size(), a2_gs_stride=int(p.a2_per_expert))
     name = f"moe_small_m{mm_variant(fp16, False, False)}"
     nbytes = library(p.device.index, name).moe_decode_workspace_bytes(ctypes.addressof(plan))
     if nbytes < 0 or nbytes != workspace_layout(p, t.block_m)[1]:

@@ -43,7 +43,7 @@ class MoeDecodePlan(ctypes.Structure):
     _fields_ = [(name, _L) for name in (
         "tokens", "hidden", "inter", "experts", "top_k", "local_offset", "strict", "act_fp16", "out_dtype",
         "block_m", "warps", "tiles_per_warp", "block_k", "stages", "fc1_split", "fc2_split", "w1_kp", "w2_kp",
-        "w1_s_expert", "w2_s_expert", "a1_gs_stride", "a2_gs_stride")]
+        "w1_s_expert", "w2_s_expert", "a2_gs_stride")]
 
 
 # launch.h's DType codes.
