@@ -184,7 +184,7 @@ def test_auto_picks_cuda_at_every_size():
 
 def _decode(x, w, ids, tw, tactic, a1=None, a2=None, lo=0, strict=True, out_dtype=BF16):
     """fused_moe's decode path (one C call) with `tactic` on weights w = (w1, w1_s, w1_gs, w2, w2_s,
-    w2_gs), and the parts of its workspace (sorted_pairs, block_expert, expert_end, h, y)."""
+    w2_gs), and the parts of its workspace (sorted_pairs, block_expert, expert_end, arrivals, h, y)."""
     from torch_fp4.kernels.cuda import moe as CM
     from torch_fp4.problems import MoeProblem
     prob = MoeProblem.of(x, w[0], w[1], w[3], w[4], ids, a1, a2, lo, None if strict else w[0].shape[0], out_dtype)
@@ -198,10 +198,10 @@ def _decode(x, w, ids, tw, tactic, a1=None, a2=None, lo=0, strict=True, out_dtyp
     (8, (0, 8), 3, 1, 8), (8, (0, 8), 3, 40, 16), (8, (2, 6), 2, 24, 8), (256, (0, 256), 8, 300, 8),
     (2048, (0, 2048), 6, 4, 8), (4, (0, 4), 1, 100, 64)])
 def test_decode_grouping_is_the_triton_layout(experts, local, top_k, tokens, block_m):
-    """The decode path's one-CTA grouping (csrc/moe_route.cuh) writes the layout of the Triton
-    align with cleared padding, entry for entry: more pairs than one 256-pair step of its scatter
-    warp (2400), 2048 experts, expert parallelism (ids outside the local slice dropped), 100
-    pairs on one expert (ranks across steps); the outputs equal the reference's bits."""
+    """The decode path's grouping (csrc/moe_route.cuh, in every FC1 CTA) writes the layout of the
+    Triton align with cleared padding, entry for entry: 2400 pairs (several per thread in each
+    scan), 2048 experts, expert parallelism (ids outside the local slice dropped), 100 pairs on
+    one expert (ranks across threads); the outputs equal the reference's bits."""
     from torch_fp4.kernels.cuda.moe_small_m_tactics import _TILES, SmallMMoeTactic
     from torch_fp4.kernels.triton.moe_align import align
     lo, hi = local
@@ -233,6 +233,37 @@ def test_decode_stray_ids_give_nan_rows(out_dtype):
     assert got[rows].isnan().all()
     keep = torch.tensor([0, 2, 3, 5], device=DEV)
     assert_same(got[keep], want[keep], f"{out_dtype} other rows")
+
+
+def test_decode_dirty_workspace_repeated_experts_and_tokens_without_local_pairs():
+    """FC1 writes every part of the workspace that FC2 reads (a reused workspace of 0xFF bytes
+    gives the reference's bits); a token routed twice to one expert (two rows of one token in one
+    block: two arrivals on its counters); a token with no pair on a local expert: zero with expert
+    parallelism, NaN without (all its ids out of range)."""
+    from torch_fp4.kernels.cuda import moe as CM
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
+    p = exact_problem(8, 64, 32, 6, False, seed=51)
+    ids, tw = random_routing(6, 8, 3, seed=52)
+    ids[2] = torch.tensor([5, 5, 1], dtype=torch.int32)
+    ids[3] = torch.tensor([6, 7, 7], dtype=torch.int32)
+    bad = ids.clone()
+    bad[3] = torch.tensor([8, 9, -1], dtype=torch.int32)
+    t = SmallMMoeTactic(8)
+    cases = [(ids, (0, 8), True), (ids, (0, 6), False), (bad, (0, 8), True)]
+    for routed, (lo, hi), strict in cases:
+        _decode(p.x, p.weights(lo, hi), routed, tw, t, lo=lo, strict=strict)
+        assert CM._WORKSPACES
+        for ws in CM._WORKSPACES.values():
+            ws.fill_(0xFF)
+        got, _ = _decode(p.x, p.weights(lo, hi), routed, tw, t, lo=lo, strict=strict)
+        if routed is bad:
+            assert got[3].isnan().all()
+            keep = torch.tensor([0, 1, 2, 4, 5], device=DEV)
+            assert_same(got[keep], p.run(ids, tw, "reference")[keep], "other rows")
+        else:
+            assert_same(got, p.run(routed, tw, "reference", lo, None if strict else hi), f"experts {lo}..{hi}")
+            if not strict:
+                assert torch.equal(got[3], torch.zeros_like(got[3]))
 
 
 @pytest.mark.parametrize("qdq", [False, True], ids=["bf16", "nvfp4-intermediate"])
