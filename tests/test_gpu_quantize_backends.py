@@ -54,7 +54,8 @@ def _assert_same(got, want, what):
 
 
 def edge_input(shape, dtype, seed=0):
-    """Values over 80 binades with zeros, ties, NaN, +-Inf, denormals and saturating blocks."""
+    """Values over 80 binades with zeros, ties, NaN, +-Inf, denormals, saturating blocks and
+    blocks near fp32's largest value (MXFP4's clamped products)."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     rows = shape[-2] * (shape[0] if len(shape) == 3 else 1)
     k = shape[-1]
@@ -67,7 +68,11 @@ def edge_input(shape, dtype, seed=0):
     special = [(0, lambda r: r.zero_()), (1, lambda r: r[: min(k, 16)].copy_(grid[: min(k, 16)])),
                (2, lambda r: r.__setitem__(3, float("nan"))), (3, lambda r: r.__setitem__(0, float("inf"))),
                (4, lambda r: r.__setitem__(1, -float("inf"))), (5, lambda r: r.fill_(1e-40)),
-               (6, lambda r: r.mul_(1e30))]
+               (6, lambda r: r.mul_(1e30)),
+               # near fp32's (and bf16's) largest finite value: MXFP4 e = 253, products clamped to 3
+               (7, lambda r: r.copy_(torch.linspace(-3.38e38, 3.38e38, k, device=r.device))),
+               # Inf beside huge finite values: MXFP4 e = 254, products clamped to 1.5
+               (8, lambda r: (r.mul_(1e37), r.__setitem__(k - 1, float("inf"))))]
     for row, fn in special:
         if row < rows:
             fn(x[row])

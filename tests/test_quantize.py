@@ -117,7 +117,12 @@ def oracle_mxfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     e = oracle_ue8m0(rn32(amax * R6))
     o = torch.where(e == 0, torch.ones_like(amax), torch.exp2(127.0 - e.to(F64)))
     o = torch.where(amax == 0, torch.zeros_like(o), o)
-    codes = oracle_e2m1(rn32(xb * o.unsqueeze(-1)))
+    # the largest magnitude whose product with 2^(e-127) stays finite in fp32 (2^128 is not)
+    limit = torch.full_like(amax, float("inf"))
+    limit[e == 253] = 3.0
+    limit[e == 254] = 1.5
+    limit = limit.unsqueeze(-1)
+    codes = oracle_e2m1(torch.clamp(rn32(xb * o.unsqueeze(-1)), -limit, limit))
     return e, codes.reshape(x.shape)
 
 
@@ -389,19 +394,56 @@ def test_mxfp4_tiny_amax():
 
 def test_mxfp4_huge_amax():
     # Finite amax tops out at FLT_MAX: v = RN(FLT_MAX * R6) ~ 2^125.4 -> e = 253, o = 2^-126,
-    # FLT_MAX -> 4 - 2^-21 -> 4 (code 6); dequantized 4 * 2^126 = 2^128 overflows fp32 to Inf.
+    # FLT_MAX -> 4 - 2^-21, which would be 4 (code 6) and dequantize to 4 * 2^126 = 2^128 = Inf;
+    # clamped to 3 (code 5, the largest magnitude with a finite product): 3 * 2^126.
     # -2^126 -> -1 (code 0xA) -> -2^126.
-    out = check_mxfp4_block([FLT_MAX, -2.0 ** 126] + [0.0] * 30, 253, [6, 0xA] + [0] * 30)
-    assert out[0, 0].item() == INF and out[0, 1].item() == -2.0 ** 126
+    out = check_mxfp4_block([FLT_MAX, -2.0 ** 126] + [0.0] * 30, 253, [5, 0xA] + [0] * 30)
+    assert out[0, :2].tolist() == [3 * 2.0 ** 126, -2.0 ** 126]
     # e = 254 (the saturated exponent) needs v > 2^126: only Inf gets there; see test_mxfp4_inf
 
 
+def test_mxfp4_never_overflows_to_inf():
+    # The issue's example: 3e38 -> 3.52 on o = 2^-126 would round to 4 (2^128 = Inf); every
+    # finite value of a block past 3.5 * 2^126 now saturates to +-3 * 2^126.
+    x = torch.full((1, 32), 3.0e38)
+    x[0, 1] = -3.0e38
+    x[0, 2] = 2.9e38   # 3.41 -> 3 (code 5) anyway
+    data, scale = mx(x)
+    out = deq(data, scale, None, 32)
+    assert torch.isfinite(out).all()
+    assert out[0, :3].tolist() == [3 * 2.0 ** 126, -3 * 2.0 ** 126, 3 * 2.0 ** 126]
+    # bf16's largest finite value as input, and the bf16 output of the dequantize
+    xb = torch.full((2, 64), 3.3895313892515355e38, dtype=torch.bfloat16)
+    xb[1] = -xb[1]
+    data, scale = torch_fp4.mxfp4_quantize(xb)
+    outb = torch_fp4.fp4_dequantize(data, scale, None, 32, out_dtype=torch.bfloat16)
+    assert torch.isfinite(outb).all() and (outb.float().abs() == 3 * 2.0 ** 126).all()
+
+
+@settings(max_examples=200, deadline=None)
+@given(exps=st.lists(st.integers(100, 127), min_size=32, max_size=32),
+       mants=st.lists(st.floats(1.0, 1.9999999), min_size=32, max_size=32),
+       signs=st.lists(st.booleans(), min_size=32, max_size=32))
+def test_mxfp4_finite_inputs_dequantize_finite(exps, mants, signs):
+    """Any finite block (here: magnitudes 2^100 .. FLT_MAX) dequantizes to finite values, and
+    the codes are the oracle's."""
+    xs = [(-1.0 if s else 1.0) * m * 2.0 ** e for e, m, s in zip(exps, mants, signs)]
+    x = fp32([min(v, FLT_MAX) if v > 0 else max(v, -FLT_MAX) for v in xs]).view(1, 32)
+    data, scale = mx(x)
+    e, codes = oracle_mxfp4(x)
+    assert torch.equal(unpack(data), codes)
+    assert torch.isfinite(deq(data, scale, None, 32)).all()
+
+
 def test_mxfp4_inf():
-    # amax = Inf -> v = Inf -> e = 254, o = 2^-127: Inf -> 6 (code 7), -Inf -> code 0xF,
-    # 2^126 -> 0.5 (code 1), 1.5 * 2^127 -> 1.5 (code 3), 1 -> tiny -> 0; 6 * 2^127 -> Inf.
-    xs = [INF, -INF, 2.0 ** 126, 1.5 * 2.0 ** 127, 1.0] + [0.0] * 27
-    out = check_mxfp4_block(xs, 254, [7, 0xF, 1, 3, 0] + [0] * 27)
-    assert out[0, :5].tolist() == [INF, -INF, 2.0 ** 126, 1.5 * 2.0 ** 127, 0.0]
+    # amax = Inf -> v = Inf -> e = 254, o = 2^-127. Products are clamped to 1.5 (code 3), the
+    # largest magnitude whose product with 2^127 is finite: Inf -> code 3, -Inf -> code 0xB
+    # (+-1.5 * 2^127, as an NVFP4 Inf saturates to about its tensor's amax); 2^126 -> 0.5 (code 1),
+    # 1.5 * 2^127 -> 1.5 (code 3), FLT_MAX -> 1.99.. -> 1.5 (code 3), 1 -> tiny -> 0.
+    xs = [INF, -INF, 2.0 ** 126, 1.5 * 2.0 ** 127, 1.0, FLT_MAX] + [0.0] * 26
+    out = check_mxfp4_block(xs, 254, [3, 0xB, 1, 3, 0, 3] + [0] * 26)
+    big = 1.5 * 2.0 ** 127
+    assert out[0, :6].tolist() == [big, -big, 2.0 ** 126, big, 0.0, big]
 
 
 def test_mxfp4_nan():

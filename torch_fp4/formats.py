@@ -383,3 +383,12 @@ def mxfp4_block_scale(amax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ei = e.to(torch.int32)
     o = torch.where(ei == 0, torch.ones_like(amax), ue8m0_reciprocal(ei.clamp(min=1)))
     return e, torch.where(amax == 0, torch.zeros_like(o), o)
+
+
+def mxfp4_limit(e: torch.Tensor) -> torch.Tensor:
+    """The largest E2M1 magnitude L whose product with the MXFP4 scale 2^(e-127) is finite in
+    fp32 (spec section 3): 3 for e = 253, 1.5 for e = 254, 6 otherwise. The quantizer clamps
+    x_i * o to [-L, L] before encoding, so no quantized element dequantizes to +-Inf."""
+    ei = as_uint8(e).to(torch.int32)
+    six = torch.full(ei.shape, 6.0, dtype=torch.float32, device=ei.device)
+    return torch.where(ei == 253, six * 0.5, torch.where(ei == 254, six * 0.25, six))

@@ -186,6 +186,10 @@ __device__ __forceinline__ BlockScale mxfp4_block_scale(float amax) {
   return {e, o};
 }
 
+// formats.mxfp4_limit: the largest E2M1 magnitude whose product with 2^(e - 127) is finite in
+// fp32 (3 for e = 253, 1.5 for e = 254, else 6); x * o is clamped to it before encoding.
+__device__ __forceinline__ float mxfp4_limit(uint32_t e) { return e == 253u ? 3.0f : (e == 254u ? 1.5f : 6.0f); }
+
 // True when x * o is NaN for no non-NaN x of a block whose amax is `amax`: the encoder may then
 // skip the NaN check (NaN arises from a NaN element, 0 * Inf, or a NaN o).
 __device__ __forceinline__ bool block_products_never_nan(float amax, float o) {

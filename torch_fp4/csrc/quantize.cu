@@ -103,16 +103,20 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
     // Eight elements at a time: widen, scale by o (one RN multiply each), encode.
     uint32_t out[kOutWords];
     float v[8];
-    if (block_products_never_nan(amax, bs.o)) {
+    if (block_products_never_nan(amax, bs.o)) {  // every MXFP4 block whose e is 253 or 254 lands here
 #if !TORCH_FP4_HAS_E2M1_CVT
       // sign(x * o) = sign(x) xor sign(o) for every non-NaN product.
       const uint32_t flip = (__float_as_uint(bs.o) >> 31) * 0x88888888u;
 #endif
+      const float limit = kNvfp4 ? 6.0f : mxfp4_limit(bs.byte);
 #pragma unroll
       for (int j = 0; j < kOutWords; ++j) {
         widen8<kDType>(w, j, v);
 #pragma unroll
-        for (int i = 0; i < 8; ++i) v[i] = __fmul_rn(v[i], bs.o);
+        for (int i = 0; i < 8; ++i) {
+          v[i] = __fmul_rn(v[i], bs.o);
+          if constexpr (!kNvfp4) v[i] = fminf(fmaxf(v[i], -limit), limit);  // no NaN on this path
+        }
 #if TORCH_FP4_HAS_E2M1_CVT
         out[j] = e2m1_encode8_hw(v);
 #else

@@ -44,7 +44,8 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor,
 def mxfp4_quantize(x: torch.Tensor, sf_layout: F.SfLayout) -> tuple[torch.Tensor, torch.Tensor]:
     blocks = _blocks(x, F.MXFP4.block_size)
     e, o = F.mxfp4_block_scale(blocks.abs().amax(-1))
-    codes = F.e2m1_encode(blocks * o.unsqueeze(-1))
+    limit = F.mxfp4_limit(e).unsqueeze(-1)
+    codes = F.e2m1_encode(torch.clamp(blocks * o.unsqueeze(-1), -limit, limit))   # NaN stays NaN
     return _finish(codes, e, x, F.MXFP4, sf_layout)
 
 

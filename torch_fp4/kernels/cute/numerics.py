@@ -124,11 +124,20 @@ def mxfp4_scale(amax):
 _PACK_BIAS = (-(MAGIC * 0x11111111)) & 0xFFFFFFFF
 
 
-def _magnitude_bits(p) -> Uint32:
+def _magnitude_bits(p, cap) -> Uint32:
     t1 = P.fma_rn_abs(p, 0x40000000, MAGIC)
     t2 = P.fma_rn_abs(p, F32_ONE, MAGIC + 2)
     t3 = P.fma_rn_abs(p, 0x3F000000, MAGIC + 4)
-    return P.umin(P.umin(P.umin(t1, t2), t3), MAGIC + 7)
+    return P.umin(P.umin(P.umin(t1, t2), t3), cap)
+
+
+def magnitude_cap(sbyte, nvfp4: bool):
+    """MAGIC + the largest magnitude code a block may take: 7, or for MXFP4 formats.mxfp4_limit's
+    code (5: magnitude 3 for e = 253; 3: magnitude 1.5 for e = 254), so that no code times the
+    scale overflows fp32. Capping the code equals clamping x * o to that magnitude first."""
+    if nvfp4:
+        return MAGIC + 7
+    return P.sel(sbyte == Uint32(253), MAGIC + 5, P.sel(sbyte == Uint32(254), MAGIC + 3, MAGIC + 7))
 
 
 def _sign_word(p) -> Uint32:
@@ -140,10 +149,11 @@ def _sign_word(p) -> Uint32:
     return (even & Uint32(0x08080808)) | (odd & Uint32(0x80808080))
 
 
-def encode_words(products, safe: bool) -> list:
+def encode_words(products, safe: bool, cap=MAGIC + 7) -> list:
     """fp32 products x * o of one block -> packed E2M1 words (8 codes per word, element 0 in
-    the low nibble). safe=False is exact for every non-NaN product; safe=True first maps NaN
-    to +Inf with min(p, +Inf) (code 7, sign 0; every other value unchanged)."""
+    the low nibble), magnitude codes at most cap - MAGIC (magnitude_cap). safe=False is exact
+    for every non-NaN product; safe=True first maps NaN to +Inf with min(p, +Inf) (code 7,
+    sign 0; every other value unchanged)."""
     words = []
     for base in range(0, len(products), 8):
         p = products[base:base + 8]
@@ -151,7 +161,7 @@ def encode_words(products, safe: bool) -> list:
             p = [P.fmin_inf(v) for v in p]
         w = _sign_word(p) + Uint32(_PACK_BIAS)
         for i in range(8):
-            w = w + _magnitude_bits(p[i]) * Uint32(1 << (4 * i))
+            w = w + _magnitude_bits(p[i], cap) * Uint32(1 << (4 * i))
         words.append(w)
     return words
 

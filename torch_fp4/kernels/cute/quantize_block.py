@@ -26,10 +26,11 @@ def quantize_store(words, dtype: cutlass.Constexpr, nvfp4: cutlass.Constexpr, gs
         rgs = P.rcp_rn(gsv)
     vals, sb, o, special = N.block_scale(words, dtype, nvfp4, gsv, rgs)
     prods = N.products(vals, o)
-    w = N.encode_words(prods, safe=False) + [Uint32(0)] * 2
+    cap = N.magnitude_cap(sb, nvfp4)
+    w = N.encode_words(prods, safe=False, cap=cap) + [Uint32(0)] * 2
     w0, w1, w2, w3 = w[0], w[1], w[2], w[3]
     if special:
-        ws = N.encode_words(prods, safe=True) + [Uint32(0)] * 2
+        ws = N.encode_words(prods, safe=True, cap=cap) + [Uint32(0)] * 2
         w0, w1, w2, w3 = ws[0], ws[1], ws[2], ws[3]
     if cutlass.const_expr(nvfp4):
         P.st_v2(dst, w0, w1)

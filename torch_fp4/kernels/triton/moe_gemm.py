@@ -235,7 +235,7 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
         hi = tl.reshape(hi, (BM, BN // 16, 8))
         sbits, o = nvfp4_scale(nan_amax(lo, hi, 2), tl.load(gs2_ptr + e * gs2_stride), PORTABLE)
         o2 = (o * 2.0)[:, :, None]
-        packed = e2m1_encode_doubled(lo * o2) | (e2m1_encode_doubled(hi * o2) << 4)
+        packed = e2m1_encode_doubled(lo * o2, 16.0) | (e2m1_encode_doubled(hi * o2, 16.0) << 4)
         packed = tl.where((o != o)[:, :, None], 0x77, packed)
         packed = tl.reshape(packed, (BM, BN // 2))
         ch = pid_n * (BN // 2) + tl.arange(0, BN // 2)

@@ -33,17 +33,19 @@ def nan_amax(lo, hi, axis: tl.constexpr):
 
 
 @triton.jit
-def e2m1_encode_doubled(y2):
+def e2m1_encode_doubled(y2, limit2):
     """E2M1 code (int32) of y = y2 / 2, for y2 = 2 * y computed as x * (2 * o), which is exact.
+    limit2 is twice the largest magnitude to encode: 16.0 (plain saturation at 6), or
+    mxfp4_limit2 of an MXFP4 block's scale byte.
 
-    On m2 = min(|y2|, 16) the grid is {0, 1, 2, 3, 4, 6, 8, 12} and rounding to it is fp32 RNE
+    On m2 = min(|y2|, limit2) (at most 16) the grid is {0, 1, 2, 3, 4, 6, 8, 12} and rounding to it is fp32 RNE
     to two significant bits with at least unit steps: add and subtract c = 2^(max(e, 1) + 22),
     e the exponent of m2. Ties go to the even code exactly as the spec's comparison chain.
     Codes: r2 < 4 -> r2; else (exponent, top mantissa bit) of r2 - 254, at most 7. The sign is
     kept on zero. NaN is not handled here: only a NaN block scale makes y NaN, and callers
     replace such blocks by code 7.
     """
-    m2 = tl.minimum(tl.abs(y2), 16.0)
+    m2 = tl.minimum(tl.abs(y2), limit2)
     c = (tl.maximum(m2.to(tl.int32, bitcast=True) & 0x7F800000, 128 << 23) + (22 << 23))
     c = c.to(tl.float32, bitcast=True)
     r2 = (m2 + c) - c
@@ -136,6 +138,13 @@ def mxfp4_block_scale(amax):
     e = tl.where(v != v, 255, e)
     o = tl.where(e == 0, 1.0, ue8m0_reciprocal(tl.maximum(e, 1)))
     return e.to(tl.uint8), tl.where(amax == 0, 0.0, o)
+
+
+@triton.jit
+def mxfp4_limit2(e):
+    """Twice formats.mxfp4_limit of a scale byte (int32): 6.0 for 253, 3.0 for 254, else 16.0
+    (no limit below e2m1's saturation)."""
+    return tl.where(e == 253, 6.0, tl.where(e == 254, 3.0, 16.0))
 
 
 @triton.jit

@@ -14,7 +14,7 @@ import triton.language as tl
 from ... import formats as F
 from ... import meta
 from .._common import global_scale_workspace, prepare_outputs, sm_count, use_pdl
-from .numerics import (LAYOUT_LINEAR, e2m1_decode, e2m1_encode_doubled, mxfp4_block_scale, nan_amax,
+from .numerics import (LAYOUT_LINEAR, e2m1_decode, e2m1_encode_doubled, mxfp4_block_scale, mxfp4_limit2, nan_amax,
                        nvfp4_block_scale, pair, rcp_rn, scale_offsets, ue8m0_to_float, unpair)
 
 # No fused multiply-add may merge two of the contract's rounding steps.
@@ -68,10 +68,13 @@ def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp
     amax = nan_amax(lo, hi, 1)
     if IS_MX:
         sbits, o = mxfp4_block_scale(amax)
+        limit2 = mxfp4_limit2(sbits.to(tl.int32))[:, None]
     else:
         sbits, o = nvfp4_block_scale(amax, tl.load(gs_ptr + b * gs_stride))
+        limit2 = 16.0
     o2 = o * 2.0
-    packed = e2m1_encode_doubled(lo * o2[:, None]) | (e2m1_encode_doubled(hi * o2[:, None]) << 4)
+    packed = (e2m1_encode_doubled(lo * o2[:, None], limit2)
+              | (e2m1_encode_doubled(hi * o2[:, None], limit2) << 4))
     packed = tl.where((o != o)[:, None], 0x77, packed)  # a NaN scale: every element is NaN
     tl.store(data_ptr + base[:, None] + j[None, :], packed.to(tl.uint8), mask=valid[:, None])
     sbits = tl.where(valid, sbits, 0)
