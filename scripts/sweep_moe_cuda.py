@@ -44,8 +44,8 @@ def sweep_silu(rows: int, inter: int) -> None:
                       (4, 1024, 8)):
         def run():
             MG._silu_mul_kernel[(triton.cdiv(rows, br), triton.cdiv(inter, bc))](
-                h, out, rows, inter, BR=br, BC=bc, PORTABLE=False, USE_GDC=False, num_warps=w,
-                enable_fp_fusion=False)
+                h, out, h, rows, inter, BM=1, BR=br, BC=bc, GROUPED=False, PORTABLE=False, USE_GDC=False,
+                num_warps=w, enable_fp_fusion=False)
         us = graph_time_us(run, [()])
         res.append(f"{br}x{bc}/w{w} {us:.0f} us ({rows * inter * 6 / us / 1e6:.0f} GB/s)")
     print(f"silu_mul [{rows}, {2 * inter}]: " + ", ".join(res), flush=True)

@@ -122,7 +122,7 @@ def emulated_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m):
         r = slice(b * block_m, (b + 1) * block_m)
         w_hat = dequantize_fp32(w[e], w_scale[e], None, F.NVFP4, F.SfLayout.LAYOUT_128x4)
         out[r] = ((a_hat[r].double() @ w_hat.double().T).float() * alpha[e]).to(BF16)
-    return moe_grouped.silu_mul(out) if swiglu else out
+    return moe_grouped.silu_mul(out, block_expert, block_m) if swiglu else out
 
 
 def reference_exact_values(x, gs):
@@ -141,6 +141,22 @@ def check_expert_parallel(same, moe, x, ids, tw, block_m):
     assert (out[0] == 0).all()
 
 
+def check_silu_mul_skips_unused_blocks():
+    """silu_mul with the blocks' experts: used blocks equal the reference SwiGLU bit for bit; rows of
+    unused blocks (NaN here: the GEMM leaves them unwritten) come out as zeros."""
+    from torch_fp4.kernels.triton import moe_grouped as MG
+    from torch_fp4.reference.moe import silu_mul
+    block_m, inter = 16, 40
+    block_expert = torch.tensor([2, -1, 0, -1], dtype=torch.int32)
+    h = (torch.randn(4 * block_m, 2 * inter) * 4).to(BF16)
+    unused = torch.repeat_interleave(block_expert < 0, block_m)
+    h[unused] = float("nan")
+    got = MG.silu_mul(h, block_expert, block_m)
+    assert (got[unused] == 0).all()
+    assert torch.equal(got[~unused], silu_mul(h[~unused]))
+    assert torch.equal(MG.silu_mul(h[~unused]), silu_mul(h[~unused]))
+
+
 def check_glue_interpreted():
     import torch_fp4
     from tests.test_moe import Moe, _gen, _routing
@@ -150,6 +166,7 @@ def check_glue_interpreted():
     from torch_fp4.kernels.triton import moe_grouped as MG
     from torch_fp4.reference.quantize import nvfp4_quantize
     _common.POISON_OUTPUTS = True
+    check_silu_mul_skips_unused_blocks()
 
     def same(moe, x, ids, tw, a1, a2, block_m, lo=0, weights=None, what=""):
         weights = weights if weights is not None else moe.weights()

@@ -25,7 +25,7 @@ rows, each block multiplying its expert's FP4 weights (decoded in registers, as 
 scaled by its expert's alpha in the epilogue; blocks past the used rows cost nothing.
 
 FC1 writes h = RN_bf16(alpha1[e] * acc) [rows, 2I] and moe_grouped.silu_mul forms
-RN_bf16(silu(gate) * up). W4A16 feeds x's rows (bf16/fp16) to FC1 and the bf16 intermediate to
+RN_bf16(silu(gate) * up) (zeros in the rows of unused blocks, which FC1 skips). W4A16 feeds x's rows (bf16/fp16) to FC1 and the bf16 intermediate to
 FC2 as they are. W4A4 replaces both by the exact values of their NVFP4 quantization without the
 global scales (quantize.nvfp4_exact_values: quantize and dequantize in one launch; every NVFP4
 value times its e4m3 block scale is a bf16 value), the global scales entering through the
@@ -75,7 +75,7 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
             w.stride(0), w_scale.stride(0) * w_scale.element_size())
         if status:
             lib.check(status, f"fused_moe grouped GEMM (rows={rows}, N={n}, K={k}, E={experts}) with {tactic}")
-    return moe_grouped.silu_mul(out) if swiglu else out
+    return moe_grouped.silu_mul(out, block_expert, tactic.block_m) if swiglu else out
 
 
 class _Decode(NamedTuple):

@@ -27,7 +27,9 @@ construction: every buffer is sized from upper bounds of the shapes):
    atomics, deterministic).
 
 `silu_mul` is the SwiGLU of step 4 as a kernel of its own, for GEMMs that do not fuse it:
-RN_bf16(silu(gate) * up) exactly as torch_fp4.reference.silu_mul.
+RN_bf16(silu(gate) * up) exactly as torch_fp4.reference.silu_mul; given the blocks' experts it
+writes zeros for the rows of unused blocks (which the GEMM skips) without reading them, so the
+intermediate is defined everywhere.
 
 Under Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) the quantizations use the reference
 (the interpreter's fp8 conversion does not round to nearest), as the Triton MoE launcher does.
@@ -95,31 +97,43 @@ def _inverse_kernel(sorted_ptr, block_expert_ptr, end_ptr, inv_ptr, n_rows, BM: 
 
 
 @triton.jit(do_not_specialize=["rows", "inter"])
-def _silu_mul_kernel(h_ptr, out_ptr, rows, inter, BR: tl.constexpr, BC: tl.constexpr,
-                     PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
-    """out[r, c] = RN_bf16(silu(h[r, c]) * h[r, inter + c]) for BR rows x BC columns."""
+def _silu_mul_kernel(h_ptr, out_ptr, block_expert_ptr, rows, inter, BM: tl.constexpr, BR: tl.constexpr,
+                     BC: tl.constexpr, GROUPED: tl.constexpr, PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+    """out[r, c] = RN_bf16(silu(h[r, c]) * h[r, inter + c]) for BR rows x BC columns; GROUPED:
+    rows of unused blocks (block_expert[r // BM] < 0, which the GEMM did not write) are zeros,
+    read from nowhere."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
-    ok = (r < rows)[:, None] & (c < inter)[None, :]
+    in_rows = r < rows
+    used = in_rows
+    if GROUPED:
+        used = in_rows & (tl.load(block_expert_ptr + r // BM, mask=in_rows, other=-1) >= 0)
+    ok = used[:, None] & (c < inter)[None, :]
     src = h_ptr + r[:, None] * (2 * inter) + c[None, :]
     gate = tl.load(src, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(src + inter, mask=ok, other=0.0).to(tl.float32)
     act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
-    tl.store(out_ptr + r[:, None] * inter + c[None, :], act.to(tl.bfloat16), mask=ok)
+    act = tl.where(ok, act, 0.0)
+    tl.store(out_ptr + r[:, None] * inter + c[None, :], act.to(tl.bfloat16),
+             mask=in_rows[:, None] & (c < inter)[None, :])
 
 
-def silu_mul(h: torch.Tensor) -> torch.Tensor:
-    """bf16 [rows, 2I] holding [gate, up] -> bf16 [rows, I] = RN_bf16(silu(gate) * up)."""
+def silu_mul(h: torch.Tensor, block_expert: Optional[torch.Tensor] = None, block_m: int = 1) -> torch.Tensor:
+    """bf16 [rows, 2I] holding [gate, up] -> bf16 [rows, I] = RN_bf16(silu(gate) * up). With
+    block_expert (rows in blocks of block_m, as a GroupedGemm's), the rows of unused blocks
+    (expert -1, never written by the GEMM) come out as zeros without being read."""
     rows, inter = h.shape[0], h.shape[1] // 2
     out = torch.empty((rows, inter), dtype=torch.bfloat16, device=h.device)
     if rows == 0 or inter == 0:
         return out
     pdl = use_pdl(h.device) if h.is_cuda else False
+    grouped = block_expert is not None
     _silu_mul_kernel[(triton.cdiv(rows, _SWIGLU_ROWS), triton.cdiv(inter, _SWIGLU_COLS))](
-        h, out, rows, inter, BR=_SWIGLU_ROWS, BC=_SWIGLU_COLS, PORTABLE=interpreting(), USE_GDC=pdl,
-        launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
+        h, out, block_expert if grouped else h, rows, inter, BM=block_m, BR=_SWIGLU_ROWS, BC=_SWIGLU_COLS,
+        GROUPED=grouped, PORTABLE=interpreting(), USE_GDC=pdl, launch_pdl=pdl, num_warps=4,
+        enable_fp_fusion=False)
     return out
 
 
