@@ -69,3 +69,15 @@ def poisoned_fresh_tactics(tmp_path, monkeypatch):
     yield
     _common.POISON_OUTPUTS = False
     tactics.forget()
+
+
+_DURATIONS = os.environ.get("TORCH_FP4_DURATIONS")
+
+
+def pytest_runtest_logreport(report):
+    """With TORCH_FP4_DURATIONS=FILE, each test phase's seconds are appended to FILE as it ends
+    (`seconds phase outcome nodeid`), so a GPU run cut off by its time limit still shows where
+    the time went (pytest's --durations prints only at the end)."""
+    if _DURATIONS and report.when in ("setup", "call") and (report.when == "call" or report.duration > 0.5):
+        with open(_DURATIONS, "a") as f:
+            f.write(f"{report.duration:.2f} {report.when} {report.outcome} {report.nodeid}\n")

@@ -17,6 +17,24 @@ BACKENDS = ("triton", "cute-dsl", "cuda")
 LAYOUTS = ("128x4", "8x4", "linear")
 IN_DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
 
+# The quick tier (tests/conftest.py): every backend in every scale layout on an edge-value 2-D
+# shape with partial tiles, batched 3-D in the swizzled layout and many rows in the linear one;
+# every backend and output dtype of dequantize in both block sizes; the tests not named here run
+# whole. The other cases run with --full.
+_QUANTIZE_QUICK = ({f"127x160-{layout}-{b}" for layout in LAYOUTS for b in BACKENDS}
+                   | {f"3x40x128-128x4-{b}" for b in BACKENDS} | {f"100000x64-linear-{b}" for b in BACKENDS})
+QUICK = {
+    "test_nvfp4_quantize_bitexact": _QUANTIZE_QUICK,
+    "test_mxfp4_quantize_bitexact": _QUANTIZE_QUICK,
+    "test_dequantize_bitexact_on_random_bytes": {
+        f"{dtype}-{block}-{layout}-{b}" for b in BACKENDS
+        for dtype, block, layout in (("torch.bfloat16", 16, "128x4"), ("torch.float32", 32, "linear"),
+                                     ("torch.float16", 32, "8x4"), ("torch.bfloat16", 32, "128x4"))},
+    "test_cuda_nvfp4_exact_values_are_quantize_then_dequantize": {
+        "127x160-torch.bfloat16", "127x160-torch.float16", "127x160-torch.float32", "3x40x128-torch.bfloat16",
+        "2x300x512-torch.float32"},
+}
+
 
 @pytest.fixture(autouse=True)
 def _poison():
