@@ -15,7 +15,7 @@ from .ops import (ROUTING_METHODS, compute_global_scale, expert_global_scales, f
                   unsupported_reason)
 from . import checkpoint, nn
 from .tactics import Tactic, autotune, use_tactic
-from .nn import FP4Linear, FP4MoE, QuantConfig, quantize_model
+from .nn import FP4Linear, FP4MoE, QuantConfig, from_pretrained, quantize_model, save_pretrained
 
 __version__ = "0.1.0"
 
@@ -31,4 +31,5 @@ __all__ = ["formats", "Backend", "Fp4Format", "NVFP4", "MXFP4", "SfLayout", "Wei
            "compute_global_scale", "expert_global_scales", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
            "mm_fp4_tactics", "prepack_weight", "unprepack_weight", "preferred_weight_layout", "Tactic", "autotune", "use_tactic", "route", "fused_moe", "swap_gate_up", "ROUTING_METHODS", "supported_backends",
            "unsupported_reason", "set_pdl", "checkpoint", "nn", "FP4Linear", "FP4MoE", "QuantConfig", "quantize_model",
+           "from_pretrained", "save_pretrained",
            "__version__"]

@@ -526,4 +526,5 @@ def save_safetensors(weights: Mapping[str, NVFP4Weight], path, fmt: str,
         if key in out:
             C.fail(op, key, "a key not written by an NVFP4 layer", "a key already written")
         out[key] = C.tensor(op, key, t).contiguous()
-    st.torch.save_file(out, str(path), metadata=metadata)
+    # in key order: the same tensors give the same file, whatever order they were gathered in
+    st.torch.save_file(dict(sorted(out.items())), str(path), metadata=metadata)

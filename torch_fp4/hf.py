@@ -114,16 +114,24 @@ def _spec(block: torch.nn.Module, gate: str, up: str, down: str, renormalize: bo
     return MoeBlockSpec(router, w1, w2, top_k, renormalize, returns_logits=True)
 
 
+# class name -> the names of an expert's (gate, up, down) nn.Linear layers in that block
+EXPERT_LINEARS: dict[str, tuple[str, str, str]] = {
+    "MixtralSparseMoeBlock": ("w1", "w3", "w2"),
+    "Qwen3MoeSparseMoeBlock": ("gate_proj", "up_proj", "down_proj"),
+    "DeepseekV3MoE": ("gate_proj", "up_proj", "down_proj"),
+}
+
+
 def _mixtral(block: torch.nn.Module) -> MoeBlockSpec:
     # Router jitter (training only, multiplies the input) is not part of inference routing;
     # FP4 blocks are inference-only.
-    return _spec(block, "w1", "w3", "w2", renormalize=True)
+    return _spec(block, *EXPERT_LINEARS["MixtralSparseMoeBlock"], renormalize=True)
 
 
 def _qwen3_moe(block: torch.nn.Module) -> MoeBlockSpec:
     norm = getattr(block, "norm_topk_prob", None)
     C.boolean(f"quantize_model: {type(block).__name__}", "norm_topk_prob", norm)
-    return _spec(block, "gate_proj", "up_proj", "down_proj", renormalize=norm)
+    return _spec(block, *EXPERT_LINEARS["Qwen3MoeSparseMoeBlock"], renormalize=norm)
 
 
 def _deepseek_v3(block: torch.nn.Module) -> MoeBlockSpec:
@@ -160,7 +168,7 @@ def _deepseek_v3(block: torch.nn.Module) -> MoeBlockSpec:
     router = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False,
                              device=weight.device, dtype=weight.dtype)
     router.weight.data = weight.detach().clone()
-    w1, w2 = _experts(op, block, "gate_proj", "up_proj", "down_proj", weight.shape[0])
+    w1, w2 = _experts(op, block, *EXPERT_LINEARS["DeepseekV3MoE"], weight.shape[0])
     return MoeBlockSpec(router, w1, w2, values["top_k"], False, returns_logits=False,
                         method="deepseek_v3", routing_bias=bias.detach(), n_group=values["n_group"],
                         topk_group=values["topk_group"], routed_scaling_factor=float(scaling),

@@ -8,5 +8,7 @@ and state_dict holds them exactly. Every op accepts these uint8 views directly.
 from .convert import QuantConfig, quantize_model
 from .linear import FP4Linear
 from .moe import FP4MoE, FP4SparseMoeBlock
+from .pretrained import from_pretrained, save_pretrained
 
-__all__ = ["FP4Linear", "FP4MoE", "FP4SparseMoeBlock", "QuantConfig", "quantize_model"]
+__all__ = ["FP4Linear", "FP4MoE", "FP4SparseMoeBlock", "QuantConfig", "quantize_model", "from_pretrained",
+           "save_pretrained"]

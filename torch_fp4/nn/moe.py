@@ -409,20 +409,28 @@ def _as_block(mod: FP4SparseMoeBlock, block_class: type) -> FP4SparseMoeBlock:
     return mod
 
 
-def _convert_moe_block(block: torch.nn.Module, spec: hf.MoeBlockSpec) -> FP4SparseMoeBlock:
-    """A W4A16 FP4SparseMoeBlock of a supported block's weights (quantize_model switches it to
-    W4A4 after calibrating)."""
+def _routing_kwargs(spec: hf.MoeBlockSpec) -> dict:
+    """The routing arguments of FP4MoE's constructors for a supported block, and its compute
+    dtype (the router's, when 16-bit)."""
     w = spec.router.weight
-    compute = w.dtype if w.dtype in _COMPUTE_DTYPES else torch.bfloat16
-    mod = FP4SparseMoeBlock.from_experts(spec.router, spec.w1, spec.w2, top_k=spec.top_k,
-                                         method=spec.method, renormalize=spec.renormalize,
-                                         routing_bias=spec.routing_bias, n_group=spec.n_group,
-                                         topk_group=spec.topk_group,
-                                         routed_scaling_factor=spec.routed_scaling_factor,
-                                         compute_dtype=compute)
+    return dict(top_k=spec.top_k, method=spec.method, renormalize=spec.renormalize,
+                routing_bias=spec.routing_bias, n_group=spec.n_group, topk_group=spec.topk_group,
+                routed_scaling_factor=spec.routed_scaling_factor,
+                compute_dtype=w.dtype if w.dtype in _COMPUTE_DTYPES else torch.bfloat16)
+
+
+def _finish_block(mod: FP4SparseMoeBlock, spec: hf.MoeBlockSpec, block_class: type) -> FP4SparseMoeBlock:
+    """The block's return structure and DeepSeek-V3's extras, and the block's class."""
     mod.returns_logits = spec.returns_logits
     if spec.method == "deepseek_v3":
         mod.norm_topk_prob = spec.norm_topk_prob
         # the same module, so that quantize_model converts its nn.Linear layers in place
         mod.shared_experts = spec.shared_experts
-    return _as_block(mod, type(block))
+    return _as_block(mod, block_class)
+
+
+def _convert_moe_block(block: torch.nn.Module, spec: hf.MoeBlockSpec) -> FP4SparseMoeBlock:
+    """A W4A16 FP4SparseMoeBlock of a supported block's weights (quantize_model switches it to
+    W4A4 after calibrating)."""
+    mod = FP4SparseMoeBlock.from_experts(spec.router, spec.w1, spec.w2, **_routing_kwargs(spec))
+    return _finish_block(mod, spec, type(block))

@@ -1,0 +1,168 @@
+"""save_pretrained / from_pretrained (torch_fp4/nn/pretrained.py): transformers model directories
+holding NVFP4 checkpoints (ModelOpt and compressed-tensors naming) to FP4 models and back."""
+import json
+import os
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import torch_fp4 as t4  # noqa: E402
+from torch_fp4 import checkpoint as CK  # noqa: E402
+from torch_fp4.nn import FP4Linear, FP4MoE  # noqa: E402
+
+from tests import test_hf as H  # noqa: E402
+
+FORMATS = ("compressed-tensors", "modelopt")
+FAMILIES = {"llama": H._llama, "mixtral": H._mixtral, "qwen3_moe": H._qwen3, "deepseek_v3": H._deepseek}
+
+
+def _dense(family: str, seed: int = 0) -> torch.nn.Module:
+    """A tiny random bf16 model built as transformers builds a bf16 model (rotary tables in fp32)."""
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(FAMILIES[family]().config, dtype=torch.bfloat16).eval()
+
+
+def _ids(seed: int = 1) -> torch.Tensor:
+    return torch.randint(2, 128, (2, 7), generator=torch.Generator().manual_seed(seed))
+
+
+def _logits(model, ids) -> torch.Tensor:
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _files_equal(a: str, b: str) -> bool:
+    with open(os.path.join(a, "model.safetensors"), "rb") as f, open(os.path.join(b, "model.safetensors"), "rb") as g:
+        return f.read() == g.read()
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("family", FAMILIES)
+def test_round_trip_every_family_bitwise(family, fmt, tmp_path):
+    model = _dense(family)
+    t4.quantize_model(model, t4.QuantConfig())
+    ids = _ids()
+    want = _logits(model, ids)
+    t4.save_pretrained(model, tmp_path / "a", fmt)
+    config = json.load(open(tmp_path / "a" / "config.json"))
+    assert config["quantization_config"]["quant_method"] == fmt
+    loaded = t4.from_pretrained(tmp_path / "a")
+    assert torch.equal(_logits(loaded, ids), want)
+    assert sum(isinstance(m, FP4MoE) for m in loaded.modules()) == sum(isinstance(m, FP4MoE) for m in model.modules())
+    assert sum(isinstance(m, FP4Linear) for m in loaded.modules()) == sum(isinstance(m, FP4Linear) for m in model.modules())
+    t4.save_pretrained(loaded, tmp_path / "b", fmt)
+    assert _files_equal(tmp_path / "a", tmp_path / "b"), "save -> load -> save changed the file"
+    # greedy generate: deterministic and the same tokens as the model that was saved
+    out = loaded.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, loaded.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0))
+    assert torch.equal(out, model.generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=0))
+
+
+@pytest.mark.parametrize("family", ["llama", "mixtral"])
+def test_w4a4_calibrated_scales_round_trip(family, tmp_path):
+    model = _dense(family)
+    ids = _ids()
+    t4.quantize_model(model, t4.QuantConfig(activations="fp4"), calibration=ids)
+    want = _logits(model, ids)
+    t4.save_pretrained(model, tmp_path, "modelopt")
+    assert json.load(open(tmp_path / "config.json"))["quantization_config"]["quant_algo"] == "NVFP4"
+    loaded = t4.from_pretrained(tmp_path)
+    assert torch.equal(_logits(loaded, ids), want)
+    layers = [m for m in loaded.modules() if isinstance(m, FP4Linear)]
+    assert layers and all(m.activations == "fp4" and m.static_input_scale for m in layers)
+    # activations="bf16" ignores the stored activation scales: W4A16 everywhere
+    w4a16 = t4.from_pretrained(tmp_path, activations="bf16")
+    assert all(m.activations == "bf16" for m in w4a16.modules() if isinstance(m, (FP4Linear, FP4MoE)))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_directory_written_with_checkpoint_py_loads_byte_for_byte(fmt, tmp_path):
+    """A model directory of another producer's naming: every projection quantized by the ops and
+    written with torch_fp4.checkpoint, the rest dense; from_pretrained gives FP4Linear layers holding
+    exactly those bytes and the logits of quantize_model's model of the same weights."""
+    dense = _dense("llama")
+    reference = _dense("llama")
+    t4.quantize_model(reference, t4.QuantConfig())
+    weights, extra = {}, {}
+    for name, mod in dense.named_modules():
+        if isinstance(mod, torch.nn.Linear) and name != "lm_head":
+            gs = t4.compute_global_scale(mod.weight)
+            data, scale = t4.nvfp4_quantize(mod.weight, gs)
+            weights[name] = CK.NVFP4Weight(data, scale, gs)
+    for key, t in dense.state_dict().items():
+        if key.rpartition(".")[0] not in weights:    # not an NVFP4 layer's own weight
+            extra[key] = t
+    if dense.config.tie_word_embeddings:
+        extra.pop("lm_head.weight")
+    CK.save_safetensors(weights, tmp_path / "model.safetensors", fmt, extra_tensors=extra)
+    dense.config.quantization_config = {"quant_method": fmt}
+    dense.config.save_pretrained(tmp_path)
+    loaded = t4.from_pretrained(tmp_path)
+    for name, w in weights.items():
+        mod = loaded.get_submodule(name)
+        assert isinstance(mod, FP4Linear)
+        assert torch.equal(mod.weight, w.data.view(torch.uint8))
+        assert torch.equal(mod.weight_global_scale, w.global_scale)
+    ids = _ids()
+    assert torch.equal(_logits(loaded, ids), _logits(reference, ids))
+
+
+def test_refusals_name_what_is_wrong(tmp_path):
+    from safetensors.torch import load_file, save_file
+    model = _dense("mixtral")
+    t4.quantize_model(model, t4.QuantConfig())
+    t4.save_pretrained(model, tmp_path / "ok", "compressed-tensors")
+    tensors = load_file(tmp_path / "ok" / "model.safetensors")
+
+    def rewrite(where, change):
+        os.makedirs(tmp_path / where, exist_ok=True)
+        for f in ("config.json", "generation_config.json"):
+            if os.path.exists(tmp_path / "ok" / f):
+                with open(tmp_path / "ok" / f) as src, open(tmp_path / where / f, "w") as dst:
+                    dst.write(src.read())
+        t = dict(tensors)
+        change(t)
+        save_file(t, str(tmp_path / where / "model.safetensors"), metadata={"format": "pt"})
+        return tmp_path / where
+
+    # a key that names nothing in the model
+    bad = rewrite("extra", lambda t: t.__setitem__("model.layers.0.mystery", torch.zeros(3)))
+    with pytest.raises(ValueError, match="model.layers.0.mystery"):
+        t4.from_pretrained(bad)
+    # a dense tensor missing
+    bad = rewrite("missing", lambda t: t.pop("model.norm.weight"))
+    with pytest.raises(ValueError, match="model.norm.weight"):
+        t4.from_pretrained(bad)
+    # an expert whose gate and up weight global scales differ: FP4MoE holds one per expert
+    key = "model.layers.0.block_sparse_moe.experts.1.w3.weight_global_scale"
+    bad = rewrite("scales", lambda t: t.__setitem__(key, t[key] * 2))
+    with pytest.raises(ValueError, match="experts.1.w3"):
+        t4.from_pretrained(bad)
+    # some experts quantized, others not
+    def half(t):
+        for k in [k for k in t if k.startswith("model.layers.0.block_sparse_moe.experts.0.w2.")]:
+            t.pop(k)
+        t["model.layers.0.block_sparse_moe.experts.0.w2.weight"] = torch.zeros(64, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="experts"):
+        t4.from_pretrained(rewrite("half", half))
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        t4.from_pretrained(tmp_path / "nowhere")
+
+
+def test_save_refuses_what_the_formats_cannot_hold(tmp_path):
+    dynamic = _dense("llama")
+    t4.quantize_model(dynamic, t4.QuantConfig(activations="fp4"))        # no calibration
+    with pytest.raises(ValueError, match="fixed activation scale"):
+        t4.save_pretrained(dynamic, tmp_path / "a")
+    mx = _dense("llama")
+    t4.quantize_model(mx, t4.QuantConfig(fmt="mxfp4"))
+    with pytest.raises(ValueError, match="NVFP4"):
+        t4.save_pretrained(mx, tmp_path / "b")
+    with pytest.raises(ValueError, match="fmt"):
+        t4.save_pretrained(_dense("llama"), tmp_path / "c", "gguf")
+    with pytest.raises(ValueError, match="NVFP4 layers"):
+        t4.save_pretrained(_dense("llama"), tmp_path / "d")
+    with pytest.raises(TypeError, match="transformers model"):
+        t4.save_pretrained(torch.nn.Linear(16, 16), tmp_path / "e")
