@@ -1,0 +1,203 @@
+"""`python -m torch_fp4 hf`: a transformers causal LM quantized to FP4 generates text (greedy), and
+the run prints, per variant (bf16, NVFP4 W4A16 / W4A4, MXFP4 W4A16 for dense families): accuracy
+against the bf16 model over the generated positions (logit cosine, KL(bf16 || FP4), top-1
+agreement, from the logits of each model on the bf16 model's generated sequence), tokens/s of
+generate() eager and compiled (torch.compile(fullgraph=True) of the forward with a static KV
+cache; on a GPU mode="reduce-overhead", i.e. CUDA graphs), and weight memory.
+
+With no --model it builds a small random model of --family from a transformers config (nothing
+is downloaded). --model PATH takes a local model directory: a dense one is quantized like the
+random model; one holding an NVFP4 checkpoint (save_pretrained's, ModelOpt's or
+compressed-tensors' naming) is loaded with torch_fp4.from_pretrained and timed alone (there is
+no bf16 model to compare it with).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from .. import checkpoint as CK
+from ..demo import _fmt_tps, accuracy, progress, weight_bytes
+from ..nn import QuantConfig, quantize_model
+from ..nn.pretrained import _transformers, from_pretrained
+
+FAMILIES = ("llama", "mixtral", "qwen3_moe", "deepseek_v3")
+_COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+               num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
+               pad_token_id=0, bos_token_id=1, eos_token_id=None)
+_FAMILY = {  # family -> (config class, fields beside _COMMON)
+    "llama": ("LlamaConfig", {}),
+    "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2)),
+    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=32, moe_intermediate_size=128, num_experts=16,
+                                         num_experts_per_tok=4, norm_topk_prob=True, decoder_sparse_step=1,
+                                         mlp_only_layers=[])),
+    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=8, moe_intermediate_size=128,
+                                             n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
+                                             first_k_dense_replace=1, q_lora_rank=64, kv_lora_rank=64,
+                                             qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32)),
+}
+
+
+# families whose compiled generate is not measured, and why
+NO_STATIC_CACHE = {"deepseek_v3": "transformers 4.57's static KV cache cannot hold DeepSeek-V3's MLA keys and "
+                                  "values (different head dims), the dense model's generate fails the same way"}
+
+
+@dataclass(frozen=True)
+class Row:
+    variant: str
+    accuracy: Optional[tuple]          # (cosine, KL, top-1), None without a bf16 model
+    eager_tps: float
+    compiled_tps: Optional[float]
+    weight_bytes: int
+
+
+def random_model(family: str, seed: int, device: torch.device) -> torch.nn.Module:
+    """A random bf16 causal LM of `family` built from a transformers config (no download)."""
+    tr = _transformers("hf")
+    name, fields = _FAMILY[family]
+    config = getattr(tr, name)(**{**_COMMON, **fields})
+    torch.manual_seed(seed)
+    return tr.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device).eval()
+
+
+def _is_fp4_dir(path: str) -> bool:
+    with open(os.path.join(path, "config.json")) as f:
+        qc = json.load(f).get("quantization_config") or {}
+    return qc.get("quant_method") in CK.CHECKPOINT_FORMATS
+
+
+def _variants(family: Optional[str], prompt: torch.Tensor, load: Callable[[], torch.nn.Module]):
+    """(name, builder) per variant; MXFP4 only for dense models (FP4MoE experts are NVFP4)."""
+    def quantized(fmt: str, activations: str) -> Callable[[], torch.nn.Module]:
+        def build():
+            model = load()
+            quantize_model(model, QuantConfig(fmt=fmt, activations=activations),
+                           calibration=prompt if activations == "fp4" and fmt == "nvfp4" else None)
+            return model
+        return build
+    out = [("bf16", load), ("NVFP4 W4A16", quantized("nvfp4", "bf16")), ("NVFP4 W4A4", quantized("nvfp4", "fp4"))]
+    if family in (None, "llama"):
+        out.append(("MXFP4 W4A16", quantized("mxfp4", "bf16")))
+    return out
+
+
+def _generate(model, prompt: torch.Tensor, tokens: int, static: bool) -> torch.Tensor:
+    kw = dict(cache_implementation="static", disable_compile=True) if static else {}
+    return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                          pad_token_id=0, **kw)
+
+
+def _tokens_per_s(model, prompt: torch.Tensor, tokens: int, static: bool, repeats: int) -> float:
+    _generate(model, prompt, tokens, static)              # warm-up (compiles, captures graphs)
+    cuda = prompt.is_cuda
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        _generate(model, prompt, tokens, static)
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return prompt.shape[0] * tokens / best
+
+
+def compile_forward(model: torch.nn.Module, device: torch.device) -> None:
+    """model.forward compiled with fullgraph=True (a graph break is an error): CUDA graphs on a
+    GPU (mode="reduce-overhead"); generate() is then run with a static KV cache."""
+    mode = "reduce-overhead" if device.type == "cuda" else None
+    model.forward = torch.compile(model.forward, fullgraph=True, mode=mode)
+
+
+def run(model_path: Optional[str] = None, family: str = "llama", tokens: int = 32, device: Optional[str] = None,
+        seed: int = 0, compile: Optional[bool] = None, batch: int = 2, prompt_len: int = 16) -> list[Row]:
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cuda = dev.type == "cuda"
+    do_compile = cuda if compile is None else compile
+    if do_compile and model_path is None and family in NO_STATIC_CACHE:
+        print(f"compiled: off ({NO_STATIC_CACHE[family]})", flush=True)
+        do_compile = False
+    tr = _transformers("hf")
+    if model_path is not None and _is_fp4_dir(model_path):
+        variants, vocab, fam = [("FP4 checkpoint", lambda: from_pretrained(model_path, device=dev))], None, None
+    elif model_path is not None:
+        def load():
+            return tr.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16,
+                                                           local_files_only=True).to(dev).eval()
+        variants, vocab, fam = None, None, None
+    else:
+        def load():
+            return random_model(family, seed, dev)
+        variants, fam = None, family
+    first = variants[0][1]() if variants else load()
+    vocab = first.config.vocab_size
+    gen = torch.Generator().manual_seed(seed + 1)
+    prompt = torch.randint(2, vocab, (batch, prompt_len), generator=gen).to(dev)
+    if variants is None:
+        variants = _variants(fam, prompt, load)
+    where = torch.cuda.get_device_name(dev) if cuda else "CPU, reference backend"
+    what = model_path or f"random {family} ({first.config.num_hidden_layers} layers, hidden {first.config.hidden_size})"
+    print(f"torch_fp4 hf on {dev} ({where}): {what}; {batch} prompts of {prompt_len} tokens, {tokens} "
+          f"new tokens each (greedy)", flush=True)
+    del first
+    bar = progress(len(variants) * (2 + do_compile), "hf")
+    rows, ref_seq, ref_logits = [], None, None
+    repeats = 3 if cuda else 1
+    try:
+        with torch.no_grad():
+            for name, build in variants:
+                bar.set_description_str(f"{name}: build and generate")
+                model = build()
+                if ref_seq is None:
+                    ref_seq = _generate(model, prompt, tokens, static=False)
+                logits = model(ref_seq).logits[:, prompt_len - 1:-1].float()
+                acc = None
+                if name == "bf16":
+                    ref_logits = logits
+                if ref_logits is not None:
+                    acc = accuracy(logits, ref_logits)
+                bar.update()
+                bar.set_description_str(f"{name}: eager generate")
+                eager = _tokens_per_s(model, prompt, tokens, False, repeats)
+                bar.update()
+                compiled = None
+                if do_compile:
+                    bar.set_description_str(f"{name}: compile and generate")
+                    torch._dynamo.reset()
+                    compile_forward(model, dev)
+                    compiled = _tokens_per_s(model, prompt, tokens, True, repeats)
+                    bar.update()
+                rows.append(Row(name, acc, eager, compiled, weight_bytes(model)))
+                del model
+    finally:
+        bar.close()
+    print_table(rows)
+    how = ("torch.compile(fullgraph=True" + (", mode='reduce-overhead')" if cuda else ")") +
+           " of the forward, static KV cache") if do_compile else "not run (--compile to add it)"
+    print(f"\nAccuracy: logits of each model on the bf16 model's {batch} generated sequences at the "
+          f"{tokens} generated positions; KL(bf16 || FP4) in nats. Speed: generate() of {tokens} tokens "
+          f"({'best of 3 after a warm-up' if cuda else 'one run after a warm-up'}); compiled: {how}. "
+          "Weights: every parameter and buffer (embeddings, norms, routers and the LM head stay bf16).")
+    if not cuda:
+        print("On the CPU every torch_fp4 op runs the reference backend (it dequantizes the weights on "
+              "every call): the speed column says nothing about the GPU kernels.")
+    return rows
+
+
+def print_table(rows: list[Row]) -> None:
+    base = rows[0].weight_bytes if rows and rows[0].variant == "bf16" else None
+    head = (f"{'variant':<14} {'logit cos':>9} {'KL':>9} {'top-1':>6} {'eager tok/s':>12} "
+            f"{'compiled tok/s':>15} {'weights MiB':>12} {'vs bf16':>8}")
+    print("\n" + head + "\n" + "-" * len(head))
+    for r in rows:
+        acc = (f"{r.accuracy[0]:>9.5f} {r.accuracy[1]:>9.5f} {r.accuracy[2]:>6.3f}" if r.accuracy
+               else f"{'n/a':>9} {'n/a':>9} {'n/a':>6}")
+        ratio = f"{base / r.weight_bytes:>7.2f}x" if base else f"{'n/a':>8}"
+        print(f"{r.variant:<14} {acc} {_fmt_tps(r.eager_tps):>12} {_fmt_tps(r.compiled_tps):>15} "
+              f"{r.weight_bytes / 2**20:>12.2f} {ratio}")
