@@ -88,7 +88,9 @@ def _variants(family: Optional[str], prompt: torch.Tensor, load: Callable[[], to
 
 
 def _generate(model, prompt: torch.Tensor, tokens: int, static: bool) -> torch.Tensor:
-    kw = dict(cache_implementation="static", disable_compile=True) if static else {}
+    kw = {}
+    if static:   # on a GPU generate compiles the forward itself (compile_forward set its config)
+        kw = dict(cache_implementation="static", disable_compile=not prompt.is_cuda)
     return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
                           pad_token_id=0, **kw)
 
@@ -109,10 +111,15 @@ def _tokens_per_s(model, prompt: torch.Tensor, tokens: int, static: bool, repeat
 
 
 def compile_forward(model: torch.nn.Module, device: torch.device) -> None:
-    """model.forward compiled with fullgraph=True (a graph break is an error): CUDA graphs on a
-    GPU (mode="reduce-overhead"); generate() is then run with a static KV cache."""
-    mode = "reduce-overhead" if device.type == "cuda" else None
-    model.forward = torch.compile(model.forward, fullgraph=True, mode=mode)
+    """The forward compiled with fullgraph=True (a graph break is an error), generate() then run
+    with a static KV cache. On a GPU generate compiles it itself (mode "reduce-overhead": CUDA
+    graphs), as it handles the cache's first use and each step's graph replay; on the CPU the
+    forward is compiled here."""
+    if device.type == "cuda":
+        model.generation_config.compile_config = _transformers("hf").CompileConfig(fullgraph=True,
+                                                                                     mode="reduce-overhead")
+    else:
+        model.forward = torch.compile(model.forward, fullgraph=True)
 
 
 def run(model_path: Optional[str] = None, family: str = "llama", tokens: int = 32, device: Optional[str] = None,
