@@ -206,3 +206,26 @@ def test_hf_command_runs_random_and_checkpoint_models(tmp_path, capsys):
     rows = hf_generate.run(str(tmp_path), tokens=2, device="cpu", compile=False)
     assert [r.variant for r in rows] == ["FP4 checkpoint"] and rows[0].accuracy is None
     assert "FP4 checkpoint" in capsys.readouterr().out
+
+
+def test_sharded_directory_loads(tmp_path):
+    """model.safetensors.index.json and its shards (each layer's tensors in one shard) load as the
+    single file does."""
+    from safetensors.torch import load_file, save_file
+    model = _dense("qwen3_moe")
+    t4.quantize_model(model, t4.QuantConfig())
+    t4.save_pretrained(model, tmp_path / "one")
+    tensors = load_file(tmp_path / "one" / "model.safetensors")
+    shards = {"model-00001-of-00002.safetensors": {}, "model-00002-of-00002.safetensors": {}}
+    for key, t in tensors.items():
+        second = key.startswith("model.layers.1.") or key.startswith("lm_head")
+        shards[f"model-0000{2 if second else 1}-of-00002.safetensors"][key] = t
+    os.makedirs(tmp_path / "two")
+    for name, part in shards.items():
+        save_file(part, str(tmp_path / "two" / name), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: n for n, part in shards.items() for k in part}}
+    json.dump(index, open(tmp_path / "two" / "model.safetensors.index.json", "w"))
+    with open(tmp_path / "one" / "config.json") as src, open(tmp_path / "two" / "config.json", "w") as dst:
+        dst.write(src.read())
+    ids = _ids()
+    assert torch.equal(_logits(t4.from_pretrained(tmp_path / "two"), ids), _logits(model, ids))
