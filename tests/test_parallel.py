@@ -1,0 +1,183 @@
+"""Tensor- and expert-parallel FP4 modules (torch_fp4/nn/parallel.py) on the CPU: gloo process
+groups of 2 and 4 processes spawned by the test (bounded in time), each rank checking its result
+against the single-process module it was cut from."""
+import os
+import tempfile
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import torch_fp4 as t4
+from torch_fp4 import testing as T
+from torch_fp4.nn import FP4Linear, FP4MoE
+from torch_fp4.nn import parallel as P
+
+BF16 = torch.bfloat16
+TIMEOUT_S = 240
+
+
+def _worker(rank: int, world: int, store: str, check: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)          # every rank builds the same whole module
+        globals()[check](rank, world)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int, check: str) -> None:
+    """Run check(rank, world) in `world` spawned processes of one gloo group; a failure in any
+    rank fails the test, as does running past TIMEOUT_S."""
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.start_processes(_worker, args=(world, os.path.join(tmp, "store"), check), nprocs=world,
+                                 join=False, start_method="spawn")
+        deadline = time.monotonic() + TIMEOUT_S
+        while not ctx.join(timeout=5):
+            if time.monotonic() > deadline:
+                for p in ctx.processes:
+                    p.kill()
+                raise AssertionError(f"{check} on {world} ranks ran past {TIMEOUT_S} s")
+
+
+def _linear(fmt="nvfp4", activations="bf16", n=96, k=128, bias=True) -> FP4Linear:
+    dense = torch.nn.Linear(k, n, bias=bias).to(BF16)
+    return FP4Linear.from_linear(dense, fmt, activations)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks run in every rank
+# ---------------------------------------------------------------------------------------------
+def check_column_parallel_equals_whole_layer(rank, world):
+    x = torch.randn(5, 128).to(BF16)
+    for fmt, act in (("nvfp4", "bf16"), ("mxfp4", "bf16"), ("nvfp4", "fp4"), ("mxfp4", "fp4")):
+        whole = _linear(fmt, act)
+        tp = P.TensorParallelFP4Linear(whole, "column", gather_output=True)
+        assert torch.equal(tp(x), whole(x)), (fmt, act)    # each output column is the same GEMM
+        part = P.TensorParallelFP4Linear(whole, "column")(x)
+        assert torch.equal(part, whole(x)[:, rank * 96 // world:(rank + 1) * 96 // world])
+
+
+def check_row_parallel_within_bound_and_exact_on_grid(rank, world):
+    x = torch.randn(5, 128).to(BF16)
+    for fmt in ("nvfp4", "mxfp4"):
+        whole = _linear(fmt, "bf16", bias=False)
+        tp = P.TensorParallelFP4Linear(whole, "row", input_is_parallel=False)
+        out = tp(x)
+        w_hat = t4.fp4_dequantize(whole.weight, whole.weight_scale, whole.weight_global_scale
+                                  if fmt == "nvfp4" else None, block_size=16 if fmt == "nvfp4" else 32,
+                                  out_dtype=torch.float32)
+        T.assert_mm_within_bound(out, x.float(), w_hat)
+        # the same with this rank's K slice as input
+        part = 128 // world
+        assert torch.equal(P.TensorParallelFP4Linear(whole, "row")(x[:, rank * part:(rank + 1) * part]), out)
+    # grid-exact operands: every partial sum is exact, so the result is the whole layer's, bit for bit
+    g = torch.Generator().manual_seed(3)
+    data, scale, _ = T.grid_exact_operand(64, 128, t4.NVFP4, generator=g)
+    whole = FP4Linear(128, 64, bias=True)
+    whole.set_quantized(data, scale, torch.ones(1))
+    whole.bias.data.copy_(torch.arange(64).to(BF16))
+    xg = torch.randint(-3, 4, (5, 128)).to(BF16)
+    assert torch.equal(P.TensorParallelFP4Linear(whole, "row", input_is_parallel=False)(xg), whole(xg))
+    # W4A4 with a fixed activation scale: every rank quantizes its K slice with the same scale
+    w4a4 = _linear("nvfp4", "fp4", bias=True)
+    w4a4.calibrate(x)
+    out = P.TensorParallelFP4Linear(w4a4, "row", input_is_parallel=False)(x)
+    assert (out.float() - w4a4(x).float()).abs().max() <= 0.02 * w4a4(x).float().abs().max()
+
+
+def check_refusals(rank, world):
+    whole = _linear("nvfp4", "bf16", n=96, k=48)     # K shard of 48 / world: not whole blocks
+    with pytest.raises(ValueError, match="in_features"):
+        P.TensorParallelFP4Linear(whole, "row")
+    with pytest.raises(ValueError, match="fixed activation scale"):
+        P.TensorParallelFP4Linear(_linear("nvfp4", "fp4"), "row")      # per-call scale
+    with pytest.raises(ValueError, match="style"):
+        P.shard_fp4_linear(_linear(), "diagonal", rank, world)
+
+
+def check_shards_are_the_shards_quantization(rank, world):
+    """Sharding the quantized weight gives the bytes of quantizing the shard with the same
+    global scale (NVFP4) or by itself (MXFP4)."""
+    w = torch.randn(96, 128).to(BF16)
+    gs = t4.compute_global_scale(w)
+    whole = FP4Linear(128, 96, bias=False)
+    whole.set_weight(w)
+    n, k = 96 // world, 128 // world
+    for style, w_part in (("column", w[rank * n:(rank + 1) * n]), ("row", w[:, rank * k:(rank + 1) * k])):
+        shard = P.shard_fp4_linear(whole, style, rank, world)
+        data, scale = t4.nvfp4_quantize(w_part.contiguous(), gs)
+        assert torch.equal(shard.weight, F_row(shard)), style
+        assert torch.equal(F_row(shard), data.view(torch.uint8)), style
+        assert torch.equal(shard.weight_scale, scale.view(torch.uint8)), style
+        assert torch.equal(shard.weight_global_scale, gs)
+
+
+def F_row(layer):
+    from torch_fp4 import formats as F
+    return F.from_weight_layout(layer.weight, layer.weight_layout)
+
+
+def _moe(activations="bf16", experts=8, top_k=2) -> FP4MoE:
+    h, i = 64, 64
+    router = torch.nn.Linear(h, experts, bias=False).to(BF16)
+    w1 = (torch.randn(experts, 2 * i, h) / 8).to(BF16)
+    w2 = (torch.randn(experts, h, i) / 8).to(BF16)
+    calib = torch.randn(32, h).to(BF16) if activations == "fp4" else None
+    return FP4MoE.from_experts(router, w1, w2, top_k=top_k, renormalize=True, activations=activations,
+                               calibration=calib)
+
+
+def check_expert_parallel_moe(rank, world):
+    x = torch.randn(3, 7, 64).to(BF16)
+    for act in ("bf16", "fp4"):
+        whole = _moe(act)
+        ep = P.ExpertParallelFP4MoE(whole, )
+        assert ep.local_experts == 8 // world and ep.offset == rank * 8 // world
+        got, want = ep(x), whole(x)
+        if world == 2:   # a token's two slots land on at most two ranks: the fp32 sum is the same
+            assert torch.equal(got, want), act
+        else:
+            assert (got.float() - want.float()).abs().max() <= 0.01 * want.float().abs().max(), act
+    # traced whole by torch.compile (functional collectives, no graph break)
+    torch._dynamo.reset()
+    compiled = torch.compile(ep, fullgraph=True, backend="eager")
+    assert torch.equal(compiled(x), ep(x))
+
+
+def check_tensor_parallel_moe(rank, world):
+    x = torch.randn(9, 64).to(BF16)
+    for act in ("bf16", "fp4"):
+        whole = _moe(act)
+        tp = P.TensorParallelFP4MoE(whole)
+        got, want = tp(x).float(), whole(x).float()
+        # each rank's FC2 output rounds a partial sum over its intermediate slice to bf16
+        assert (got - want).norm() <= 0.02 * want.norm(), act
+    with pytest.raises(ValueError, match="intermediate_size"):
+        P.TensorParallelFP4MoE(FP4MoE(64, 48, 4, 2))          # 48 / world: not whole blocks
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("check", ["check_column_parallel_equals_whole_layer",
+                                   "check_row_parallel_within_bound_and_exact_on_grid",
+                                   "check_refusals", "check_shards_are_the_shards_quantization",
+                                   "check_expert_parallel_moe", "check_tensor_parallel_moe"])
+def test_two_ranks(check):
+    _spawn(2, check)
+
+
+@pytest.mark.parametrize("check", ["check_expert_parallel_moe", "check_row_parallel_within_bound_and_exact_on_grid"])
+def test_four_ranks(check):
+    _spawn(4, check)
+
+
+def test_needs_a_process_group():
+    if dist.is_initialized():
+        pytest.skip("a process group exists in this process")
+    with pytest.raises(RuntimeError, match="process group"):
+        P.ExpertParallelFP4MoE(_moe())
