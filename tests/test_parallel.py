@@ -19,8 +19,15 @@ BF16 = torch.bfloat16
 TIMEOUT_S = 240
 
 
-def _worker(rank: int, world: int, store: str, check: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+DEV = torch.device("cpu")           # this rank's device: the CPU (gloo) or its GPU (NCCL)
+
+
+def _worker(rank: int, world: int, store: str, check: str, backend: str) -> None:
+    global DEV
+    if backend == "nccl":
+        DEV = torch.device("cuda", rank)
+        torch.cuda.set_device(DEV)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         torch.manual_seed(0)          # every rank builds the same whole module
         globals()[check](rank, world)
@@ -29,12 +36,13 @@ def _worker(rank: int, world: int, store: str, check: str) -> None:
         dist.destroy_process_group()
 
 
-def _spawn(world: int, check: str) -> None:
-    """Run check(rank, world) in `world` spawned processes of one gloo group; a failure in any
-    rank fails the test, as does running past TIMEOUT_S."""
+def _spawn(world: int, check: str, backend: str = "gloo") -> None:
+    """Run check(rank, world) in `world` spawned processes of one process group (gloo on the CPU,
+    or NCCL with one GPU each); a failure in any rank fails the test, as does running past
+    TIMEOUT_S."""
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(_worker, args=(world, os.path.join(tmp, "store"), check), nprocs=world,
-                                 join=False, start_method="spawn")
+        ctx = mp.start_processes(_worker, args=(world, os.path.join(tmp, "store"), check, backend),
+                                 nprocs=world, join=False, start_method="spawn")
         deadline = time.monotonic() + TIMEOUT_S
         while not ctx.join(timeout=5):
             if time.monotonic() > deadline:
@@ -44,15 +52,19 @@ def _spawn(world: int, check: str) -> None:
 
 
 def _linear(fmt="nvfp4", activations="bf16", n=96, k=128, bias=True) -> FP4Linear:
-    dense = torch.nn.Linear(k, n, bias=bias).to(BF16)
+    dense = torch.nn.Linear(k, n, bias=bias).to(BF16).to(DEV)
     return FP4Linear.from_linear(dense, fmt, activations)
+
+
+def _randn(*shape) -> torch.Tensor:
+    return torch.randn(*shape).to(BF16).to(DEV)
 
 
 # ---------------------------------------------------------------------------------------------
 # Checks run in every rank
 # ---------------------------------------------------------------------------------------------
 def check_column_parallel_equals_whole_layer(rank, world):
-    x = torch.randn(5, 128).to(BF16)
+    x = _randn(5, 128)
     for fmt, act in (("nvfp4", "bf16"), ("mxfp4", "bf16"), ("nvfp4", "fp4"), ("mxfp4", "fp4")):
         whole = _linear(fmt, act)
         tp = P.TensorParallelFP4Linear(whole, "column", gather_output=True)
@@ -62,7 +74,7 @@ def check_column_parallel_equals_whole_layer(rank, world):
 
 
 def check_row_parallel_within_bound_and_exact_on_grid(rank, world):
-    x = torch.randn(5, 128).to(BF16)
+    x = _randn(5, 128)
     for fmt in ("nvfp4", "mxfp4"):
         whole = _linear(fmt, "bf16", bias=False)
         tp = P.TensorParallelFP4Linear(whole, "row", input_is_parallel=False)
@@ -80,7 +92,8 @@ def check_row_parallel_within_bound_and_exact_on_grid(rank, world):
     whole = FP4Linear(128, 64, bias=True)
     whole.set_quantized(data, scale, torch.ones(1))
     whole.bias.data.copy_(torch.arange(64).to(BF16))
-    xg = torch.randint(-3, 4, (5, 128)).to(BF16)
+    whole = whole.to(DEV)
+    xg = torch.randint(-3, 4, (5, 128)).to(BF16).to(DEV)
     assert torch.equal(P.TensorParallelFP4Linear(whole, "row", input_is_parallel=False)(xg), whole(xg))
     # W4A4 with a fixed activation scale: every rank quantizes its K slice with the same scale
     w4a4 = _linear("nvfp4", "fp4", bias=True)
@@ -123,16 +136,16 @@ def F_row(layer):
 
 def _moe(activations="bf16", experts=8, top_k=2) -> FP4MoE:
     h, i = 64, 64
-    router = torch.nn.Linear(h, experts, bias=False).to(BF16)
-    w1 = (torch.randn(experts, 2 * i, h) / 8).to(BF16)
-    w2 = (torch.randn(experts, h, i) / 8).to(BF16)
-    calib = torch.randn(32, h).to(BF16) if activations == "fp4" else None
+    router = torch.nn.Linear(h, experts, bias=False).to(BF16).to(DEV)
+    w1 = (torch.randn(experts, 2 * i, h) / 8).to(BF16).to(DEV)
+    w2 = (torch.randn(experts, h, i) / 8).to(BF16).to(DEV)
+    calib = _randn(32, h) if activations == "fp4" else None
     return FP4MoE.from_experts(router, w1, w2, top_k=top_k, renormalize=True, activations=activations,
                                calibration=calib)
 
 
 def check_expert_parallel_moe(rank, world):
-    x = torch.randn(3, 7, 64).to(BF16)
+    x = _randn(3, 7, 64)
     for act in ("bf16", "fp4"):
         whole = _moe(act)
         ep = P.ExpertParallelFP4MoE(whole, )
@@ -149,7 +162,7 @@ def check_expert_parallel_moe(rank, world):
 
 
 def check_tensor_parallel_moe(rank, world):
-    x = torch.randn(9, 64).to(BF16)
+    x = _randn(9, 64)
     for act in ("bf16", "fp4"):
         whole = _moe(act)
         tp = P.TensorParallelFP4MoE(whole)
@@ -157,7 +170,28 @@ def check_tensor_parallel_moe(rank, world):
         # each rank's FC2 output rounds a partial sum over its intermediate slice to bf16
         assert (got - want).norm() <= 0.02 * want.norm(), act
     with pytest.raises(ValueError, match="intermediate_size"):
-        P.TensorParallelFP4MoE(FP4MoE(64, 48, 4, 2))          # 48 / world: not whole blocks
+        P.TensorParallelFP4MoE(FP4MoE(64, 48, 4, 2, device=DEV))   # 48 / world: not whole blocks
+
+
+def check_cuda_graph_replay_equals_eager(rank, world):
+    """On GPUs: the expert-parallel MoE and a row-parallel layer captured in one CUDA graph (NCCL
+    all-reduces inside), replayed on new inputs, give the eager results."""
+    moe = P.ExpertParallelFP4MoE(_moe())
+    row = P.TensorParallelFP4Linear(_linear(bias=False), "row", input_is_parallel=False)
+    x, xl = _randn(6, 64), _randn(6, 128)
+    for _ in range(2):                      # warm-up (kernel builds, NCCL setup)
+        moe(x), row(xl)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y_moe, y_row = moe(x), row(xl)
+    for seed in (1, 2):
+        torch.manual_seed(seed)
+        x.copy_(_randn(6, 64))
+        xl.copy_(_randn(6, 128))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(y_moe, moe(x)) and torch.equal(y_row, row(xl)), seed
 
 
 # ---------------------------------------------------------------------------------------------
@@ -174,6 +208,17 @@ def test_two_ranks(check):
 @pytest.mark.parametrize("check", ["check_expert_parallel_moe", "check_row_parallel_within_bound_and_exact_on_grid"])
 def test_four_ranks(check):
     _spawn(4, check)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check", ["check_column_parallel_equals_whole_layer",
+                                   "check_row_parallel_within_bound_and_exact_on_grid",
+                                   "check_expert_parallel_moe", "check_tensor_parallel_moe",
+                                   "check_cuda_graph_replay_equals_eager"])
+def test_two_gpus_nccl(check):
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"needs 2 GPUs, found {torch.cuda.device_count()}")
+    _spawn(2, check, "nccl")
 
 
 def test_needs_a_process_group():
