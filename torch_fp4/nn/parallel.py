@@ -62,6 +62,10 @@ def _split(op: str, name: str, size: int, world: int, block: int, why: str) -> i
     return size // world
 
 
+# all_gather_single replaces all_gather_tensor (deprecated) in newer torch; same arguments
+_all_gather = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+
 def _all_reduce(t: torch.Tensor, group, op: str = "sum") -> torch.Tensor:
     return funcol.wait_tensor(funcol.all_reduce(t, op, group))
 
@@ -129,7 +133,7 @@ class TensorParallelFP4Linear(torch.nn.Module):
             y = self.shard(x)
             if not self.gather_output:
                 return y
-            parts = funcol.wait_tensor(funcol.all_gather_tensor(y.movedim(-1, 0).contiguous(), 0, self.group))
+            parts = funcol.wait_tensor(_all_gather(y.movedim(-1, 0).contiguous(), 0, self.group))
             return parts.movedim(0, -1)
         part = self.shard.in_features
         out_dtype = _input("TensorParallelFP4Linear", x, part if self.input_is_parallel else self.in_features,
