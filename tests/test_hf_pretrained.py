@@ -229,3 +229,24 @@ def test_sharded_directory_loads(tmp_path):
         dst.write(src.read())
     ids = _ids()
     assert torch.equal(_logits(t4.from_pretrained(tmp_path / "two"), ids), _logits(model, ids))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llama", "mixtral"])
+def test_compiled_generate_on_the_gpu_equals_eager(family, tmp_path):
+    """On a GPU: generate() with a static cache and the forward compiled as the hf command does
+    (CompileConfig(fullgraph=True, mode='reduce-overhead')) gives the tokens of eager generate()
+    with the same cache, twice in a row (the second run replays what the first captured)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = _dense(family)
+    t4.quantize_model(model, t4.QuantConfig())
+    t4.save_pretrained(model, tmp_path)
+    loaded = t4.from_pretrained(tmp_path, device="cuda")
+    ids = _ids().cuda()
+    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
+    want = loaded.generate(ids, disable_compile=True, **kw)
+    from torch_fp4.examples.hf_generate import compile_forward
+    compile_forward(loaded, torch.device("cuda"))
+    for _ in range(2):
+        assert torch.equal(loaded.generate(ids, **kw), want)
