@@ -6,6 +6,9 @@ import pytest
 import torch
 
 transformers = pytest.importorskip("transformers")
+if not (4, 57) <= tuple(int(v) for v in transformers.__version__.split(".")[:2]) < (5, 0):
+    pytest.skip(f"transformers {transformers.__version__} is outside the tested range >=4.57,<5 "
+                "(the hf extra)", allow_module_level=True)
 
 import torch_fp4 as t4  # noqa: E402
 from torch_fp4 import hf, ops  # noqa: E402
