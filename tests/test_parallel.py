@@ -173,6 +173,26 @@ def check_tensor_parallel_moe(rank, world):
         P.TensorParallelFP4MoE(FP4MoE(64, 48, 4, 2, device=DEV))   # 48 / world: not whole blocks
 
 
+def check_transformers_blocks(rank, world):
+    """A quantized transformers MoE block (Mixtral: returns (hidden, router logits); DeepSeek-V3:
+    routed plus shared experts) split over the ranks keeps its forward: expert-parallel equals the
+    whole block bit for bit (top-2 over two ranks), tensor-parallel within rounding."""
+    from tests.test_hf_pretrained import _dense
+    for family in ("mixtral", "deepseek_v3"):
+        model = _dense(family).to(DEV)
+        t4.quantize_model(model, t4.QuantConfig())
+        block = next(m for m in model.modules() if isinstance(m, FP4MoE))
+        h = _randn(2, 5, model.config.hidden_size)
+        want = block(h)
+        got = P.ExpertParallelFP4MoE(block)(h)
+        tp = P.TensorParallelFP4MoE(block)(h)
+        if family == "mixtral":
+            assert torch.equal(got[1], want[1]) and torch.equal(tp[1], want[1])    # router logits
+            got, tp, want = got[0], tp[0], want[0]
+        assert torch.equal(got, want), family
+        assert (tp.float() - want.float()).norm() <= 0.02 * want.float().norm(), family
+
+
 def check_cuda_graph_replay_equals_eager(rank, world):
     """On GPUs: the expert-parallel MoE and a row-parallel layer captured in one CUDA graph (NCCL
     all-reduces inside), replayed on new inputs, give the eager results."""
@@ -203,6 +223,13 @@ def check_cuda_graph_replay_equals_eager(rank, world):
                                    "check_expert_parallel_moe", "check_tensor_parallel_moe"])
 def test_two_ranks(check):
     _spawn(2, check)
+
+
+def test_two_ranks_transformers_blocks():
+    transformers = pytest.importorskip("transformers")
+    if not (4, 57) <= tuple(int(v) for v in transformers.__version__.split(".")[:2]) < (5, 0):
+        pytest.skip(f"transformers {transformers.__version__} is outside the tested range >=4.57,<5")
+    _spawn(2, "check_transformers_blocks")
 
 
 @pytest.mark.parametrize("check", ["check_expert_parallel_moe", "check_row_parallel_within_bound_and_exact_on_grid"])

@@ -16,7 +16,9 @@ the output dtype once.
   layer without gather gives it) or the whole x, and all-reduces the fp32 partial products, bias
   added after. W4A4 row shards need a fixed activation scale (calibrate first): a per-call scale
   computed over a K slice would differ between ranks.
-- ExpertParallelFP4MoE: experts [r E/w, (r+1) E/w); every rank holds every token (the
+- ExpertParallelFP4MoE (of an FP4MoE, or of a transformers block's FP4SparseMoeBlock, whose
+  forward, routing, return structure and shared experts it keeps): experts [r E/w, (r+1) E/w);
+  every rank holds every token (the
   all-gather + reduce-scatter scheme of small batches, here an all-reduce of the replicated
   output), routes them with the whole router (the same ids and weights on every rank), runs
   fused_moe over its experts (pairs routed elsewhere add zero) with an fp32 output, and
@@ -148,64 +150,85 @@ class TensorParallelFP4Linear(torch.nn.Module):
         return _widen(y, x.dtype)
 
 
-def _expert_slice(moe: FP4MoE, lo: int, hi: int) -> FP4MoE:
-    """A copy of moe holding experts lo .. hi-1 (the router and routing stay whole)."""
-    part = type(moe).__new__(type(moe))
-    torch.nn.Module.__init__(part)
-    part.__dict__.update({k: v for k, v in moe.__dict__.items() if not k.startswith("_")})   # its settings
-    part.router = moe.router
-    for name, buf in moe._buffers.items():
-        keep = name.startswith(("w1", "w2")) or (name == "a2_global_scale_bits" and buf.numel() > 1)
-        part.register_buffer(name, buf[lo:hi].clone() if keep else buf.clone())
-    part.num_experts = hi - lo
-    return part
-
-
-class _ParallelMoE(torch.nn.Module):
-    """What both parallel MoEs share: the checks, the group, and a forward that runs fused_moe on
-    this rank's part (`self.moe`, with `self.expert_range` for expert parallelism) in fp32 and
-    all-reduces it."""
+class _CollectiveExperts:
+    """Mixed into a copy of an FP4MoE (or a transformers block's FP4SparseMoeBlock) that holds
+    this rank's part: its experts run fused_moe over the part in fp32 and all-reduce, so the
+    module's own forward (routing, return structure, shared experts) runs unchanged."""
+    group = None
     expert_range: dict = {}
 
-    def _begin(self, op: str, moe: FP4MoE, group) -> None:
-        if not isinstance(moe, FP4MoE) or type(moe) is not FP4MoE:
-            C.fail(op, "moe", "an FP4MoE (a transformers block's FP4SparseMoeBlock is not supported yet)",
-                   type(moe).__name__, TypeError)
-        self.rank, self.world = _group_info(op, group)
-        self.group = group if group is not None else dist.group.WORLD
-        self.num_experts, self.hidden_size = moe.num_experts, moe.hidden_size
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        moe = self.moe
-        a, out_dtype = moe._tokens(x, "forward")
-        ids, weights = moe._route(a)      # the whole router: the same on every rank
+    def _experts(self, x, a, ids, weights, out_dtype):
         scales = {}
-        if moe.activations == "fp4":
-            scales = dict(a1_global_scale=moe.a1_global_scale, a2_global_scale=moe.a2_global_scale)
-        y = ops.fused_moe(a, moe.w1, moe.w1_scale, moe.w1_global_scale, moe.w2, moe.w2_scale,
-                          moe.w2_global_scale, ids, weights, out_dtype=torch.float32, **self.expert_range,
+        if self.activations == "fp4":
+            scales = dict(a1_global_scale=self.a1_global_scale, a2_global_scale=self.a2_global_scale)
+        y = ops.fused_moe(a, self.w1, self.w1_scale, self.w1_global_scale, self.w2, self.w2_scale,
+                          self.w2_global_scale, ids, weights, out_dtype=torch.float32, **self.expert_range,
                           **scales)
         y = _all_reduce(y, self.group).to(out_dtype)
         return _widen(y.reshape(*x.shape[:-1], self.hidden_size), x.dtype)
 
 
+_PART_CLASSES: dict = {}
+
+
+def _part(moe: FP4MoE, buffers: dict, group, **settings) -> FP4MoE:
+    """A module of moe's class (plus _CollectiveExperts) with moe's settings, router and
+    submodules (a block's shared experts), `buffers` in place of moe's, and `settings` set."""
+    cls = type(moe)
+    sub = _PART_CLASSES.get(cls)
+    if sub is None:
+        sub = _PART_CLASSES[cls] = type("Parallel" + cls.__name__, (_CollectiveExperts, cls),
+                                        {"__module__": __name__})
+    part = sub.__new__(sub)
+    torch.nn.Module.__init__(part)
+    part.__dict__.update({k: v for k, v in moe.__dict__.items() if not k.startswith("_")})   # its settings
+    for name, mod in moe._modules.items():
+        part.add_module(name, mod)
+    for name, buf in buffers.items():
+        part.register_buffer(name, buf)
+    part.__dict__.update(settings)
+    part.group = group
+    return part
+
+
+class _ParallelMoE(torch.nn.Module):
+    """What both parallel MoEs share: the checks and the group; forward is the part's own
+    (FP4MoE.forward, or the transformers block's: same arguments and return structure)."""
+
+    def _begin(self, op: str, moe: FP4MoE, group) -> None:
+        if not isinstance(moe, FP4MoE):
+            C.fail(op, "moe", "an FP4MoE (or a transformers block's FP4SparseMoeBlock)", type(moe).__name__,
+                   TypeError)
+        self.rank, self.world = _group_info(op, group)
+        self.group = group if group is not None else dist.group.WORLD
+        self.num_experts, self.hidden_size = moe.num_experts, moe.hidden_size
+
+    def forward(self, *args, **kwargs):
+        return self.moe(*args, **kwargs)
+
+
 class ExpertParallelFP4MoE(_ParallelMoE):
-    """This rank's experts of an FP4MoE, tokens replicated over the group (module docstring).
-    forward(x [..., H]) -> [..., H] on every rank."""
+    """This rank's experts of an FP4MoE or FP4SparseMoeBlock, tokens replicated over the group
+    (module docstring); forward takes and returns what the module's forward does, on every rank."""
 
     def __init__(self, moe: FP4MoE, group=None):
         super().__init__()
         op = "ExpertParallelFP4MoE"
         self._begin(op, moe, group)
         per = _split(op, "num_experts", moe.num_experts, self.world, 1, "experts per rank")
-        self.offset, self.local_experts = self.rank * per, per
-        self.expert_range = dict(local_expert_offset=self.offset, num_local_experts=per)
-        self.moe = _expert_slice(moe, self.offset, self.offset + per)
+        lo, hi = self.rank * per, (self.rank + 1) * per
+        self.offset, self.local_experts = lo, per
+        buffers = {}
+        for name, buf in moe._buffers.items():
+            keep = name.startswith(("w1", "w2")) or (name == "a2_global_scale_bits" and buf.numel() > 1)
+            buffers[name] = buf[lo:hi].clone() if keep else buf.clone()
+        # num_experts stays the whole count: routing (DeepSeek-V3's groups) works on all experts
+        self.moe = _part(moe, buffers, self.group, expert_range=dict(local_expert_offset=lo, num_local_experts=per))
 
 
 class TensorParallelFP4MoE(_ParallelMoE):
-    """Every expert's intermediate columns split over the group (module docstring). forward(x
-    [..., H]) -> [..., H] on every rank."""
+    """Every expert's intermediate columns split over the group (module docstring); forward takes
+    and returns what the module's forward does, on every rank."""
 
     def __init__(self, moe: FP4MoE, group=None):
         super().__init__()
@@ -215,19 +238,12 @@ class TensorParallelFP4MoE(_ParallelMoE):
         part = _split(op, "intermediate_size", i, self.world, F.NVFP4.block_size,
                       "an FC2 K shard must hold whole NVFP4 blocks")
         lo, hi = self.rank * part, (self.rank + 1) * part
-        local = FP4MoE(h, part, e, moe.top_k, moe.method, moe.renormalize, moe.n_group, moe.topk_group,
-                       moe.routed_scaling_factor, moe.activations, moe.compute_dtype,
-                       moe.router.bias is not None, moe.w1.device)
-        local.router = moe.router
-        if moe.method == "deepseek_v3":
-            local.routing_bias_bits.copy_(moe.routing_bias_bits)
-        w1 = torch.cat([moe.w1[:, lo:hi], moe.w1[:, i + lo:i + hi]], dim=1)
         s1 = torch.stack([_rows(moe.w1_scale[x], 2 * i, h // 16) for x in range(e)])
-        s1 = torch.cat([s1[:, lo:hi], s1[:, i + lo:i + hi]], dim=1)
-        s2 = torch.stack([_rows(moe.w2_scale[x], h, i // 16) for x in range(e)])[:, :, lo // 16:hi // 16]
-        local.set_quantized(w1.contiguous(), s1.contiguous(), moe.w1_global_scale.clone(),
-                            moe.w2[:, :, lo // 2:hi // 2].contiguous(), s2.contiguous(),
-                            moe.w2_global_scale.clone(), sf_layout="linear")
-        local.a1_global_scale_bits.copy_(moe.a1_global_scale_bits)
-        local.a2_global_scale_bits.copy_(moe.a2_global_scale_bits)
-        self.moe = local
+        s2 = torch.stack([_rows(moe.w2_scale[x], h, i // 16) for x in range(e)])
+        buffers = {name: buf.clone() for name, buf in moe._buffers.items()}
+        buffers.update(
+            w1=torch.cat([moe.w1[:, lo:hi], moe.w1[:, i + lo:i + hi]], dim=1).contiguous(),
+            w1_scale=F.swizzle(torch.cat([s1[:, lo:hi], s1[:, i + lo:i + hi]], dim=1).contiguous(), _LAYOUT),
+            w2=moe.w2[:, :, lo // 2:hi // 2].contiguous(),
+            w2_scale=F.swizzle(s2[:, :, lo // 16:hi // 16].contiguous(), _LAYOUT))
+        self.moe = _part(moe, buffers, self.group, intermediate_size=part)
