@@ -177,9 +177,9 @@ def check_transformers_blocks(rank, world):
     """A quantized transformers MoE block (Mixtral: returns (hidden, router logits); DeepSeek-V3:
     routed plus shared experts) split over the ranks keeps its forward: expert-parallel equals the
     whole block bit for bit (top-2 over two ranks), tensor-parallel within rounding."""
-    from tests.test_hf_pretrained import _dense
+    from torch_fp4.examples.hf_generate import random_model
     for family in ("mixtral", "deepseek_v3"):
-        model = _dense(family).to(DEV)
+        model = random_model(family, 0, DEV, size="tiny")
         t4.quantize_model(model, t4.QuantConfig())
         block = next(m for m in model.modules() if isinstance(m, FP4MoE))
         h = _randn(2, 5, model.config.hidden_size)

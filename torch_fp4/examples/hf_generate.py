@@ -27,19 +27,35 @@ from ..nn import QuantConfig, quantize_model
 from ..nn.pretrained import _transformers, from_pretrained
 
 FAMILIES = ("llama", "mixtral", "qwen3_moe", "deepseek_v3")
-_COMMON = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-               num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512,
-               pad_token_id=0, bos_token_id=1, eos_token_id=None)
-_FAMILY = {  # family -> (config class, fields beside _COMMON)
-    "llama": ("LlamaConfig", {}),
-    "mixtral": ("MixtralConfig", dict(num_local_experts=8, num_experts_per_tok=2)),
-    "qwen3_moe": ("Qwen3MoeConfig", dict(head_dim=32, moe_intermediate_size=128, num_experts=16,
-                                         num_experts_per_tok=4, norm_topk_prob=True, decoder_sparse_step=1,
-                                         mlp_only_layers=[])),
-    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=8, moe_intermediate_size=128,
-                                             n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
-                                             first_k_dense_replace=1, q_lora_rank=64, kv_lora_rank=64,
-                                             qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32)),
+_TINY = dict(vocab_size=128, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=None)
+_SMALL = dict(_TINY, vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+              num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=512)
+# size -> family -> (transformers config class, its fields): "tiny" for the tests (seconds on a
+# CPU), "small" for the hf command
+CONFIGS = {
+    "tiny": {
+        "llama": ("LlamaConfig", _TINY),
+        "mixtral": ("MixtralConfig", dict(_TINY, num_local_experts=4, num_experts_per_tok=2)),
+        "qwen3_moe": ("Qwen3MoeConfig", dict(_TINY, head_dim=16, moe_intermediate_size=32, num_experts=8,
+                                             num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1,
+                                             mlp_only_layers=[])),
+        "deepseek_v3": ("DeepseekV3Config", dict(_TINY, num_key_value_heads=4, moe_intermediate_size=32,
+                                                 n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+                                                 first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=32,
+                                                 qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16)),
+    },
+    "small": {
+        "llama": ("LlamaConfig", _SMALL),
+        "mixtral": ("MixtralConfig", dict(_SMALL, num_local_experts=8, num_experts_per_tok=2)),
+        "qwen3_moe": ("Qwen3MoeConfig", dict(_SMALL, head_dim=32, moe_intermediate_size=128, num_experts=16,
+                                             num_experts_per_tok=4, norm_topk_prob=True, decoder_sparse_step=1,
+                                             mlp_only_layers=[])),
+        "deepseek_v3": ("DeepseekV3Config", dict(_SMALL, num_key_value_heads=8, moe_intermediate_size=128,
+                                                 n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
+                                                 first_k_dense_replace=1, q_lora_rank=64, kv_lora_rank=64,
+                                                 qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32)),
+    },
 }
 
 
@@ -57,11 +73,12 @@ class Row:
     weight_bytes: int
 
 
-def random_model(family: str, seed: int, device: torch.device) -> torch.nn.Module:
-    """A random bf16 causal LM of `family` built from a transformers config (no download)."""
+def random_model(family: str, seed: int = 0, device="cpu", size: str = "small") -> torch.nn.Module:
+    """A random bf16 causal LM of `family` and `size` (CONFIGS) built from a transformers config
+    as transformers builds a bf16 model (nothing is downloaded)."""
     tr = _transformers("hf")
-    name, fields = _FAMILY[family]
-    config = getattr(tr, name)(**{**_COMMON, **fields})
+    name, fields = CONFIGS[size][family]
+    config = getattr(tr, name)(**fields)
     torch.manual_seed(seed)
     return tr.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).to(device).eval()
 
