@@ -161,6 +161,22 @@ def check_expert_parallel_moe(rank, world):
     assert torch.equal(compiled(x), ep(x))
 
 
+def check_expert_parallel_sharded_tokens(rank, world):
+    """Each rank's own tokens through the expert-parallel MoE (gather, local experts,
+    reduce-scatter) give what the whole FP4MoE gives for them."""
+    whole = _moe()
+    torch.manual_seed(100 + rank)                 # different tokens on every rank, same count
+    x = _randn(2, 5, 64)
+    got = P.ExpertParallelFP4MoE(whole, tokens="sharded")(x)
+    want = whole(x)
+    if world == 2:
+        assert torch.equal(got, want)
+    else:
+        assert (got.float() - want.float()).abs().max() <= 0.01 * want.float().abs().max()
+    with pytest.raises(ValueError, match="tokens"):
+        P.ExpertParallelFP4MoE(whole, tokens="scattered")
+
+
 def check_tensor_parallel_moe(rank, world):
     x = _randn(9, 64)
     for act in ("bf16", "fp4"):
@@ -220,7 +236,8 @@ def check_cuda_graph_replay_equals_eager(rank, world):
 @pytest.mark.parametrize("check", ["check_column_parallel_equals_whole_layer",
                                    "check_row_parallel_within_bound_and_exact_on_grid",
                                    "check_refusals", "check_shards_are_the_shards_quantization",
-                                   "check_expert_parallel_moe", "check_tensor_parallel_moe"])
+                                   "check_expert_parallel_moe", "check_expert_parallel_sharded_tokens",
+                                   "check_tensor_parallel_moe"])
 def test_two_ranks(check):
     _spawn(2, check)
 
@@ -232,7 +249,8 @@ def test_two_ranks_transformers_blocks():
     _spawn(2, "check_transformers_blocks")
 
 
-@pytest.mark.parametrize("check", ["check_expert_parallel_moe", "check_row_parallel_within_bound_and_exact_on_grid"])
+@pytest.mark.parametrize("check", ["check_expert_parallel_moe", "check_expert_parallel_sharded_tokens",
+                                   "check_row_parallel_within_bound_and_exact_on_grid"])
 def test_four_ranks(check):
     _spawn(4, check)
 
@@ -240,8 +258,8 @@ def test_four_ranks(check):
 @pytest.mark.gpu
 @pytest.mark.parametrize("check", ["check_column_parallel_equals_whole_layer",
                                    "check_row_parallel_within_bound_and_exact_on_grid",
-                                   "check_expert_parallel_moe", "check_tensor_parallel_moe",
-                                   "check_cuda_graph_replay_equals_eager"])
+                                   "check_expert_parallel_moe", "check_expert_parallel_sharded_tokens",
+                                   "check_tensor_parallel_moe", "check_cuda_graph_replay_equals_eager"])
 def test_two_gpus_nccl(check):
     if torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 GPUs, found {torch.cuda.device_count()}")

@@ -17,14 +17,15 @@ the output dtype once.
   added after. W4A4 row shards need a fixed activation scale (calibrate first): a per-call scale
   computed over a K slice would differ between ranks.
 - ExpertParallelFP4MoE (of an FP4MoE, or of a transformers block's FP4SparseMoeBlock, whose
-  forward, routing, return structure and shared experts it keeps): experts [r E/w, (r+1) E/w);
-  every rank holds every token (the
-  all-gather + reduce-scatter scheme of small batches, here an all-reduce of the replicated
-  output), routes them with the whole router (the same ids and weights on every rank), runs
-  fused_moe over its experts (pairs routed elsewhere add zero) with an fp32 output, and
-  all-reduces. With top_k = 2 and two ranks this is bit-identical to the single FP4MoE; in general
-  the fp32 sum over a token's k slots is regrouped by rank. An all-to-all dispatch of each token to
-  the ranks holding its experts (less traffic at large T) is not implemented.
+  forward, routing, return structure and shared experts it keeps): experts [r E/w, (r+1) E/w).
+  tokens="replicated": every rank holds every token, routes them with the whole router (the same
+  ids and weights on every rank), runs fused_moe over its experts (pairs routed elsewhere add
+  zero) with an fp32 output, and all-reduces. tokens="sharded" (an FP4MoE): each rank brings
+  its own tokens (the same count everywhere); they are all-gathered, routed and run as above,
+  and a reduce-scatter returns each rank the sums for its tokens. With top_k = 2 and two ranks
+  both are bit-identical to the single FP4MoE; in general the fp32 sum over a token's k slots is
+  regrouped by rank. An all-to-all dispatch of each token to the ranks holding its experts (less
+  traffic at large T) is not implemented.
 - TensorParallelFP4MoE: every expert's intermediate columns [r I/w, (r+1) I/w) (I / w a multiple
   of the block size): FC1's gate and up rows and FC2's K columns; each rank's fused_moe output is
   a partial sum over its slice of the intermediate, all-reduced in fp32.
@@ -208,13 +209,24 @@ class _ParallelMoE(torch.nn.Module):
 
 
 class ExpertParallelFP4MoE(_ParallelMoE):
-    """This rank's experts of an FP4MoE or FP4SparseMoeBlock, tokens replicated over the group
-    (module docstring); forward takes and returns what the module's forward does, on every rank."""
+    """This rank's experts of an FP4MoE or FP4SparseMoeBlock (module docstring).
 
-    def __init__(self, moe: FP4MoE, group=None):
+    tokens="replicated" (default): every rank passes the same tokens; forward takes and returns
+    what the module's forward does, on every rank. tokens="sharded" (an FP4MoE only): each rank
+    passes its own tokens x [..., H], the same count on every rank (data-parallel attention);
+    forward gathers them, routes and runs its experts over all of them, and a reduce-scatter hands
+    each rank the sum for its own tokens."""
+
+    def __init__(self, moe: FP4MoE, group=None, tokens: str = "replicated"):
         super().__init__()
         op = "ExpertParallelFP4MoE"
         self._begin(op, moe, group)
+        if tokens not in ("replicated", "sharded"):
+            C.fail(op, "tokens", "'replicated' or 'sharded'", repr(tokens))
+        if tokens == "sharded" and type(moe) is not FP4MoE:
+            C.fail(op, "tokens", "'replicated' for a transformers block (its forward returns per-token "
+                   "extras for the tokens it is given)", repr(tokens))
+        self.tokens = tokens
         per = _split(op, "num_experts", moe.num_experts, self.world, 1, "experts per rank")
         lo, hi = self.rank * per, (self.rank + 1) * per
         self.offset, self.local_experts = lo, per
@@ -224,6 +236,22 @@ class ExpertParallelFP4MoE(_ParallelMoE):
             buffers[name] = buf[lo:hi].clone() if keep else buf.clone()
         # num_experts stays the whole count: routing (DeepSeek-V3's groups) works on all experts
         self.moe = _part(moe, buffers, self.group, expert_range=dict(local_expert_offset=lo, num_local_experts=per))
+
+    def forward(self, *args, **kwargs):
+        if self.tokens == "replicated":
+            return self.moe(*args, **kwargs)
+        x, = args
+        moe = self.moe
+        a, out_dtype = moe._tokens(x, "forward")
+        every = funcol.wait_tensor(_all_gather(a, 0, self.group))          # [world T, H], rank order
+        ids, weights = moe._route(every)
+        scales = {}
+        if moe.activations == "fp4":
+            scales = dict(a1_global_scale=moe.a1_global_scale, a2_global_scale=moe.a2_global_scale)
+        y = ops.fused_moe(every, moe.w1, moe.w1_scale, moe.w1_global_scale, moe.w2, moe.w2_scale,
+                          moe.w2_global_scale, ids, weights, out_dtype=torch.float32, **moe.expert_range, **scales)
+        y = funcol.wait_tensor(funcol.reduce_scatter_tensor(y, "sum", 0, self.group)).to(out_dtype)
+        return _widen(y.reshape(*x.shape[:-1], self.hidden_size), x.dtype)
 
 
 class TensorParallelFP4MoE(_ParallelMoE):
