@@ -158,14 +158,17 @@ class _CollectiveExperts:
     group = None
     expert_range: dict = {}
 
-    def _experts(self, x, a, ids, weights, out_dtype):
+    def _local(self, a, ids, weights) -> torch.Tensor:
+        """fused_moe of tokens a over this rank's part, fp32 [T, H]: its share of the sums."""
         scales = {}
         if self.activations == "fp4":
             scales = dict(a1_global_scale=self.a1_global_scale, a2_global_scale=self.a2_global_scale)
-        y = ops.fused_moe(a, self.w1, self.w1_scale, self.w1_global_scale, self.w2, self.w2_scale,
-                          self.w2_global_scale, ids, weights, out_dtype=torch.float32, **self.expert_range,
-                          **scales)
-        y = _all_reduce(y, self.group).to(out_dtype)
+        return ops.fused_moe(a, self.w1, self.w1_scale, self.w1_global_scale, self.w2, self.w2_scale,
+                             self.w2_global_scale, ids, weights, out_dtype=torch.float32, **self.expert_range,
+                             **scales)
+
+    def _experts(self, x, a, ids, weights, out_dtype):
+        y = _all_reduce(self._local(a, ids, weights), self.group).to(out_dtype)
         return _widen(y.reshape(*x.shape[:-1], self.hidden_size), x.dtype)
 
 
@@ -244,12 +247,7 @@ class ExpertParallelFP4MoE(_ParallelMoE):
         moe = self.moe
         a, out_dtype = moe._tokens(x, "forward")
         every = funcol.wait_tensor(_all_gather(a, 0, self.group))          # [world T, H], rank order
-        ids, weights = moe._route(every)
-        scales = {}
-        if moe.activations == "fp4":
-            scales = dict(a1_global_scale=moe.a1_global_scale, a2_global_scale=moe.a2_global_scale)
-        y = ops.fused_moe(every, moe.w1, moe.w1_scale, moe.w1_global_scale, moe.w2, moe.w2_scale,
-                          moe.w2_global_scale, ids, weights, out_dtype=torch.float32, **moe.expert_range, **scales)
+        y = moe._local(every, *moe._route(every))
         y = funcol.wait_tensor(funcol.reduce_scatter_tensor(y, "sum", 0, self.group)).to(out_dtype)
         return _widen(y.reshape(*x.shape[:-1], self.hidden_size), x.dtype)
 
