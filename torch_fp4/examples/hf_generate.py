@@ -149,27 +149,30 @@ def run(model_path: Optional[str] = None, family: str = "llama", tokens: int = 3
         do_compile = False
     tr = _transformers("hf")
     if model_path is not None and _is_fp4_dir(model_path):
-        variants, vocab, fam = [("FP4 checkpoint", lambda: from_pretrained(model_path, device=dev))], None, None
+        variants, fam = [("FP4 checkpoint", lambda: from_pretrained(model_path, device=dev))], None
     elif model_path is not None:
         def load():
             return tr.AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16,
                                                            local_files_only=True).to(dev).eval()
-        variants, vocab, fam = None, None, None
+        variants, fam = None, None
     else:
         def load():
             return random_model(family, seed, dev)
         variants, fam = None, family
-    first = variants[0][1]() if variants else load()
-    vocab = first.config.vocab_size
+    # the config alone (sizes for the prompt and the header), no model built for it
+    if model_path is not None:
+        config = tr.AutoConfig.from_pretrained(model_path, local_files_only=True)
+    else:
+        name, fields = CONFIGS["small"][family]
+        config = getattr(tr, name)(**fields)
     gen = torch.Generator().manual_seed(seed + 1)
-    prompt = torch.randint(2, vocab, (batch, prompt_len), generator=gen).to(dev)
+    prompt = torch.randint(2, config.vocab_size, (batch, prompt_len), generator=gen).to(dev)
     if variants is None:
         variants = _variants(fam, prompt, load)
     where = torch.cuda.get_device_name(dev) if cuda else "CPU, reference backend"
-    what = model_path or f"random {family} ({first.config.num_hidden_layers} layers, hidden {first.config.hidden_size})"
+    what = model_path or f"random {family} ({config.num_hidden_layers} layers, hidden {config.hidden_size})"
     print(f"torch_fp4 hf on {dev} ({where}): {what}; {batch} prompts of {prompt_len} tokens, {tokens} "
           f"new tokens each (greedy)", flush=True)
-    del first
     bar = progress(len(variants) * (2 + do_compile), "hf")
     rows, ref_seq, ref_logits = [], None, None
     repeats = 3 if cuda else 1
