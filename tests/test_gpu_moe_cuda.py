@@ -188,8 +188,13 @@ def _decode(x, w, ids, tw, tactic, a1=None, a2=None, lo=0, strict=True, out_dtyp
     from torch_fp4.kernels.cuda import moe as CM
     from torch_fp4.problems import MoeProblem
     prob = MoeProblem.of(x, w[0], w[1], w[3], w[4], ids, a1, a2, lo, None if strict else w[0].shape[0], out_dtype)
+    from torch_fp4.kernels import _common
     kept = []
-    out = CM._small_m_moe(x, *w, ids, tw, a1, a2, out_dtype, prob, tactic, keep_workspace=kept)
+    _common.EAGER_CALL.on = True     # as the public function in eager mode: the workspace is kept
+    try:
+        out = CM._small_m_moe(x, *w, ids, tw, a1, a2, out_dtype, prob, tactic, keep_workspace=kept)
+    finally:
+        _common.EAGER_CALL.on = False
     d, workspace = kept[0]
     return out, CM.workspace_views(d, workspace)
 
@@ -264,6 +269,22 @@ def test_decode_dirty_workspace_repeated_experts_and_tokens_without_local_pairs(
             assert_same(got, p.run(routed, tw, "reference", lo, None if strict else hi), f"experts {lo}..{hi}")
             if not strict:
                 assert torch.equal(got[3], torch.zeros_like(got[3]))
+
+
+def test_decode_workspace_kept_only_for_eager_public_calls():
+    """The decode path keeps its workspace for the next call only when the public function runs
+    it in plain eager mode; through torch.ops (compiled graphs, whose CUDA-graph warm-up allocates
+    from a private pool that may hold only graph outputs) each call gets its own."""
+    from torch_fp4.kernels.cuda import moe as CM
+    p = exact_problem(8, 64, 32, 4, False, seed=61)
+    ids, tw = random_routing(4, 8, 2, seed=62)
+    w = p.weights()
+    CM._WORKSPACES.clear()
+    via_op = torch.ops.torch_fp4.fused_moe(p.x, *w, ids, tw, None, None, 0, 8, BF16, int(t4.Backend.CUDA))
+    assert not CM._WORKSPACES
+    eager = t4.fused_moe(p.x, *w, ids, tw, backend="cuda")
+    assert len(CM._WORKSPACES) == 1
+    assert torch.equal(via_op, eager)
 
 
 @pytest.mark.parametrize("qdq", [False, True], ids=["bf16", "nvfp4-intermediate"])

@@ -2,7 +2,7 @@
 [--compile | --no-compile] [--plot FILE.png]`, `python -m torch_fp4 minilm [--device cpu|cuda]`,
 `python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]` and
 `python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--tactics [--m M --n N --k K]]`
-`python -m torch_fp4 bench moe [--quick] [--csv FILE]` and
+`python -m torch_fp4 bench moe [--quick] [--csv FILE] [--ep N]` and
 `python -m torch_fp4 bench overhead [--device cpu|cuda] [--csv FILE] [--profile OP]` and
 `python -m torch_fp4 precompile [--shapes FILE.json] [--device cuda|cpu] [--autotune]` and
 `python -m torch_fp4 hf [--model PATH] [--family llama|mixtral|qwen3_moe|deepseek_v3] [--tokens N]`."""
@@ -68,7 +68,11 @@ def main(argv: list[str] | None = None) -> int:
     bmoe.add_argument("--quick", action="store_true", help="T in {1, 16, 256} only")
     bmoe.add_argument("--csv", default=None, help="write every measurement to this CSV file")
     bmoe.add_argument("--tokens", default=None, help="comma-separated batch sizes T (default: all)")
-    bmoe.add_argument("--models", default=None, help="comma-separated model names (default: all)")
+    bmoe.add_argument("--models", default=None, help="comma-separated model names (default: all; "
+                                                     "with --ep: Qwen3-30B-A3B,DeepSeek-V3)")
+    bmoe.add_argument("--ep", type=int, default=None, metavar="N",
+                      help="instead, expert parallelism over N GPUs (NCCL): time per layer of "
+                           "ExpertParallelFP4MoE vs the single-GPU FP4MoE and a bf16 EP MoE")
     bov = bench_sub.add_parser("overhead", help="host time per call of every public op on tiny "
                                                  "problems vs F.linear and an empty custom op")
     bov.add_argument("--device", default=None, help="cuda (default when available) or cpu")
@@ -124,6 +128,18 @@ def main(argv: list[str] | None = None) -> int:
             bench_overhead.profile(args.profile, args.device)
         else:
             bench_overhead.run(args.device, args.csv)
+    elif args.command == "bench" and args.what == "moe" and args.ep is not None:
+        from .bench import moe_ep as bench_moe_ep
+        models = tuple(args.models.split(",")) if args.models else None
+        why = bench_moe_ep.problem(args.ep, models)
+        if why is not None:
+            parser.error(why)
+        try:
+            bench_moe_ep.run(args.ep, args.quick, args.csv,
+                             tuple(int(t) for t in args.tokens.split(",")) if args.tokens else None, models)
+        except RuntimeError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     elif args.command == "bench":
         import torch
         if not torch.cuda.is_available():

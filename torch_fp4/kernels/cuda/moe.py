@@ -156,9 +156,12 @@ def _workspace(nbytes: int, index: int, stream: int) -> torch.Tensor:
     """A decode call's workspace: one buffer per (device, stream), reused by every call on that
     stream and grown when a call needs more (as cuBLAS keeps its workspace). Reuse is safe in
     stream order: each kernel waits for the previous grid to finish before touching memory, and
-    FC1 writes every part FC2 reads. While the stream captures a CUDA graph a fresh tensor (from
-    the graph's pool), so that no graph holds a buffer an eager call reuses."""
-    if torch._C._cuda_isCurrentStreamCapturing():
+    FC1 writes every part FC2 reads. Kept only for calls of the public function in plain eager
+    mode (_common.in_eager_call) outside capture; otherwise a fresh tensor per call: while a
+    stream captures a CUDA graph (from the graph's pool, so that no graph holds a buffer an eager
+    call reuses), and through torch.ops, where inductor's CUDA-graph warm-up runs allocate from a
+    private pool that must hold nothing but graph outputs."""
+    if not _common.in_eager_call() or torch._C._cuda_isCurrentStreamCapturing():
         return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
     ws = _WORKSPACES.get((index, stream))
     if ws is None or ws.numel() < nbytes:

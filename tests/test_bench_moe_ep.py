@@ -1,0 +1,115 @@
+"""`bench moe --ep N` (torch_fp4/bench/moe_ep.py) without GPUs: the CLI refuses with a clear
+message, the bf16 EP peer's per-rank expert computation summed over the ranks is the dense MoE,
+and the whole layer every rank builds runs."""
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from torch_fp4.__main__ import main
+from torch_fp4.bench import moe_ep
+from torch_fp4.bench.moe import Model, _grouped_mm_works
+
+BF16 = torch.bfloat16
+CPU = torch.device("cpu")
+needs_grouped_mm = pytest.mark.skipif(not _grouped_mm_works(CPU),
+                                      reason="torch._grouped_mm does not run on this CPU build")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs")
+def test_cli_without_gpus_is_a_clear_error(capsys):
+    found = torch.cuda.device_count()
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "moe", "--ep", "2", "--quick"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"bench moe --ep 2: needs 2 GPUs, found {found}" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 2, reason="this machine has the GPUs")
+def test_cli_subprocess_exits_with_the_message():
+    proc = subprocess.run([sys.executable, "-m", "torch_fp4", "bench", "moe", "--ep", "2"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "needs 2 GPUs, found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ep", "1"], "expected at least 2 GPUs, got --ep 1"),
+    (["--ep", "3"], "Qwen3-30B-A3B's 128 experts do not split evenly over 3 GPUs"),
+    (["--ep", "2", "--models", "Mixtral-8x7B,Llama"], "expected names among"),
+])
+def test_cli_refusals_before_any_gpu(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        main(["bench", "moe", *argv])
+    assert message in capsys.readouterr().err
+
+
+def _dense_moe(x, ids, weights, w1, w2):
+    """Every (token, slot) pair one at a time, in fp32 from the bf16 operands."""
+    out = torch.zeros(x.shape[0], w2.shape[1])
+    inter = w2.shape[2]
+    for t in range(ids.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            h = w1[e].float() @ x[t].float()
+            a = torch.nn.functional.silu(h[:inter]) * h[inter:]
+            out[t] += weights[t, j] * (w2[e].float() @ a)
+    return out
+
+
+@needs_grouped_mm
+@pytest.mark.parametrize("experts, top_k, tokens", [(8, 2, 13), (16, 4, 33), (8, 2, 1)])
+def test_local_experts_summed_over_two_ranks_is_the_dense_moe(experts, top_k, tokens):
+    hidden, inter, world = 64, 32, 2
+    g = torch.Generator().manual_seed(experts + tokens)
+    x = torch.randn(tokens, hidden, generator=g).to(BF16)
+    w1 = (torch.randn(experts, 2 * inter, hidden, generator=g) / 8).to(BF16)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) / 8).to(BF16)
+    logits = torch.randn(tokens, experts, generator=g)
+    weights, ids = torch.softmax(logits, -1).topk(top_k, -1)
+    ids = ids.to(torch.int32)
+    per = experts // world
+    parts = [moe_ep.local_experts(x, ids, weights, w1[r * per:(r + 1) * per].contiguous(),
+                                  w2[r * per:(r + 1) * per].contiguous(), r * per) for r in range(world)]
+    for p in parts:
+        assert p.dtype == torch.float32 and p.shape == (tokens, hidden) and torch.isfinite(p).all()
+    want = _dense_moe(x, ids, weights, w1, w2)
+    got = sum(parts)
+    assert (got - want).norm() <= 0.02 * want.norm()
+
+
+@needs_grouped_mm
+def test_local_experts_of_a_rank_no_pair_reaches_is_zero():
+    """All pairs routed to the other rank's experts: no group holds a row, everything the
+    grouped GEMMs leave unwritten is dropped."""
+    x = torch.randn(6, 64).to(BF16)
+    w1, w2 = torch.randn(4, 64, 64).to(BF16), torch.randn(4, 64, 32).to(BF16)
+    ids = torch.randint(0, 4, (6, 2), dtype=torch.int32)
+    part = moe_ep.local_experts(x, ids, torch.rand(6, 2), w1, w2, offset=4)
+    assert torch.equal(part, torch.zeros(6, 64))
+
+
+@pytest.mark.parametrize("model", [
+    Model("tiny", 8, 64, 32, 2, "softmax", {"renormalize": True}),
+    Model("tiny-deepseek", 16, 64, 32, 4, "deepseek_v3",
+          {"n_group": 4, "topk_group": 2, "routed_scaling_factor": 2.5}),
+])
+def test_whole_layer_is_the_same_on_every_build_and_runs(model):
+    a, b = moe_ep.whole_layer(model, CPU), moe_ep.whole_layer(model, CPU)
+    for name, buf in a.state_dict().items():
+        assert torch.equal(buf, b.state_dict()[name]), name
+    assert a.method == model.method and a.top_k == model.top_k
+    y = a(torch.randn(5, model.hidden).to(BF16))
+    assert y.shape == (5, model.hidden) and torch.isfinite(y.float()).all()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the ranks would run the benchmark")
+def test_a_failing_rank_ends_the_run_with_an_error():
+    """The parent's spawn and join: ranks that cannot start (no GPU here) end the run with a
+    RuntimeError naming the failure, none left running."""
+    settings = moe_ep.Settings(2, (Model("tiny", 8, 64, 32, 2, "softmax"),), (1,))
+    with pytest.raises(RuntimeError, match="bench moe --ep 2: a rank failed"):
+        moe_ep._spawn(settings)
