@@ -238,9 +238,16 @@ def test_sharded_directory_loads(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["llama", "mixtral"])
 def test_compiled_generate_on_the_gpu_equals_eager(family, tmp_path):
-    """On a GPU: generate() with a static cache and the forward compiled as the hf command does
-    (CompileConfig(fullgraph=True, mode='reduce-overhead')) gives the tokens of eager generate()
-    with the same cache, twice in a row (the second run replays what the first captured)."""
+    """On a GPU: generate() with the hf command's static cache (hf_generate.static_cache, its
+    layers allocated before generate and marked as static addresses) and the forward compiled as
+    the hf command does (CompileConfig(fullgraph=True, mode='reduce-overhead')) gives the tokens
+    of eager generate() with the same cache, twice in a row (the second run replays what the
+    first captured), and inductor does not skip CUDA graphs (the cache's in-place updates are
+    mutations of static inputs, which CUDA graph trees record): no skip counted or logged, and
+    CUDA graphs recorded."""
+    import logging
+    from torch._dynamo.utils import counters
+    from torch_fp4.examples.hf_generate import compile_forward, static_cache
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     model = _dense(family)
@@ -248,9 +255,29 @@ def test_compiled_generate_on_the_gpu_equals_eager(family, tmp_path):
     t4.save_pretrained(model, tmp_path)
     loaded = t4.from_pretrained(tmp_path, device="cuda")
     ids = _ids().cuda()
-    kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0, cache_implementation="static")
-    want = loaded.generate(ids, disable_compile=True, **kw)
-    from torch_fp4.examples.hf_generate import compile_forward
+    cache = static_cache(loaded, ids, 6)
+
+    def generate(**kw):
+        cache.reset()
+        return loaded.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=0, past_key_values=cache, **kw)
+
+    want = generate(disable_compile=True)
+    skips = []
+
+    class Skips(logging.Handler):
+        def emit(self, record):
+            if "skipping cudagraph" in record.getMessage():
+                skips.append(record.getMessage())
+
+    handler, log = Skips(level=logging.WARNING), logging.getLogger("torch._inductor")
+    torch._dynamo.reset()
+    counters.clear()
     compile_forward(loaded, torch.device("cuda"))
-    for _ in range(2):
-        assert torch.equal(loaded.generate(ids, **kw), want)
+    log.addHandler(handler)
+    try:
+        for _ in range(2):
+            assert torch.equal(generate(), want)
+    finally:
+        log.removeHandler(handler)
+    assert not skips and not counters["inductor"]["cudagraph_skips"], skips
+    assert counters["inductor"]["cudagraph_recorded_non_static_inputs"] > 0, dict(counters["inductor"])

@@ -3,7 +3,8 @@ the run prints, per variant (bf16, NVFP4 W4A16 / W4A4, MXFP4 W4A16 for dense fam
 against the bf16 model over the generated positions (logit cosine, KL(bf16 || FP4), top-1
 agreement, from the logits of each model on the bf16 model's generated sequence), tokens/s of
 generate() eager and compiled (torch.compile(fullgraph=True) of the forward with a static KV
-cache; on a GPU mode="reduce-overhead", i.e. CUDA graphs), and weight memory.
+cache, built by static_cache before generate; on a GPU mode="reduce-overhead", i.e. CUDA
+graphs), and weight memory.
 
 With no --model it builds a small random model of --family from a transformers config (nothing
 is downloaded). --model PATH takes a local model directory: a dense one is quantized like the
@@ -104,23 +105,47 @@ def _variants(family: Optional[str], prompt: torch.Tensor, load: Callable[[], to
     return out
 
 
-def _generate(model, prompt: torch.Tensor, tokens: int, static: bool) -> torch.Tensor:
+def static_cache(model, prompt: torch.Tensor, tokens: int):
+    """transformers' StaticCache for generate(prompt, max_new_tokens=tokens) on `model`, its
+    layers allocated here, eagerly (Cache.early_initialization, with the head sizes transformers'
+    own export recipes read from the config). StaticLayer.lazy_initialization marks the keys and
+    values with torch._dynamo.mark_static_address only when it runs outside a traced graph (it
+    skips the marking while dynamo traces); allocated here, they are always marked, so inductor
+    takes them as static inputs, whose in-place updates (index_copy_) CUDA graphs may record,
+    instead of skipping CUDA graphs for "mutated inputs". One cache serves every generate() of
+    the same prompt shape (_generate resets it in place; a new cache would move the addresses
+    the graphs were recorded with). Holds the prompt and every generated token but the last (as
+    generate's own static cache: max_length - 1)."""
+    tr = _transformers("hf")
+    config = model.config.get_text_config(decoder=True)
+    cache = tr.StaticCache(config=config, max_cache_len=prompt.shape[1] + tokens - 1)
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache.early_initialization(prompt.shape[0], heads, head_dim, model.get_input_embeddings().weight.dtype,
+                               prompt.device)
+    return cache
+
+
+def _generate(model, prompt: torch.Tensor, tokens: int, cache=None) -> torch.Tensor:
+    """Greedy generate(); with `cache` (static_cache) the static KV cache, reset first, and on a
+    GPU the forward compiled by generate itself (compile_forward set its config)."""
     kw = {}
-    if static:   # on a GPU generate compiles the forward itself (compile_forward set its config)
-        kw = dict(cache_implementation="static", disable_compile=not prompt.is_cuda)
+    if cache is not None:
+        cache.reset()                      # zeroed in place: same addresses, no cached tokens
+        kw = dict(past_key_values=cache, disable_compile=not prompt.is_cuda)
     return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
                           pad_token_id=0, **kw)
 
 
-def _tokens_per_s(model, prompt: torch.Tensor, tokens: int, static: bool, repeats: int) -> float:
-    _generate(model, prompt, tokens, static)              # warm-up (compiles, captures graphs)
+def _tokens_per_s(model, prompt: torch.Tensor, tokens: int, cache, repeats: int) -> float:
+    _generate(model, prompt, tokens, cache)               # warm-up (compiles, captures graphs)
     cuda = prompt.is_cuda
     best = float("inf")
     for _ in range(repeats):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        _generate(model, prompt, tokens, static)
+        _generate(model, prompt, tokens, cache)
         if cuda:
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
@@ -129,9 +154,9 @@ def _tokens_per_s(model, prompt: torch.Tensor, tokens: int, static: bool, repeat
 
 def compile_forward(model: torch.nn.Module, device: torch.device) -> None:
     """The forward compiled with fullgraph=True (a graph break is an error), generate() then run
-    with a static KV cache. On a GPU generate compiles it itself (mode "reduce-overhead": CUDA
-    graphs), as it handles the cache's first use and each step's graph replay; on the CPU the
-    forward is compiled here."""
+    with a static KV cache (static_cache). On a GPU generate compiles it itself (mode
+    "reduce-overhead": CUDA graphs) and keeps the prefill eager; on the CPU the forward is
+    compiled here."""
     if device.type == "cuda":
         model.generation_config.compile_config = _transformers("hf").CompileConfig(fullgraph=True,
                                                                                      mode="reduce-overhead")
@@ -182,7 +207,7 @@ def run(model_path: Optional[str] = None, family: str = "llama", tokens: int = 3
                 bar.set_description_str(f"{name}: build and generate")
                 model = build()
                 if ref_seq is None:
-                    ref_seq = _generate(model, prompt, tokens, static=False)
+                    ref_seq = _generate(model, prompt, tokens)
                 logits = model(ref_seq).logits[:, prompt_len - 1:-1].float()
                 acc = None
                 if name == "bf16":
@@ -191,14 +216,14 @@ def run(model_path: Optional[str] = None, family: str = "llama", tokens: int = 3
                     acc = accuracy(logits, ref_logits)
                 bar.update()
                 bar.set_description_str(f"{name}: eager generate")
-                eager = _tokens_per_s(model, prompt, tokens, False, repeats)
+                eager = _tokens_per_s(model, prompt, tokens, None, repeats)
                 bar.update()
                 compiled = None
                 if do_compile:
                     bar.set_description_str(f"{name}: compile and generate")
                     torch._dynamo.reset()
                     compile_forward(model, dev)
-                    compiled = _tokens_per_s(model, prompt, tokens, True, repeats)
+                    compiled = _tokens_per_s(model, prompt, tokens, static_cache(model, prompt, tokens), repeats)
                     bar.update()
                 rows.append(Row(name, acc, eager, compiled, weight_bytes(model)))
                 del model
