@@ -212,6 +212,27 @@ def test_hf_command_runs_random_and_checkpoint_models(tmp_path, capsys):
     assert "FP4 checkpoint" in capsys.readouterr().out
 
 
+def test_hf_command_bf16_peer_that_breaks_the_graph_is_na(monkeypatch, capsys):
+    """A bf16 model whose own forward does not compile with fullgraph=True (transformers 4.57's
+    Mixtral experts) gets n/a and a note in the compiled column; an FP4 variant's failure raises."""
+    from torch_fp4.examples import hf_generate
+
+    def broken(model, prompt, tokens, cache, repeats):
+        if cache is not None:
+            raise RuntimeError("data-dependent expression\nmore")
+        return 1.0
+    monkeypatch.setattr(hf_generate, "_tokens_per_s", broken)
+    monkeypatch.setattr(hf_generate, "compile_forward", lambda model, device: None)
+    monkeypatch.setattr(hf_generate, "static_cache", lambda model, prompt, tokens: object())
+    notes = []
+    model = _dense("mixtral")
+    got = hf_generate._compiled_tokens_per_s("bf16", model, _ids(), 2, torch.device("cpu"), 1, notes)
+    assert got is None and len(notes) == 1
+    assert "MixtralForCausalLM" in notes[0] and "data-dependent expression" in notes[0]
+    with pytest.raises(RuntimeError, match="data-dependent"):
+        hf_generate._compiled_tokens_per_s("NVFP4 W4A16", model, _ids(), 2, torch.device("cpu"), 1, notes)
+
+
 def test_sharded_directory_loads(tmp_path):
     """model.safetensors.index.json and its shards (each layer's tensors in one shard) load as the
     single file does."""
