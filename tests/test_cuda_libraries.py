@@ -84,6 +84,7 @@ def test_a_variant_unit_holds_only_its_kernels(tmp_path):
     text = subprocess.run([nm, "-C", str(obj)], check=True, capture_output=True, text=True).stdout
     kernels = re.findall(r"small_m_moe_kernel<torch_fp4::small_m::" + config, text)
     assert set(kernels) == {("true", "false", "false", "true"), ("false", "false", "false", "true")}
+    assert re.search(r"moe_route::align_kernel", text) and re.search(r"moe_route::topk_sum_kernel<float>", text)
     assert re.search(r" T torch_fp4_moe_decode\b", text)
 
 
@@ -131,20 +132,17 @@ def test_decode_workspace_layout_matches_the_c_header(tmp_path):
         pytest.skip("no host C++ compiler")
     from test_cuda_moe_glue import _problem
     from torch_fp4.kernels.cuda import moe as CM
-    from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
-    cases = [(1, 8, 2, 4096, 14336, 8, 8, 1), (5, 8, 3, 64, 128, 16, 4, 1), (300, 256, 8, 7168, 2048, 64, 4, 2),
-             (4, 2048, 6, 16, 16, 32, 8, 1)]
+    cases = [(1, 8, 2, 4096, 14336, 8), (5, 8, 3, 64, 128, 16), (300, 256, 8, 7168, 2048, 64), (4, 2048, 6, 16, 16, 32)]
     src = tmp_path / "layout.cc"
     src.write_text('#include <cstdio>\n#include "moe_decode.h"\nint main() {\n' + "".join(
         f"  {{ torch_fp4::MoeDecodePlan p{{}}; p.tokens = {t}; p.experts = {e}; p.top_k = {k}; p.hidden = {h}; "
-        f"p.inter = {i}; p.block_m = {bm}; p.warps = {w}; p.tiles_per_warp = {wr}; "
-        "auto w = torch_fp4::moe_decode_workspace(p); "
-        'std::printf("%lld %lld %lld %lld %lld %lld %lld\\n", (long long)w.sorted_pairs, (long long)w.block_expert, '
-        '(long long)w.expert_end, (long long)w.arrivals, (long long)w.h, (long long)w.y, (long long)w.bytes); }\n'
-        for t, e, k, h, i, bm, w, wr in cases) + "}\n")
+        f"p.inter = {i}; p.block_m = {bm}; auto w = torch_fp4::moe_decode_workspace(p); "
+        'std::printf("%lld %lld %lld %lld %lld %lld\\n", (long long)w.sorted_pairs, (long long)w.block_expert, '
+        '(long long)w.expert_end, (long long)w.h, (long long)w.y, (long long)w.bytes); }\n'
+        for t, e, k, h, i, bm in cases) + "}\n")
     exe = tmp_path / "layout"
     subprocess.run([cxx, "-std=c++17", f"-I{build.CSRC}", str(src), "-o", str(exe)], check=True, capture_output=True)
     lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
-    for (t, e, k, h, i, bm, w, wr), line in zip(cases, lines):
-        layout, total = CM.workspace_layout(_problem(t, e, k, hidden=h, inter=i), SmallMMoeTactic(bm, w, wr))
+    for (t, e, k, h, i, bm), line in zip(cases, lines):
+        layout, total = CM.workspace_layout(_problem(t, e, k, hidden=h, inter=i), bm)
         assert [int(v) for v in line.split()] == [off for off, _, _ in layout.values()] + [total], (t, e, k, bm)

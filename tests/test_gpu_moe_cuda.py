@@ -184,17 +184,12 @@ def test_auto_picks_cuda_at_every_size():
 
 def _decode(x, w, ids, tw, tactic, a1=None, a2=None, lo=0, strict=True, out_dtype=BF16):
     """fused_moe's decode path (one C call) with `tactic` on weights w = (w1, w1_s, w1_gs, w2, w2_s,
-    w2_gs), and the parts of its workspace (sorted_pairs, block_expert, expert_end, arrivals, h, y)."""
+    w2_gs), and the parts of its workspace (sorted_pairs, block_expert, expert_end, h, y)."""
     from torch_fp4.kernels.cuda import moe as CM
     from torch_fp4.problems import MoeProblem
     prob = MoeProblem.of(x, w[0], w[1], w[3], w[4], ids, a1, a2, lo, None if strict else w[0].shape[0], out_dtype)
-    from torch_fp4.kernels import _common
     kept = []
-    _common.EAGER_CALL.on = True     # as the public function in eager mode: the workspace is kept
-    try:
-        out = CM._small_m_moe(x, *w, ids, tw, a1, a2, out_dtype, prob, tactic, keep_workspace=kept)
-    finally:
-        _common.EAGER_CALL.on = False
+    out = CM._small_m_moe(x, *w, ids, tw, a1, a2, out_dtype, prob, tactic, keep_workspace=kept)
     d, workspace = kept[0]
     return out, CM.workspace_views(d, workspace)
 
@@ -203,10 +198,10 @@ def _decode(x, w, ids, tw, tactic, a1=None, a2=None, lo=0, strict=True, out_dtyp
     (8, (0, 8), 3, 1, 8), (8, (0, 8), 3, 40, 16), (8, (2, 6), 2, 24, 8), (256, (0, 256), 8, 300, 8),
     (2048, (0, 2048), 6, 4, 8), (4, (0, 4), 1, 100, 64)])
 def test_decode_grouping_is_the_triton_layout(experts, local, top_k, tokens, block_m):
-    """The decode path's grouping (csrc/moe_route.cuh, in every FC1 CTA) writes the layout of the
-    Triton align with cleared padding, entry for entry: 2400 pairs (several per thread in each
-    scan), 2048 experts, expert parallelism (ids outside the local slice dropped), 100 pairs on
-    one expert (ranks across threads); the outputs equal the reference's bits."""
+    """The decode path's one-CTA grouping (csrc/moe_route.cuh) writes the layout of the Triton
+    align with cleared padding, entry for entry: more pairs than one 256-pair step of its scatter
+    warp (2400), 2048 experts, expert parallelism (ids outside the local slice dropped), 100
+    pairs on one expert (ranks across steps); the outputs equal the reference's bits."""
     from torch_fp4.kernels.cuda.moe_small_m_tactics import _TILES, SmallMMoeTactic
     from torch_fp4.kernels.triton.moe_align import align
     lo, hi = local
@@ -240,12 +235,10 @@ def test_decode_stray_ids_give_nan_rows(out_dtype):
     assert_same(got[keep], want[keep], f"{out_dtype} other rows")
 
 
-def test_decode_dirty_workspace_repeated_experts_and_tokens_without_local_pairs():
-    """FC1 writes every part of the workspace that FC2 reads (a reused workspace of 0xFF bytes
-    gives the reference's bits); a token routed twice to one expert (two rows of one token in one
-    block: two arrivals on its counters); a token with no pair on a local expert: zero with expert
-    parallelism, NaN without (all its ids out of range)."""
-    from torch_fp4.kernels.cuda import moe as CM
+def test_decode_repeated_experts_and_tokens_without_local_pairs():
+    """A token routed twice to one expert (two rows of one token in one block); a token with no
+    pair on a local expert: zero with expert parallelism, NaN without (all its ids out of range);
+    each case run twice (the second call's workspace is the first's freed memory)."""
     from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
     p = exact_problem(8, 64, 32, 6, False, seed=51)
     ids, tw = random_routing(6, 8, 3, seed=52)
@@ -257,9 +250,6 @@ def test_decode_dirty_workspace_repeated_experts_and_tokens_without_local_pairs(
     cases = [(ids, (0, 8), True), (ids, (0, 6), False), (bad, (0, 8), True)]
     for routed, (lo, hi), strict in cases:
         _decode(p.x, p.weights(lo, hi), routed, tw, t, lo=lo, strict=strict)
-        assert CM._WORKSPACES
-        for ws in CM._WORKSPACES.values():
-            ws.fill_(0xFF)
         got, _ = _decode(p.x, p.weights(lo, hi), routed, tw, t, lo=lo, strict=strict)
         if routed is bad:
             assert got[3].isnan().all()
@@ -269,22 +259,6 @@ def test_decode_dirty_workspace_repeated_experts_and_tokens_without_local_pairs(
             assert_same(got, p.run(routed, tw, "reference", lo, None if strict else hi), f"experts {lo}..{hi}")
             if not strict:
                 assert torch.equal(got[3], torch.zeros_like(got[3]))
-
-
-def test_decode_workspace_kept_only_for_eager_public_calls():
-    """The decode path keeps its workspace for the next call only when the public function runs
-    it in plain eager mode; through torch.ops (compiled graphs, whose CUDA-graph warm-up allocates
-    from a private pool that may hold only graph outputs) each call gets its own."""
-    from torch_fp4.kernels.cuda import moe as CM
-    p = exact_problem(8, 64, 32, 4, False, seed=61)
-    ids, tw = random_routing(4, 8, 2, seed=62)
-    w = p.weights()
-    CM._WORKSPACES.clear()
-    via_op = torch.ops.torch_fp4.fused_moe(p.x, *w, ids, tw, None, None, 0, 8, BF16, int(t4.Backend.CUDA))
-    assert not CM._WORKSPACES
-    eager = t4.fused_moe(p.x, *w, ids, tw, backend="cuda")
-    assert len(CM._WORKSPACES) == 1
-    assert torch.equal(via_op, eager)
 
 
 @pytest.mark.parametrize("qdq", [False, True], ids=["bf16", "nvfp4-intermediate"])

@@ -42,9 +42,8 @@
 // by reading the partials of ranks 0, 1, ... in that order through distributed shared memory
 // (deterministic, no atomics, no workspace), applies alpha and rounds once to the output type.
 //
-// Grouped (Config::kGrouped, fused_moe's decode GEMMs in moe_small_m.cu; GroupedParams): the
-// same tile per block of routed rows of one expert (grid z; moe_small_m.cu finds the block), with
-// three per-launch modes:
+// Grouped (Config::kGrouped, fused_moe's decode GEMMs in moe_small_m.cu; Params' grouped fields):
+// the same tile per block of routed rows of one expert (grid z), with three per-launch modes:
 // gather (activation rows from x through the pairs), swiglu (gate and up rows of the same output
 // columns in one CTA, SwiGLU in the epilogue, optionally NVFP4-exact) and scatter (output rows
 // in pair order). The main loop is the dense one; only the copy plan and the epilogue differ.
@@ -148,22 +147,24 @@ struct Params {
   int steps_per_split;     // K stages per split (the last split may have fewer)
   int out_dtype;           // kOutBf16 / kOutF16 / kOutF32
   int w_aligned16;         // weight rows 16-byte aligned (K % 32 == 0), else 8-byte copies
-  const int* block_expert; // mm_wgmma.cu's grouped launches: expert of each block of rows
+  const int* block_expert; // grouped launches (GroupedParams): expert of each block of rows
   int64_t w_expert, s_expert;  // bytes between experts' weights and scales (grouped)
 };
 
 // Grouped launches (Cfg::kGrouped, moe_small_m.cu), a type of their own so that the dense
-// kernels' parameters (and code) do not depend on the grouped modes: one CTA multiplies a block of
-// routed rows of one expert (moe_small_m.cu finds it; small_m_block) by that expert's weights and
-// scales, its alpha formed here from the global scales, RN(1 / RN(a_gs * w_gs[e])) (RN(1 / w_gs[e])
-// without a_gs; formats.nvfp4_alpha), so that no launch computes the alphas (Params::alpha is
-// unused).
+// kernels' parameters (and code) do not depend on the grouped modes: block b = blockIdx.z holds
+// the grouped rows [b * kActRows, (b + 1) * kActRows) of expert block_expert[b] (mm_operands.h;
+// < 0: unused, the cluster leaves at once), valid below expert_end[e]; weights and scales are
+// expert e's, and its alpha is formed here from the global scales, RN(1 / RN(a_gs * w_gs[e]))
+// (RN(1 / w_gs[e]) without a_gs; formats.nvfp4_alpha), so that no launch computes the alphas
+// (Params::alpha is unused).
 struct GroupedParams : Params {
-  const int* row_index;    // the pair t * top_k + j of each of the block's rows (small_m_block sets it)
+  const int* row_index;    // [blocks * kActRows] the pair t * top_k + j of each grouped row
+  const int* expert_end;   // [experts] end of each expert's rows
   int top_k;
-  int gather;              // activation row of the block's row m: act row row_index[m] / top_k, else m
+  int gather;              // activation row of grouped row r: act row row_index[r] / top_k, else r
   int swiglu;              // w holds 2n rows [gate; up]; out = RN(silu(RN(gate)) * RN(up)), n columns
-  int scatter;             // out row of the block's row m: row_index[m] (pair order), else row0 + m
+  int scatter;             // out row of grouped row r: row_index[r] (pair order), else r
   const float* qdq_gs;     // swiglu: NVFP4 intermediates, global scale qdq_gs[e * qdq_gs_stride]
   int qdq_gs_stride;       // (Ctx::nvfp4_qdq), else null
   const float* w_gs;       // [experts] the weights' global scales
@@ -339,7 +340,7 @@ struct CopyPlan {
       arow_ok |= (ok ? 1u : 0u) << j;
       int src = ok ? m : 0;
       if constexpr (Cfg::kGrouped) {
-        if (p.gather && ok) src = p.row_index[m] / p.top_k;
+        if (p.gather && ok) src = p.row_index[row0 + m] / p.top_k;
       }
       aoff[j] = opaque(src * p.k + a_k);
     }
@@ -757,38 +758,36 @@ TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, in
         // I % 16 == 0 makes the `continue` above skip whole blocks
         if (p.qdq_gs != nullptr) s = ctx.nvfp4_qdq(s, qdq_gs);
       }
-      orow = p.scatter ? p.row_index[m] : row0 + m;
+      orow = p.scatter ? p.row_index[row0 + m] : row0 + m;
     }
     store_out(p, orow, n0 + 4 * r4, s);
   }
   if (splits > 1) ctx.cluster_sync();  // keep this CTA's partials alive until every rank read them
 }
 
-// The kernel body of a dense launch.
+// The kernel body: a dense tile, or (Cfg::kGrouped) the tile of block ctx.block() with its
+// expert's operands.
 template <class Cfg, class Ctx>
-TORCH_FP4_DEV void small_m_mm(const Params& p, Ctx& ctx, int stages) {
-  static_assert(!Cfg::kGrouped, "grouped launches run small_m_block");
+TORCH_FP4_DEV void small_m_mm(const ParamsOf<Cfg>& p, Ctx& ctx, int stages) {
   ctx.pdl_wait();  // before any global-memory access
-  small_m_tile<Cfg>(p, ctx, stages, 0);
-}
-
-// The kernel body of a grouped launch, after the kernel's wait for the previous grid: the tile of
-// the grouped rows [row0, row0 + used) of `expert` (used <= kActRows; the pair of row m at
-// rows[m]) with the expert's operands.
-template <class Cfg, class Ctx>
-TORCH_FP4_DEV void small_m_block(const GroupedParams& p, Ctx& ctx, int stages, int expert, int row0, int used,
-                                 const int* rows) {
-  static_assert(Cfg::kGrouped, "dense launches run small_m_mm");
-  GroupedParams q = p;
-  q.m = used;
-  q.row_index = rows;
-  q.w = p.w + expert * p.w_expert;
-  q.w_scale = p.w_scale + expert * p.s_expert;
-  q.w_gs = p.w_gs + expert;
-  if (p.a_gs != nullptr) q.a_gs = p.a_gs + expert * p.a_gs_stride;
-  if (p.qdq_gs != nullptr) q.qdq_gs = p.qdq_gs + expert * p.qdq_gs_stride;
-  if (!p.gather) q.act = p.act + static_cast<int64_t>(row0) * p.k;
-  small_m_tile<Cfg>(q, ctx, stages, row0);
+  if constexpr (Cfg::kGrouped) {
+    const int b = ctx.block();
+    const int e = p.block_expert[b];
+    if (e < 0) return;  // an unused block: the whole cluster (same b) leaves before any barrier
+    const int row0 = b * Cfg::kActRows;
+    const int used = p.expert_end[e] - row0;
+    GroupedParams q = p;
+    q.m = used < Cfg::kActRows ? used : Cfg::kActRows;
+    q.w = p.w + e * p.w_expert;
+    q.w_scale = p.w_scale + e * p.s_expert;
+    q.w_gs = p.w_gs + e;
+    if (p.a_gs != nullptr) q.a_gs = p.a_gs + e * p.a_gs_stride;
+    if (p.qdq_gs != nullptr) q.qdq_gs = p.qdq_gs + e * p.qdq_gs_stride;
+    if (!p.gather) q.act = p.act + static_cast<int64_t>(row0) * p.k;
+    small_m_tile<Cfg>(q, ctx, stages, row0);
+  } else {
+    small_m_tile<Cfg>(p, ctx, stages, 0);
+  }
 }
 
 }  // namespace small_m

@@ -21,13 +21,11 @@ struct MoeDecodePlan {
 };
 
 // The workspace of one call, carved from one buffer: the grouping (sorted_pairs [rows],
-// block_expert [blocks], expert_end [experts], int32), FC2's arrival counters [tokens,
-// arrival_tiles] (int32; arrival_tiles: FC2's column tiles of 16 * warps * tiles_per_warp),
-// FC1's output h [rows, inter] and FC2's y [tokens * top_k, hidden] (bf16); offsets in bytes,
-// each 256-byte aligned. FC1 writes every part FC2 reads, so the buffer needs no initialization.
+// block_expert [blocks], expert_end [experts], int32), FC1's output h [rows, inter] and FC2's
+// y [tokens * top_k, hidden] (bf16); offsets in bytes, each 256-byte aligned.
 struct MoeDecodeWorkspace {
-  int64_t blocks, rows, arrival_tiles;
-  int64_t sorted_pairs, block_expert, expert_end, arrivals, h, y, bytes;
+  int64_t blocks, rows;
+  int64_t sorted_pairs, block_expert, expert_end, h, y, bytes;
 };
 
 inline int64_t moe_decode_align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
@@ -43,10 +41,7 @@ inline MoeDecodeWorkspace moe_decode_workspace(const MoeDecodePlan& p) {
   w.sorted_pairs = 0;
   w.block_expert = w.sorted_pairs + moe_decode_align256(4 * w.rows);
   w.expert_end = w.block_expert + moe_decode_align256(4 * w.blocks);
-  const int64_t tile_cols = 16 * p.warps * p.tiles_per_warp;
-  w.arrival_tiles = tile_cols > 0 ? (p.hidden + tile_cols - 1) / tile_cols : 0;
-  w.arrivals = w.expert_end + moe_decode_align256(4 * p.experts);
-  w.h = w.arrivals + moe_decode_align256(4 * p.tokens * w.arrival_tiles);
+  w.h = w.expert_end + moe_decode_align256(4 * p.experts);
   w.y = w.h + moe_decode_align256(2 * w.rows * p.inter);
   w.bytes = w.y + moe_decode_align256(2 * pairs * p.hidden);
   return w;

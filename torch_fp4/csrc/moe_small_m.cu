@@ -1,12 +1,10 @@
-// The small-M FP4 GEMM run grouped: fused_moe's decode path (torch_fp4/kernels/cuda/moe.py) in two
-// launches. The kernel body is mm_small_m.cuh's with Config::kGrouped: grid z walks the blocks of
-// routed rows (block_m = 8 * kNB rows of one expert each, moe_align's layout), x the weight tiles
-// and y the K split (a cluster), so each CTA streams one tile of one routed expert's weights once
-// for all the expert's rows of the block. FC1 finds its block from the ids (moe_route.cuh
-// group_block; its first CTA of each block writes the grouping for FC2), gathers its activation
-// rows from x through the pairs and forms SwiGLU in the epilogue (a CTA holds the gate and the up
-// rows of the same columns); FC2 writes its rows of y in pair order, and the CTA that stores the
-// last local row of a token's column tile writes that token's top-k sum (moe_route.cuh).
+// The small-M FP4 GEMM run grouped: fused_moe's decode GEMMs (torch_fp4/kernels/cuda/moe.py). The
+// kernel body is mm_small_m.cuh's with Config::kGrouped: grid z walks the blocks of routed rows
+// (block_m = 8 * kNB rows of one expert each, moe_align's layout), x the weight tiles and y the
+// K split (a cluster), so each CTA streams one tile of one routed expert's weights once for all
+// the expert's rows of the block. FC1 gathers its activation rows from x through the pairs
+// (row_index[r] / top_k) and forms SwiGLU in the epilogue (a CTA holds the gate and the up rows
+// of the same columns); FC2 writes its rows in pair order (row_index[r]) for the finalize.
 #include <algorithm>
 #include <cstdint>
 
@@ -20,13 +18,16 @@
 
 namespace torch_fp4 {
 
-// The small-M tactic and operands (SmallMMmArgs), the routing (moe_route.cuh: blocks of block_m
-// rows), which GEMM of the two, and its three modes gather, swiglu (bf16 output; qdq_gs: NVFP4
-// intermediates) and scatter.
+// The small-M tactic and operands (SmallMMmArgs) plus the grouping: blocks of block_m rows,
+// block_expert [blocks] (mm_operands.h), row_index / expert_end / top_k (mm_small_m.cuh Params),
+// and the three per-GEMM modes gather, swiglu (bf16 output; qdq_gs: NVFP4 intermediates) and
+// scatter.
 struct SmallMMoeArgs : SmallMMmArgs {
-  moe_route::Routing routing;
-  int fc;   // 1: FC1 (groups the pairs, gather, swiglu), 2: FC2 (scatter, top-k sum)
-  int gather, swiglu, scatter;
+  int block_m;
+  int64_t blocks;
+  const int* row_index;
+  const int* expert_end;
+  int top_k, gather, swiglu, scatter;
   const float* qdq_gs;
   int qdq_gs_stride;
   const float* w_gs;
@@ -39,37 +40,12 @@ namespace small_m {
 constexpr int kMaxDevices = 64;
 constexpr int64_t kMaxBlocks = 65535;   // grid z
 
-// FC1 (fc == 1): the block from the ids (every CTA), published by its first CTA; FC2: the block
-// FC1 wrote, then the top-k sums this CTA completes.
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) small_m_moe_kernel(const GroupedParams p,
-                                                                                     const moe_route::Routing r,
-                                                                                     int stages, int fc) {
+                                                                                     int stages) {
   extern __shared__ __align__(16) char smem[];
-  __shared__ moe_route::BlockShared sh;
   DeviceCtx ctx{smem};
-  pdl_wait();  // before any global-memory access
-  const int64_t b = ctx.block();
-  moe_route::Block blk;
-  if (fc == 1) {
-    int* counts = reinterpret_cast<int*>(smem + kLutBytes);   // the pipeline's memory, not yet in use
-    blk = moe_route::group_block<Cfg::kThreads>(r, b, counts, sh);
-    if (blockIdx.x == 0 && blockIdx.y == 0) moe_route::publish_block<Cfg::kThreads>(r, b, blk, counts);
-    __syncthreads();   // counts and sh.rows read before the tile reuses the memory
-  } else {
-    blk = moe_route::written_block(r, b);
-  }
-  if (blk.expert < 0) return;  // an unused block: the whole cluster (same b) leaves before any barrier
-  small_m_block<Cfg>(p, ctx, stages, blk.expert, blk.row0, blk.used, blk.rows);
-  if (fc != 2) return;
-  __threadfence();   // this thread's rows of y, before the arrivals of rank 0
-  if (ctx.splits() > 1) {
-    ctx.cluster_sync();
-  } else {
-    __syncthreads();
-  }
-  // the block again rather than live across the tile (registers)
-  if (ctx.rank() == 0) moe_route::finalize_tile<Cfg::kThreads>(r, moe_route::written_block(r, b), ctx.tile(), Cfg::kBN, sh);
+  small_m_mm<Cfg>(p, ctx, stages);
 }
 
 template <class Cfg>
@@ -81,7 +57,9 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   GroupedParams p{};
   static_cast<Params&>(p) = operand_params(a, (steps + split - 1) / split);
   p.w_aligned16 = (a.k % 32 == 0 && reinterpret_cast<uintptr_t>(a.w) % 16 == 0 && a.w_expert % 16 == 0) ? 1 : 0;
-  p.top_k = a.routing.top_k;
+  p.row_index = a.row_index;
+  p.expert_end = a.expert_end;
+  p.top_k = a.top_k;
   p.gather = a.gather;
   p.swiglu = a.swiglu;
   p.scatter = a.scatter;
@@ -92,15 +70,13 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   p.a_gs_stride = a.a_gs_stride;
 
   const int smem = smem_bytes<Cfg>(a.stages);
-  if (a.fc == 1 && smem - kLutBytes < 4 * a.routing.experts) return false;   // the grouping's counts
-  if (a.fc == 2 && a.routing.arrival_tiles != (a.n + Cfg::kBN - 1) / Cfg::kBN) return false;
   auto kernel = small_m_moe_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
-  reserve_smem(kernel, smem, configured, static_cast<int>(sizeof(moe_route::BlockShared)));
+  reserve_smem(kernel, smem, configured);
   const int64_t tiles = (a.n + (a.swiglu ? kHalf : Cfg::kBN) - 1) / (a.swiglu ? kHalf : Cfg::kBN);
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(split), static_cast<unsigned>(a.routing.blocks));
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(split), static_cast<unsigned>(a.blocks));
   launch_cluster(kernel, grid, dim3(static_cast<unsigned>(Cfg::kThreads), 1, 1), smem,
-                 dim3(1, static_cast<unsigned>(split), 1), stream, pdl, p, a.routing, a.stages, a.fc);
+                 dim3(1, static_cast<unsigned>(split), 1), stream, pdl, p, a.stages);
   return true;
 }
 
@@ -112,7 +88,7 @@ bool launch_nb(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
 
 template <bool kFp16, bool kMx>
 bool launch_format(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
-  switch (a.routing.block_m) {
+  switch (a.block_m) {
     case 8: return launch_nb<1, kFp16, kMx>(a, stream, pdl);
     case 16: return launch_nb<2, kFp16, kMx>(a, stream, pdl);
     case 32: return launch_nb<4, kFp16, kMx>(a, stream, pdl);
@@ -136,59 +112,34 @@ bool launch_variant(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
 
 bool launch_small_m_moe(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   if (a.stages < 2 || a.stages > 6 || a.split_k < 1 || a.split_k > small_m::kMaxSplit) return false;
-  const moe_route::Routing& r = a.routing;
-  if (r.ids == nullptr || r.sorted_pairs == nullptr || r.block_expert == nullptr || r.expert_end == nullptr) return false;
-  if (r.top_k < 1 || r.block_m > moe_route::kMaxBlockRows || (a.fc != 1 && a.fc != 2) || a.w_gs == nullptr) return false;
-  if (a.fc == 2 && (r.arrivals == nullptr || r.y == nullptr || r.out == nullptr)) return false;
-  if (r.blocks > small_m::kMaxBlocks) return false;
-  if (r.blocks <= 0 || a.n <= 0) return true;
+  if (a.block_expert == nullptr || a.row_index == nullptr || a.expert_end == nullptr || a.top_k < 1) return false;
+  if (a.w_gs == nullptr) return false;
+  if (a.blocks > small_m::kMaxBlocks) return false;
+  if (a.blocks <= 0 || a.n <= 0) return true;
   return with_mm_variant(mm_variant(a), [&](auto v) {
     return small_m::launch_variant<decltype(v)::value>(a, stream, pdl);
   });
 }
 
-// The routing of plan p's call: the ids and weights, the workspace's grouping, arrival counters
-// and y, the output.
-moe_route::Routing decode_routing(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, char* base, const int* ids,
-                                  const float* tw, void* out) {
-  moe_route::Routing r{};
-  r.ids = ids;
-  r.tw = tw;
-  r.tokens = static_cast<int>(p.tokens);
-  r.top_k = static_cast<int>(p.top_k);
-  r.lo = static_cast<int>(p.local_offset);
-  r.experts = static_cast<int>(p.experts);
-  r.block_m = static_cast<int>(p.block_m);
-  r.strict = static_cast<int>(p.strict);
-  r.blocks = ws.blocks;
-  r.sorted_pairs = reinterpret_cast<int*>(base + ws.sorted_pairs);
-  r.block_expert = reinterpret_cast<int*>(base + ws.block_expert);
-  r.expert_end = reinterpret_cast<int*>(base + ws.expert_end);
-  r.arrivals = reinterpret_cast<int*>(base + ws.arrivals);
-  r.arrival_tiles = static_cast<int>(ws.arrival_tiles);
-  r.y = reinterpret_cast<const uint16_t*>(base + ws.y);
-  r.out = out;
-  r.out_dtype = static_cast<int>(p.out_dtype);
-  r.hidden = static_cast<int>(p.hidden);
-  return r;
-}
-
-// One GEMM of the decode path over every block of the routing: act [.., k] times each block's
-// expert's weights (weight_rows rows of k / 2 bytes per expert) into out [.., n] bf16.
-SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const moe_route::Routing& r, int fc, const void* act,
+// One GEMM of the decode path over every block of `ws`: act [.., k] times each block's expert's
+// weights (weight_rows rows of k / 2 bytes per expert) into out [.., n] bf16.
+SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, char* base, const void* act,
                           int act_fp16, const void* w, const void* w_scale, const float* w_gs, void* out, int64_t n,
                           int64_t k, int64_t weight_rows, int64_t kp, int64_t s_expert, int64_t split) {
   SmallMMoeArgs a{};
   static_cast<SmallMMmArgs&>(a) =
-      small_m_args(make_mm_operands(act, w, w_scale, nullptr, out, r.blocks * r.block_m, n, k, kp, act_fp16, 0,
-                                    kBFloat16, 0),
+      small_m_args(make_mm_operands(act, w, w_scale, nullptr, out, ws.rows, n, k, kp, act_fp16, 0, kBFloat16, 0),
                    static_cast<int>(p.warps), static_cast<int>(p.tiles_per_warp), static_cast<int>(p.block_k),
                    static_cast<int>(p.stages), static_cast<int>(split));
-  a.routing = r;
-  a.fc = fc;
+  a.block_m = static_cast<int>(p.block_m);
+  a.block_expert = reinterpret_cast<const int*>(base + ws.block_expert);
+  a.blocks = ws.blocks;
   a.experts = p.experts;
   a.w_expert = weight_rows * (k / 2);
   a.s_expert = s_expert;
+  a.row_index = reinterpret_cast<const int*>(base + ws.sorted_pairs);
+  a.expert_end = reinterpret_cast<const int*>(base + ws.expert_end);
+  a.top_k = static_cast<int>(p.top_k);
   a.w_gs = w_gs;
   return a;
 }
@@ -199,11 +150,8 @@ bool decode_plan_ok(const MoeDecodePlan& p) {
   if (p.tokens < 1 || p.top_k < 1 || p.experts < 1 || p.hidden < 16 || p.inter < 16) return false;
   if (p.hidden % moe_route::kSumColumns || p.experts > moe_route::kMaxExperts) return false;
   if (p.block_m != 8 && p.block_m != 16 && p.block_m != 32 && p.block_m != 64) return false;
-  if (p.warps != 4 && p.warps != 8) return false;
-  if (p.tiles_per_warp != 1 && p.tiles_per_warp != 2) return false;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);
-  return ws.rows < (int64_t{1} << 31) && ws.blocks <= small_m::kMaxBlocks && p.tokens * p.top_k < (int64_t{1} << 31) &&
-         p.tokens * ws.arrival_tiles < (int64_t{1} << 31);
+  return ws.rows < (int64_t{1} << 31) && ws.blocks <= small_m::kMaxBlocks;
 }
 
 }  // namespace torch_fp4
@@ -219,9 +167,9 @@ TORCH_FP4_CAPI int64_t torch_fp4_moe_decode_workspace_bytes(const torch_fp4::Moe
 // aligned; W4A4: the exact bf16 values of its NVFP4 quantization), w1 [E, 2I, H/2] / w2 [E, H, I/2]
 // row-major with 128x4 scales, w1_gs / w2_gs [E] contiguous, topk_ids int32 / topk_weights fp32
 // [tokens, top_k] contiguous, a1_gs / a2_gs null (W4A16) or the activations' global scales,
-// workspace torch_fp4_moe_decode_workspace_bytes bytes, 256-byte aligned. Two launches: FC1 (the
-// grouping, gather, SwiGLU; W4A4: the intermediate's NVFP4 exact values) and FC2 (rows in pair
-// order, the top-k sum); none reads anything back.
+// workspace torch_fp4_moe_decode_workspace_bytes bytes, 256-byte aligned. Four launches: align,
+// FC1 (gather, SwiGLU; W4A4: the intermediate's NVFP4 exact values), FC2 (rows in pair order),
+// the top-k sum; none reads anything back.
 TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const torch_fp4::MoeDecodePlan* plan,
                                         const void* x, const void* w1, const void* w1_scale, const float* w1_gs,
                                         const void* w2, const void* w2_scale, const float* w2_gs,
@@ -235,9 +183,12 @@ TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const
   char* base = static_cast<char*>(workspace);
   const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool use_pdl = pdl != 0;
-  const moe_route::Routing r = decode_routing(p, ws, base, topk_ids, topk_weights, out);
+  const int lo = static_cast<int>(p.local_offset), experts = static_cast<int>(p.experts);
+  moe_route::launch_align(topk_ids, p.tokens * p.top_k, lo, experts, static_cast<int>(p.block_m), ws.blocks,
+                          reinterpret_cast<int*>(base + ws.sorted_pairs), reinterpret_cast<int*>(base + ws.block_expert),
+                          reinterpret_cast<int*>(base + ws.expert_end), s, use_pdl);
 
-  SmallMMoeArgs fc1 = decode_gemm(p, r, 1, x, static_cast<int>(p.act_fp16), w1, w1_scale, w1_gs, base + ws.h,
+  SmallMMoeArgs fc1 = decode_gemm(p, ws, base, x, static_cast<int>(p.act_fp16), w1, w1_scale, w1_gs, base + ws.h,
                                   p.inter, p.hidden, 2 * p.inter, p.w1_kp, p.w1_s_expert, p.fc1_split);
   fc1.gather = 1;
   fc1.swiglu = 1;
@@ -246,11 +197,16 @@ TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const
   fc1.a_gs = a1_gs;   // one value: a_gs_stride 0
   bool launched = launch_small_m_moe(fc1, s, use_pdl);
 
-  SmallMMoeArgs fc2 = decode_gemm(p, r, 2, base + ws.h, 0, w2, w2_scale, w2_gs, base + ws.y, p.hidden, p.inter,
+  SmallMMoeArgs fc2 = decode_gemm(p, ws, base, base + ws.h, 0, w2, w2_scale, w2_gs, base + ws.y, p.hidden, p.inter,
                                   p.hidden, p.w2_kp, p.w2_s_expert, p.fc2_split);
   fc2.scatter = 1;
   fc2.a_gs = a2_gs;
   fc2.a_gs_stride = static_cast<int>(p.a2_gs_stride);
   launched = launched && launch_small_m_moe(fc2, s, use_pdl);
+
+  launched = launched && moe_route::launch_topk_sum(reinterpret_cast<const uint16_t*>(base + ws.y), topk_ids,
+                                                    topk_weights, out, static_cast<int>(p.out_dtype), p.tokens,
+                                                    static_cast<int>(p.hidden), static_cast<int>(p.top_k), lo, experts,
+                                                    p.strict != 0, s, use_pdl);
   return capi_end(launched);
 }

@@ -78,14 +78,14 @@ inline void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, int
   (void)cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 
-// Lets `kernel` take `smem` bytes of dynamic shared memory (needed when they and its `static_smem`
-// bytes of static shared memory pass 48 KiB), once per device and size: `configured` is the caller's per-kernel record, so that launches inside a CUDA-graph
+// Lets `kernel` take `smem` bytes of dynamic shared memory (needed above 48 KiB), once per device
+// and size: `configured` is the caller's per-kernel record, so that launches inside a CUDA-graph
 // capture (after a warm-up call) make no attribute calls.
 template <typename Kernel, int kDevices>
-inline void reserve_smem(Kernel kernel, int smem, int (&configured)[kDevices], int static_smem = 0) {
+inline void reserve_smem(Kernel kernel, int smem, int (&configured)[kDevices]) {
   int device = 0;
   (void)cudaGetDevice(&device);
-  if (smem + static_smem > 48 * 1024 && (device >= kDevices || configured[device] < smem)) {
+  if (smem > 48 * 1024 && (device >= kDevices || configured[device] < smem)) {
     (void)cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (device < kDevices) configured[device] = smem;
   }

@@ -23,18 +23,6 @@ def use_pdl(device: torch.device) -> bool:
     return PDL and torch.cuda.get_device_capability(device)[0] >= 9
 
 
-# Set (per thread) while a public function runs its op's implementation itself in plain eager
-# mode (ops._registry.eager): only then may a launcher keep a scratch buffer for the next call.
-# Through torch.ops (torch.compile's graphs) a kept buffer could come from the private memory pool
-# of inductor's CUDA graphs, whose warm-up runs allocate there without capturing; such a pool must
-# hold no tensor that is not a graph output.
-EAGER_CALL = threading.local()
-
-
-def in_eager_call() -> bool:
-    return getattr(EAGER_CALL, "on", False)
-
-
 # Tests set this to True so every freshly allocated output starts as 0xFF bytes: an element a
 # kernel forgets to write then shows up as a mismatch against the reference.
 POISON_OUTPUTS = False

@@ -9,7 +9,6 @@ from .. import formats as F
 from .. import meta, reference
 from ..problems import MoeProblem, RouteProblem
 from ..backends import Backend
-from ..kernels._common import EAGER_CALL
 from . import _checks as C
 from ._registry import define, eager, register_impl, register_problem, run
 from .quantize import check_scale
@@ -245,14 +244,9 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     """
     if eager(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
              a1_global_scale, a2_global_scale):
-        state = EAGER_CALL
-        state.on = True
-        try:
-            return _fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
-                              topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
-                              num_local_experts, out_dtype, backend)
-        finally:
-            state.on = False
+        return _fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
+                          topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
+                          num_local_experts, out_dtype, backend)
     C.tensors("fused_moe", x=x, w1=w1, w1_scale=w1_scale, w1_global_scale=w1_global_scale, w2=w2,
               w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
               topk_weights=topk_weights)

@@ -65,9 +65,6 @@ class CudaMmTactic(Tactic):
         return 16 * self.warps * self.tiles_per_warp
 
 
-LUT_BYTES = 1024   # the scale table at the start of shared memory (kLutBytes)
-
-
 def smem_bytes(t: CudaMmTactic, nb: int, block: int, packed: bool = False) -> int:
     """Dynamic shared memory of a launch (mirror of smem_bytes in mm_small_m.cuh): a 1 KiB scale
     table, then `stages` stages of weights, activations (one 16-byte pad per 8 units; "sm90"
@@ -80,7 +77,7 @@ def smem_bytes(t: CudaMmTactic, nb: int, block: int, packed: bool = False) -> in
     scale_pitch = {4: 20, 2: 12, 1: 5}[kw]
     stage = bn * bk // 2 + act_rows * act_pitch * 16 + (32 * scale_pitch * 4 + 15) // 16 * 16
     partial = act_rows * (bn + 4) * 4
-    return LUT_BYTES + max(t.stages * stage, partial)
+    return 1024 + max(t.stages * stage, partial)
 
 
 def _warps_per_sm_by_registers(t: CudaMmTactic, nb: int) -> int:

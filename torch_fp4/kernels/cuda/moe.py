@@ -3,16 +3,14 @@ two grouped GEMM families (kernels/cuda/moe_tactics.py picks by routed rows per 
 
 Decode sizes (SmallMMoeTactic): one C call (csrc/moe_small_m.cu torch_fp4_moe_decode) on a
 plan built once per problem and tactic (csrc/moe_decode.h), the tensors passed as pointers, one
-workspace tensor for every intermediate. It enqueues two launches, none reading anything back.
-FC1, the small-M GEMM of csrc/mm_small_m.cuh run grouped: every CTA groups the pairs by expert in
-blocks of block_m rows from the ids (csrc/moe_route.cuh, the layout of kernels/triton/moe_align.py)
-and keeps its own block, reads the block's activation rows straight from x through the pairs,
-streams its expert's gate and up rows of 64 (or 32) columns and writes RN_bf16(silu(gate) * up)
-(gate and up each RN_bf16(alpha1[e] * acc), the bf16 h of the spec); the first CTA of each block
-also writes the block's grouping for FC2. FC2 writes each row to its pair's row of y [T k, H], and
-the CTA that stores the last local row of a token's column tile writes that token's top-k sum in
-slot order (an arrival counter per token and tile). Each block's alpha is formed in the GEMM from
-the global scales. W4A4 replaces x by the exact values of its quantization
+workspace tensor for every intermediate. It enqueues four launches, none reading anything back:
+the grouping of the pairs by expert in blocks of block_m rows (csrc/moe_route.cuh, the layout of
+kernels/triton/moe_align.py); FC1, the small-M GEMM of csrc/mm_small_m.cuh run grouped, reading
+each block's activation rows straight from x through the pairs, streaming its expert's gate and
+up rows of 64 (or 32) columns per CTA and writing RN_bf16(silu(gate) * up) (gate and up each
+RN_bf16(alpha1[e] * acc), the bf16 h of the spec); FC2, writing each row to its pair's row of
+y [T k, H]; the top-k sum in slot order (csrc/moe_route.cuh). Each block's alpha is formed in the
+GEMM from the global scales. W4A4 replaces x by the exact values of its quantization
 (quantize.nvfp4_exact_values: one launch before the call), and FC1's epilogue quantizes its
 output with a2_global_scale and writes the exact dequantized values (16 columns of a row are four
 lanes' chunks: one shuffle pair gives the block amax), the global scales entering through the
@@ -110,7 +108,7 @@ def _decode(p: MoeProblem, t: SmallMMoeTactic, w1_scale: torch.Tensor, w2_scale:
         w2_s_expert=w2_scale.stride(0) * w2_scale.element_size(), a2_gs_stride=int(p.a2_per_expert))
     name = f"moe_small_m{mm_variant(fp16, False, False)}"
     nbytes = library(p.device.index, name).moe_decode_workspace_bytes(ctypes.addressof(plan))
-    if nbytes < 0 or nbytes != workspace_layout(p, t)[1]:
+    if nbytes < 0 or nbytes != workspace_layout(p, t.block_m)[1]:
         raise RuntimeError(f"torch_fp4 internal: the cuda fused_moe decode path refused its plan {plan_fields(plan)} "
                            f"(workspace {nbytes} bytes)")
     if len(_DECODES) >= _MAX_DECODES:
@@ -123,17 +121,16 @@ def plan_fields(plan: MoeDecodePlan) -> dict[str, int]:
     return {name: getattr(plan, name) for name, _ in plan._fields_}
 
 
-def workspace_layout(p: MoeProblem, t: SmallMMoeTactic) -> tuple[dict[str, tuple[int, torch.dtype, tuple]], int]:
+def workspace_layout(p: MoeProblem, block_m: int) -> tuple[dict[str, tuple[int, torch.dtype, tuple]], int]:
     """csrc/moe_decode.h's moe_decode_workspace: {part: (byte offset, dtype, shape)} of
-    sorted_pairs, block_expert, expert_end, FC2's arrival counters [T, column tiles] (int32),
-    h [rows, I] and y [T k, H] (bf16), and the total bytes; each part 256-byte aligned."""
+    sorted_pairs, block_expert, expert_end (int32), h [rows, I] and y [T k, H] (bf16), and the
+    total bytes; each part 256-byte aligned."""
     pairs = p.tokens * p.top_k
-    blocks = max_blocks(pairs, p.experts, t.block_m)
-    rows = blocks * t.block_m
-    tiles = -(-p.hidden // (16 * t.warps * t.tiles_per_warp))
+    blocks = max_blocks(pairs, p.experts, block_m)
+    rows = blocks * block_m
     parts = {"sorted_pairs": (torch.int32, (rows,)), "block_expert": (torch.int32, (blocks,)),
-             "expert_end": (torch.int32, (p.experts,)), "arrivals": (torch.int32, (p.tokens, tiles)),
-             "h": (torch.bfloat16, (rows, p.inter)), "y": (torch.bfloat16, (pairs, p.hidden))}
+             "expert_end": (torch.int32, (p.experts,)), "h": (torch.bfloat16, (rows, p.inter)),
+             "y": (torch.bfloat16, (pairs, p.hidden))}
     layout, offset = {}, 0
     for name, (dtype, shape) in parts.items():
         layout[name] = (offset, dtype, shape)
@@ -143,30 +140,9 @@ def workspace_layout(p: MoeProblem, t: SmallMMoeTactic) -> tuple[dict[str, tuple
 
 def workspace_views(d: _Decode, workspace: torch.Tensor) -> dict[str, torch.Tensor]:
     """The parts of a decode call's workspace (workspace_layout), for tests."""
-    layout, _ = workspace_layout(d.problem, d.tactic)
+    layout, _ = workspace_layout(d.problem, d.tactic.block_m)
     return {name: workspace[offset:offset + dtype.itemsize * math.prod(shape)].view(dtype).view(shape)
             for name, (offset, dtype, shape) in layout.items()}
-
-
-# (device, raw stream) -> the decode path's workspace on that stream
-_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
-
-
-def _workspace(nbytes: int, index: int, stream: int) -> torch.Tensor:
-    """A decode call's workspace: one buffer per (device, stream), reused by every call on that
-    stream and grown when a call needs more (as cuBLAS keeps its workspace). Reuse is safe in
-    stream order: each kernel waits for the previous grid to finish before touching memory, and
-    FC1 writes every part FC2 reads. Kept only for calls of the public function in plain eager
-    mode (_common.in_eager_call) outside capture; otherwise a fresh tensor per call: while a
-    stream captures a CUDA graph (from the graph's pool, so that no graph holds a buffer an eager
-    call reuses), and through torch.ops, where inductor's CUDA-graph warm-up runs allocate from a
-    private pool that must hold nothing but graph outputs."""
-    if not _common.in_eager_call() or torch._C._cuda_isCurrentStreamCapturing():
-        return torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
-    ws = _WORKSPACES.get((index, stream))
-    if ws is None or ws.numel() < nbytes:
-        ws = _WORKSPACES[(index, stream)] = torch.empty(nbytes, dtype=torch.uint8, device=torch.device("cuda", index))
-    return ws
 
 
 def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
@@ -178,9 +154,7 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
     if p.tokens == 0 or p.top_k == 0:
         return out.zero_() if p.tokens else out
     d = _decode(p, t, w1_scale, w2_scale)
-    i = x.get_device()
-    stream = raw_stream(i)
-    workspace = _workspace(d.workspace_bytes, i, stream)
+    workspace = torch.empty(d.workspace_bytes, dtype=torch.uint8, device=x.device)
     if keep_workspace is not None:
         keep_workspace.append((d, workspace))
     # every tensor the call reads stays referenced until it is enqueued: a temporary freed before
@@ -194,8 +168,9 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
         a = a.clone()
     g1, g2 = w1_global_scale.contiguous(), w2_global_scale.contiguous()
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
+    i = x.get_device()
     lib = library(i, d.library)
-    status = lib.moe_decode(i, stream, _common.PDL, d.address, a.data_ptr(), w1.data_ptr(), w1_scale.data_ptr(),
+    status = lib.moe_decode(i, raw_stream(i), _common.PDL, d.address, a.data_ptr(), w1.data_ptr(), w1_scale.data_ptr(),
                             g1.data_ptr(), w2.data_ptr(), w2_scale.data_ptr(), g2.data_ptr(), ids.data_ptr(),
                             tw.data_ptr(), None if a1 is None else a1.data_ptr(), None if a2 is None else a2.data_ptr(),
                             out.data_ptr(), workspace.data_ptr())

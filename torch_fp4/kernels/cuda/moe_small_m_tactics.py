@@ -22,8 +22,7 @@ from . import mm_tactics as sm
 
 BLOCK_MS = (8, 16, 32, 64)
 MAX_OPERAND = 2**31 - 1       # 32-bit element offsets inside one expert's operands
-MAX_EXPERTS = 2048            # the grouping's counts per CTA (csrc/moe_route.cuh kMaxExperts)
-ROUTING_SMEM = 1024           # static shared memory of the grouping and the top-k sum (moe_route.cuh kSharedBound)
+MAX_EXPERTS = 2048            # the decode path's one-CTA grouping (csrc/moe_route.cuh kMaxExperts)
 
 
 @register_family
@@ -88,10 +87,8 @@ def why_not(t: SmallMMoeTactic, p: MoeProblem) -> Optional[str]:
     blocks = max_blocks(p.tokens * p.top_k, p.experts, t.block_m)
     if blocks > MAX_GRID_Z:
         return f"{blocks} blocks of {t.block_m} routed rows exceed the grid's {MAX_GRID_Z}"
-    smem = sm.smem_bytes(t.gemm_tactic(1), nb, F.NVFP4.block_size)
-    if smem - sm.LUT_BYTES < 4 * p.experts:
-        return f"FC1 counts the pairs of {p.experts} experts in its pipeline memory of {smem - sm.LUT_BYTES} bytes"
-    return smem_reason(smem + ROUTING_SMEM, problem_smem_per_block(p, sm.SM90_SMEM_PER_BLOCK))
+    return smem_reason(sm.smem_bytes(t.gemm_tactic(1), nb, F.NVFP4.block_size),
+                       problem_smem_per_block(p, sm.SM90_SMEM_PER_BLOCK))
 
 
 def expected_experts(p: MoeProblem) -> float:
