@@ -19,7 +19,8 @@ _as_list, _bits = T.as_list, T.bits
 _MODULES = {"compute_global_scale": quantize, "nvfp4_quantize": quantize, "mxfp4_quantize": quantize,
             "fp4_dequantize": quantize, "mm_fp4": gemm, "route": moe, "fused_moe": moe}
 _MOE_KEYWORDS = ("a1_global_scale", "a2_global_scale", "local_expert_offset", "num_local_experts",
-                 "out_dtype", "backend")
+                 "out_dtype", "backend", "block_size", "w1_bias", "w2_bias", "activation", "swiglu_alpha",
+                 "swiglu_limit")
 
 
 def _public_call(name, args):

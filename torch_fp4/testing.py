@@ -157,7 +157,32 @@ def op_samples() -> list[tuple[str, str, tuple]]:
                 kw["w2_global_scale"], kw["topk_ids"], kw["topk_weights"], kw.get("a1_global_scale"),
                 kw.get("a2_global_scale"), 0, None, None, REF)
         out.append((f"moe_{'w4a4' if w4a4 else 'w4a16'}", "fused_moe", args))
+    g = gpt_oss_moe_problem()
+    out.append(("moe_gpt_oss", "fused_moe",
+                (g["x"], g["w1"], g["w1_scale"], None, g["w2"], g["w2_scale"], None, g["topk_ids"],
+                 g["topk_weights"], None, None, 0, None, None, REF, 32, g["w1_bias"], g["w2_bias"],
+                 "clamped_swiglu", 1.702, 7.0)))
     return out
+
+
+def gpt_oss_moe_problem(tokens: int = 6, hidden: int = 96, inter: int = 64, experts: int = 4, top_k: int = 2,
+                        device: torch.device | str = "cpu") -> dict:
+    """Keyword arguments of a small random fused_moe call shaped like gpt-oss's: MXFP4 experts
+    (block_size 32; hidden 96 is not a multiple of 128), bf16 biases on both GEMMs, the clamped
+    SwiGLU, routing by top-k on the logits then softmax."""
+    from . import ops
+
+    x = torch.randn(tokens, hidden, device=device, dtype=torch.bfloat16)
+    w1 = torch.randn(experts, 2 * inter, hidden, device=device, dtype=torch.bfloat16)
+    w2 = torch.randn(experts, hidden, inter, device=device, dtype=torch.bfloat16) / 4
+    w1q, w1s = ops.mxfp4_quantize(w1)
+    w2q, w2s = ops.mxfp4_quantize(w2)
+    ids, weights = ops.route(torch.randn(tokens, experts, device=device), top_k, "renormalize")
+    return dict(x=x, w1=w1q, w1_scale=w1s, w1_global_scale=None, w2=w2q, w2_scale=w2s, w2_global_scale=None,
+                topk_ids=ids, topk_weights=weights, block_size=32,
+                w1_bias=torch.randn(experts, 2 * inter, device=device, dtype=torch.bfloat16),
+                w2_bias=torch.randn(experts, hidden, device=device, dtype=torch.bfloat16),
+                activation="clamped_swiglu")
 
 
 def as_list(result) -> list:

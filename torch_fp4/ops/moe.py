@@ -1,6 +1,7 @@
 """Routing and FP4 fused MoE, plus the [gate; up] <-> [up; gate] weight-order converter."""
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import torch
@@ -125,31 +126,56 @@ def _check_expert_weight(name: str, w: torch.Tensor, experts: int, rows: int, k:
     C.contiguous("fused_moe", name, w)
 
 
+ACTIVATIONS = ("swiglu", "clamped_swiglu")
+
+
 def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                   topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
-                  num_local_experts, out_dtype, backend) -> tuple[torch.dtype, Backend]:
+                  num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
+                  activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0
+                  ) -> tuple[torch.dtype, F.Fp4Format, Backend]:
     op = "fused_moe"
+    fmt = C.block_size(op, block_size)
     C.dtype(op, "x", x, C.HALF_DTYPES)
     C.ndim(op, "x", x, (2,), "a 2-D [T, H] tensor")
     C.contiguous(op, "x", x)
     tokens, hidden = x.shape
-    C.multiple_of(op, "x", hidden, 16, "H (hidden size; the NVFP4 block size)")
+    name = fmt.name.upper()
+    C.multiple_of(op, "x", hidden, fmt.block_size, f"H (hidden size; the {name} block size)")
     C.dtype(op, "w1", w1, F.FP4_DATA_DTYPES)
     C.ndim(op, "w1", w1, (3,), "a 3-D [E, 2I, H/2] tensor")
     experts, two_i = w1.shape[0], w1.shape[1]
-    if two_i % 32:
-        C.fail(op, "w1", "2I = w1.shape[1] to be a multiple of 32 (I a multiple of 16)", two_i)
+    if two_i % (2 * fmt.block_size):
+        C.fail(op, "w1", f"2I = w1.shape[1] to be a multiple of {2 * fmt.block_size} (I a multiple of "
+               f"the {name} block size {fmt.block_size})", two_i)
     inter = two_i // 2
     _check_expert_weight("w1", w1, experts, two_i, hidden, "([E, 2I, H/2], [gate; up] rows)")
     _check_expert_weight("w2", w2, experts, hidden, inter, "([E, H, I/2])")
     lay = F.SfLayout.LAYOUT_128x4
-    for name, scale, rows_k in (("w1_scale", w1_scale, (experts, two_i, hidden)),
-                                ("w2_scale", w2_scale, (experts, hidden, inter))):
-        check_scale(op, name, scale, rows_k, F.NVFP4, lay)
-        C.contiguous(op, name, scale)
-    for name, gs in (("w1_global_scale", w1_global_scale), ("w2_global_scale", w2_global_scale)):
-        C.dtype(op, name, gs, (torch.float32,))
-        C.shape(op, name, gs, (experts,), "(one encode global scale per expert)")
+    for name_, scale, rows_k in (("w1_scale", w1_scale, (experts, two_i, hidden)),
+                                 ("w2_scale", w2_scale, (experts, hidden, inter))):
+        check_scale(op, name_, scale, rows_k, fmt, lay)
+        C.contiguous(op, name_, scale)
+    for name_, gs in (("w1_global_scale", w1_global_scale), ("w2_global_scale", w2_global_scale)):
+        if fmt is F.MXFP4:
+            if gs is not None:
+                C.fail(op, name_, "None for MXFP4 experts (block_size=32: no global scale)", "a tensor")
+            continue
+        if gs is None:
+            C.fail(op, name_, "an [E] fp32 tensor of encode global scales (NVFP4 experts)", None)
+        C.dtype(op, name_, gs, (torch.float32,))
+        C.shape(op, name_, gs, (experts,), "(one encode global scale per expert)")
+    for name_, bias, cols in (("w1_bias", w1_bias, two_i), ("w2_bias", w2_bias, hidden)):
+        if bias is not None:
+            C.dtype(op, name_, bias, (torch.float32, torch.bfloat16))
+            C.shape(op, name_, bias, (experts, cols), f"([E, {'2I' if cols == two_i else 'H'}], one row per expert)")
+    if activation not in ACTIVATIONS:
+        C.fail(op, "activation", " or ".join(map(repr, ACTIVATIONS)), repr(activation))
+    alpha, limit = C.real(op, "swiglu_alpha", swiglu_alpha), C.real(op, "swiglu_limit", swiglu_limit)
+    if not math.isfinite(alpha):
+        C.fail(op, "swiglu_alpha", "a finite number", swiglu_alpha)
+    if not (math.isfinite(limit) and limit > 0):
+        C.fail(op, "swiglu_limit", "a finite positive number", swiglu_limit)
     C.dtype(op, "topk_ids", topk_ids, (torch.int32,))
     C.ndim(op, "topk_ids", topk_ids, (2,), f"a 2-D [{tokens}, top_k] tensor")
     if topk_ids.shape[0] != tokens:
@@ -160,6 +186,9 @@ def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scal
     if a1_global_scale is None:
         if a2_global_scale is not None:
             C.fail(op, "a2_global_scale", "None when a1_global_scale is None (W4A16)", "a tensor")
+    elif fmt is F.MXFP4:
+        C.fail(op, "a1_global_scale", "None for MXFP4 experts (W4A16; MXFP4 activations are not "
+               "supported yet)", "a tensor")
     else:
         C.global_scale(op, "a1_global_scale", a1_global_scale, None)
         if a2_global_scale is None:
@@ -178,43 +207,56 @@ def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scal
     C.same_device(op, x=x, w1=w1, w1_scale=w1_scale, w1_global_scale=w1_global_scale, w2=w2,
                   w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
                   topk_weights=topk_weights, a1_global_scale=a1_global_scale,
-                  a2_global_scale=a2_global_scale)
-    return out_dtype, Backend.parse(backend, f"{op}: backend")
+                  a2_global_scale=a2_global_scale, w1_bias=w1_bias, w2_bias=w2_bias)
+    return out_dtype, fmt, Backend.parse(backend, f"{op}: backend")
 
 
 def _moe_problem(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
-                 num_local_experts, out_dtype, backend) -> tuple[MoeProblem, Backend]:
+                 num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
+                 activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0) -> tuple[MoeProblem, Backend]:
     """The validated arguments as one problem object, and the requested backend."""
-    out_dtype, bk = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
-                                  topk_ids, topk_weights, a1_global_scale, a2_global_scale,
-                                  local_expert_offset, num_local_experts, out_dtype, backend)
+    out_dtype, fmt, bk = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
+                                       topk_ids, topk_weights, a1_global_scale, a2_global_scale,
+                                       local_expert_offset, num_local_experts, out_dtype, backend, block_size,
+                                       w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
     return MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
-                         local_expert_offset, num_local_experts, out_dtype), bk
+                         local_expert_offset, num_local_experts, out_dtype, fmt,
+                         w1_bias is not None or w2_bias is not None, activation), bk
 
 
-def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
-               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
+def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: Optional[torch.Tensor],
+               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: Optional[torch.Tensor],
                topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
                local_expert_offset: int, num_local_experts: Optional[int],
-               out_dtype: Optional[torch.dtype], backend: int) -> torch.Tensor:
+               out_dtype: Optional[torch.dtype], backend: int, block_size: int = 16,
+               w1_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
+               activation: str = "swiglu", swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
     # Without expert parallelism every id must name an expert of w1: the kernels check it on the
     # device (NaN rows, spec section 6; MoeProblem.strict_ids), so no call reads anything back.
+    # Problems with the gpt-oss features (MoeProblem.gpt_oss_features) run on the reference
+    # backend only, whose launcher alone takes them (the launch arguments after strict_ids).
+    def build(p: MoeProblem) -> tuple:
+        launch = (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
+                  a1_global_scale, a2_global_scale, local_expert_offset, p.out_dtype, p.strict_ids)
+        if p.gpt_oss_features is None:
+            return launch
+        return (*launch, p.fmt, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit))
     return run("fused_moe", _moe_problem,
                (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
-                a1_global_scale, a2_global_scale, local_expert_offset, num_local_experts, out_dtype, backend),
-               lambda p: (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
-                          topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, p.out_dtype,
-                          p.strict_ids))
+                a1_global_scale, a2_global_scale, local_expert_offset, num_local_experts, out_dtype, backend,
+                block_size, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit), build)
 
 
 def _fused_moe_fake(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                     topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
-                    num_local_experts, out_dtype, backend):
-    out_dtype, _ = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
-                                 topk_ids, topk_weights, a1_global_scale, a2_global_scale,
-                                 local_expert_offset, num_local_experts, out_dtype, backend)
+                    num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
+                    activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0):
+    out_dtype, _, _ = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
+                                    topk_ids, topk_weights, a1_global_scale, a2_global_scale,
+                                    local_expert_offset, num_local_experts, out_dtype, backend, block_size,
+                                    w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
     return meta.fused_moe(x, out_dtype)
 
 
@@ -222,20 +264,30 @@ fused_moe_op = define("fused_moe", _fused_moe, _fused_moe_fake)
 register_impl("fused_moe", Backend.REFERENCE, reference.fused_moe)
 
 
-def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
-              w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
+def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: Optional[torch.Tensor],
+              w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: Optional[torch.Tensor],
               topk_ids: torch.Tensor, topk_weights: torch.Tensor, *,
               a1_global_scale: Optional[torch.Tensor] = None,
               a2_global_scale: Optional[torch.Tensor] = None, local_expert_offset: int = 0,
               num_local_experts: Optional[int] = None, out_dtype: Optional[torch.dtype] = None,
-              backend: Backend | str = "auto") -> torch.Tensor:
-    """Mixture of FP4 (NVFP4) experts: out[t] = sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]).
+              backend: Backend | str = "auto", block_size: int = 16,
+              w1_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
+              activation: str = "swiglu", swiglu_alpha: float = 1.702,
+              swiglu_limit: float = 7.0) -> torch.Tensor:
+    """Mixture of FP4 experts: out[t] = sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]).
 
-    Each expert is down(silu(gate) * up) with w1 [E, 2I, H/2] holding [gate; up] rows and
-    w2 [E, H, I/2]; w1_scale/w2_scale are per-expert 128x4 scales [E, Mp, Kp]; the weight global
-    scales [E] use the encode convention (GEMM alphas are derived inside).
-    a1_global_scale None runs W4A16 (bf16 activations); given, it runs W4A4 and a2_global_scale
-    ([1] or [E]) quantizes the intermediate activation.
+    Each expert is down(act(gate, up)) with w1 [E, 2I, H/2] holding [gate; up] rows and
+    w2 [E, H, I/2]; w1_scale/w2_scale are per-expert 128x4 scales [E, Mp, Kp]. block_size 16:
+    NVFP4 experts (e4m3 scales) whose weight global scales [E] use the encode convention (GEMM
+    alphas are derived inside); block_size 32: MXFP4 experts (e8m0 scales), w1_global_scale and
+    w2_global_scale None. a1_global_scale None runs W4A16 (bf16 activations); given (NVFP4 only),
+    it runs W4A4 and a2_global_scale ([1] or [E]) quantizes the intermediate activation.
+    w1_bias [E, 2I] and w2_bias [E, H] (fp32 or bf16), optional, are added to FC1's and FC2's
+    fp32 results before their rounding (docs/NUMERICS.md section 6). activation: "swiglu"
+    (silu(gate) * up) or "clamped_swiglu" (gpt-oss: gate clamped above at swiglu_limit, up to
+    [-swiglu_limit, swiglu_limit], (up + 1) * gate * sigmoid(swiglu_alpha * gate)); swiglu_alpha
+    and swiglu_limit are used only by "clamped_swiglu". MXFP4 experts, biases and the clamped
+    SwiGLU run on the reference backend for now (the GPU backends say so and `auto` skips them).
     Expert parallelism: pass local_expert_offset and num_local_experts (= w1.shape[0]); w1/w2
     hold experts offset .. offset+E-1 and pairs routed elsewhere contribute zero. Without expert
     parallelism (neither given) every id must lie in [0, E): a token with an id outside it gets
@@ -243,16 +295,17 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     compiled or captured alike).
     """
     if eager(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
-             a1_global_scale, a2_global_scale):
+             a1_global_scale, a2_global_scale, w1_bias, w2_bias):
         return _fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                           topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
-                          num_local_experts, out_dtype, backend)
-    C.tensors("fused_moe", x=x, w1=w1, w1_scale=w1_scale, w1_global_scale=w1_global_scale, w2=w2,
-              w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
+                          num_local_experts, out_dtype, backend, block_size, w1_bias, w2_bias, activation,
+                          swiglu_alpha, swiglu_limit)
+    C.tensors("fused_moe", x=x, w1=w1, w1_scale=w1_scale, w2=w2, w2_scale=w2_scale, topk_ids=topk_ids,
               topk_weights=topk_weights)
     return fused_moe_op(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                         topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
-                        num_local_experts, out_dtype, int(Backend.parse(backend, "fused_moe: backend")))
+                        num_local_experts, out_dtype, int(Backend.parse(backend, "fused_moe: backend")),
+                        block_size, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit))
 
 
 register_problem("route", route, _route_problem)

@@ -63,6 +63,28 @@ def silu_mul(h: torch.Tensor) -> torch.Tensor:
     return (gate / (1.0 + torch.exp(-gate)) * up).to(INTERMEDIATE_DTYPE)
 
 
+def clamped_swiglu(h: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """gpt-oss's activation of the [gate; up] halves of h, in fp32 then RN_bf16:
+    g = min(gate, limit), u = clamp(up, -limit, limit), RN_bf16((u + 1) * (g * sigmoid(alpha * g))),
+    sigmoid(z) = 1 / (1 + exp(-z)); each fp32 operation rounded, in this order."""
+    inter = h.shape[-1] // 2
+    gate, up = h[..., :inter].float(), h[..., inter:].float()
+    g = torch.clamp(gate, max=limit)
+    u = torch.clamp(up, min=-limit, max=limit)
+    glu = g * (1.0 / (1.0 + torch.exp(-(alpha * g))))
+    return ((u + 1.0) * glu).to(INTERMEDIATE_DTYPE)
+
+
+def _gemm(a, a_scale, w, w_scale, alpha, fmt: F.Fp4Format, bias: torch.Tensor | None) -> torch.Tensor:
+    """One expert GEMM: RN_bf16(RN_fp32(alpha * acc)), or with a bias row
+    RN_bf16(RN_fp32(RN_fp32(alpha * acc) + bias)) (spec section 6)."""
+    lay = F.SfLayout.LAYOUT_128x4
+    if bias is None:
+        return mm_fp4(a, w.T, a_scale, w_scale.T, alpha, INTERMEDIATE_DTYPE, fmt, lay)
+    acc = mm_fp4(a, w.T, a_scale, w_scale.T, alpha, torch.float32, fmt, lay)
+    return (acc + bias.float()).to(INTERMEDIATE_DTYPE)
+
+
 def _select(gs: torch.Tensor, e: int) -> torch.Tensor:
     return gs[:1] if gs.numel() == 1 else gs[e:e + 1]
 
@@ -71,33 +93,36 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: torch.Tensor | None, a2_global_scale: torch.Tensor | None,
-              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False) -> torch.Tensor:
+              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
+              fmt: F.Fp4Format = F.NVFP4, w1_bias: torch.Tensor | None = None,
+              w2_bias: torch.Tensor | None = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
+              swiglu_limit: float = 7.0) -> torch.Tensor:
     """Every local expert runs densely over all tokens (simple, no host sync, capturable); each
     (t, j) then picks the output of its expert, or zero when that expert is not local.
     strict_ids (no expert parallelism): a token with an id outside [offset, offset + E) gets NaN
-    in every column instead."""
+    in every column instead. MXFP4 experts (fmt) have no global scales (alphas 1)."""
     tokens, hidden = x.shape
     lay = F.SfLayout.LAYOUT_128x4
     picked = torch.zeros(tokens, topk_ids.shape[1], hidden, dtype=torch.float32, device=x.device)
     if a1_global_scale is not None:
         xq, xs = nvfp4_quantize(x, a1_global_scale, lay)
+
+    def alpha(a_gs, w_gs, e):
+        return None if w_gs is None else F.nvfp4_alpha(a_gs, w_gs[e:e + 1])
     for e in range(w1.shape[0]):
+        b1 = None if w1_bias is None else w1_bias[e]
+        b2 = None if w2_bias is None else w2_bias[e]
         if a1_global_scale is None:
-            h = mm_fp4(x, w1[e].T, None, w1_scale[e].T, F.nvfp4_alpha(None, w1_global_scale[e:e + 1]),
-                       INTERMEDIATE_DTYPE, F.NVFP4, lay)
+            h = _gemm(x, None, w1[e], w1_scale[e], alpha(None, w1_global_scale, e), fmt, b1)
         else:
-            h = mm_fp4(xq, w1[e].T, xs, w1_scale[e].T,
-                       F.nvfp4_alpha(a1_global_scale, w1_global_scale[e:e + 1]),
-                       INTERMEDIATE_DTYPE, F.NVFP4, lay)
-        act = silu_mul(h)
+            h = _gemm(xq, xs, w1[e], w1_scale[e], alpha(a1_global_scale, w1_global_scale, e), fmt, b1)
+        act = silu_mul(h) if activation == "swiglu" else clamped_swiglu(h, swiglu_alpha, swiglu_limit)
         if a2_global_scale is None:
-            y = mm_fp4(act, w2[e].T, None, w2_scale[e].T, F.nvfp4_alpha(None, w2_global_scale[e:e + 1]),
-                       INTERMEDIATE_DTYPE, F.NVFP4, lay)
+            y = _gemm(act, None, w2[e], w2_scale[e], alpha(None, w2_global_scale, e), fmt, b2)
         else:
             gs2 = _select(a2_global_scale, e)
             aq, as_ = nvfp4_quantize(act, gs2, lay)
-            y = mm_fp4(aq, w2[e].T, as_, w2_scale[e].T, F.nvfp4_alpha(gs2, w2_global_scale[e:e + 1]),
-                       INTERMEDIATE_DTYPE, F.NVFP4, lay)
+            y = _gemm(aq, as_, w2[e], w2_scale[e], alpha(gs2, w2_global_scale, e), fmt, b2)
         hit = (topk_ids == local_expert_offset + e).unsqueeze(-1)
         picked = torch.where(hit, y.float().unsqueeze(1), picked)
     out = torch.zeros(tokens, hidden, dtype=torch.float32, device=x.device)

@@ -94,6 +94,8 @@ def requirement(op: str, p: Problem) -> Optional[str]:
     if op == "mm_fp4":
         return _mm_requirement(p)
     if op == "fused_moe":
+        if p.gpt_oss_features is not None:
+            return f"the cute-dsl fused_moe kernels do not run {p.gpt_oss_features} yet (the reference backend does)"
         return _moe_requirement(p)
     # The kernels use sm_90 instructions (max.u16x2, e4m3 conversions, TMA).
     reason = cuda_requirement(p, "cutlass", (9, 0))
