@@ -221,3 +221,50 @@ def test_nvfp4_experts_still_need_their_global_scales():
     kw["w1_global_scale"] = None
     with pytest.raises(ValueError, match="fused_moe: w1_global_scale: expected an \\[E\\] fp32 tensor"):
         t4.fused_moe(**kw)
+
+
+def test_fp4moe_runs_a_gpt_oss_layer_from_its_checkpoint():
+    """FP4MoE.from_gpt_oss: the router (bias; top-k on the logits, softmax over the k) and the
+    experts byte for byte; its forward equals the straightforward gpt-oss layer bit for bit, also
+    under torch.compile(fullgraph=True); its state_dict holds the biases."""
+    from torch_fp4.nn import FP4MoE
+    e, h, i, tokens, k = 4, 96, 64, 5, 2
+    t = _checkpoint(e, h, i)
+    experts = load_gpt_oss_experts(t, PREFIX)
+    router = torch.nn.Linear(h, e, bias=True).to(BF16)
+    moe = FP4MoE.from_gpt_oss(router, experts, top_k=k)
+    assert "format=mxfp4" in repr(moe) and "clamped_swiglu" in repr(moe)
+    for name in ("w1", "w1_scale", "w2", "w2_scale", "w1_bias", "w2_bias"):
+        assert torch.equal(getattr(moe, name), getattr(experts, name)), name
+    x = torch.randn(tokens, h, generator=torch.Generator().manual_seed(5)).to(BF16)
+    logits = router(x)
+    vals, ids = torch.topk(logits.float(), k, dim=-1)
+    weights = torch.softmax(vals, dim=-1)
+    want = _straightforward(t, x, ids.to(torch.int32), weights)
+    assert torch.equal(moe(x), want)
+    assert torch.equal(torch.compile(moe, fullgraph=True, backend="eager")(x), want)
+    assert {"w1_bias", "w2_bias"} <= set(moe.state_dict())
+
+
+def test_fp4moe_mxfp4_from_dense_experts_and_refusals():
+    from torch_fp4.nn import FP4MoE
+    from torch_fp4.nn import parallel as P
+    e, h, i = 2, 64, 32
+    router = torch.nn.Linear(h, e, bias=False).to(BF16)
+    w1, w2 = torch.randn(e, 2 * i, h), torch.randn(e, h, i)
+    moe = FP4MoE(h, i, e, 1, fmt="mxfp4")
+    moe.router = router
+    moe.set_weights(w1, w2)
+    q, s = t4.mxfp4_quantize(w1)
+    assert torch.equal(moe.w1, q.view(torch.uint8)) and torch.equal(moe.w1_scale, s.view(torch.uint8))
+    assert moe(torch.randn(3, h).to(BF16)).shape == (3, h)
+    with pytest.raises(ValueError, match="FP4MoE: activations: expected 'bf16' for MXFP4 experts"):
+        FP4MoE(h, i, e, 1, activations="fp4", fmt="mxfp4")
+    with pytest.raises(ValueError, match="FP4MoE: hidden_size: expected a positive multiple of 32"):
+        FP4MoE(48, i, e, 1, fmt="mxfp4")
+    with pytest.raises(ValueError, match="FP4MoE: fmt: expected 'nvfp4' or 'mxfp4'"):
+        FP4MoE(h, i, e, 1, fmt="fp8")
+    with pytest.raises(ValueError, match="FP4MoE.calibrate: sets NVFP4 W4A4"):
+        moe.calibrate(torch.randn(3, h))
+    with pytest.raises(ValueError, match="TensorParallelFP4MoE: moe: expected NVFP4 experts without biases"):
+        P.TensorParallelFP4MoE(moe)

@@ -10,7 +10,7 @@ import torch
 from .. import formats as F
 from .. import hf, ops
 from ..ops import _checks as C
-from ..ops.moe import _validate_route
+from ..ops.moe import ACTIVATIONS, _validate_route
 from ..reference.moe import silu_mul
 from ._common import _COMPUTE_DTYPES, _activations, _input, _size, _widen
 
@@ -84,16 +84,28 @@ class FP4MoE(torch.nn.Module):
                  method: str = "softmax", renormalize: bool = False, n_group: Optional[int] = None,
                  topk_group: Optional[int] = None, routed_scaling_factor: float = 1.0,
                  activations: str = "bf16", compute_dtype: torch.dtype = torch.bfloat16,
-                 router_bias: bool = False, device: Optional[torch.device] = None):
+                 router_bias: bool = False, device: Optional[torch.device] = None, *, fmt: str = "nvfp4",
+                 expert_bias: bool = False, bias_dtype: torch.dtype = torch.bfloat16,
+                 activation: str = "swiglu", swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0):
         super().__init__()
         _activations("FP4MoE", activations)
+        if fmt not in ("nvfp4", "mxfp4"):
+            C.fail("FP4MoE", "fmt", "'nvfp4' or 'mxfp4'", repr(fmt))
+        if fmt == "mxfp4" and activations != "bf16":
+            C.fail("FP4MoE", "activations", "'bf16' for MXFP4 experts (W4A16; MXFP4 activations are not "
+                   "supported yet)", repr(activations))
+        if activation not in ACTIVATIONS:
+            C.fail("FP4MoE", "activation", " or ".join(map(repr, ACTIVATIONS)), repr(activation))
+        if bias_dtype not in (torch.bfloat16, torch.float32):
+            raise TypeError(f"FP4MoE: bias_dtype: expected torch.bfloat16 or torch.float32, got {bias_dtype}")
+        block = F.NVFP4.block_size if fmt == "nvfp4" else F.MXFP4.block_size
         if compute_dtype not in _COMPUTE_DTYPES:
             raise TypeError(f"FP4MoE: compute_dtype: expected torch.bfloat16 or torch.float16, "
                             f"got {compute_dtype}")
         for name, value in (("hidden_size", hidden_size), ("intermediate_size", intermediate_size)):
             C.integer("FP4MoE", name, value)
-            if value <= 0 or value % 16:
-                C.fail("FP4MoE", name, "a positive multiple of 16 (the NVFP4 block size)", value)
+            if value <= 0 or value % block:
+                C.fail("FP4MoE", name, f"a positive multiple of {block} (the {fmt.upper()} block size)", value)
         _size("FP4MoE", "num_experts", num_experts)
         meta = torch.device("meta")
         _validate_route(torch.empty(0, num_experts, device=meta), top_k, method, renormalize,
@@ -105,13 +117,18 @@ class FP4MoE(torch.nn.Module):
         self.n_group, self.topk_group = n_group, topk_group
         self.routed_scaling_factor = float(routed_scaling_factor)
         self.activations, self.compute_dtype = activations, compute_dtype
+        self.fmt, self.activation = fmt, activation
+        self.swiglu_alpha, self.swiglu_limit = float(swiglu_alpha), float(swiglu_limit)
         self.router = torch.nn.Linear(h, e, bias=router_bias, device=device,
                                       dtype=compute_dtype).requires_grad_(False)
         u8 = dict(dtype=torch.uint8, device=device)
         self.register_buffer("w1", torch.zeros(e, 2 * i, h // 2, **u8))
-        self.register_buffer("w1_scale", torch.zeros(e, *F.padded_scale_shape(2 * i, h // 16, "128x4"), **u8))
+        self.register_buffer("w1_scale", torch.zeros(e, *F.padded_scale_shape(2 * i, h // block, "128x4"), **u8))
         self.register_buffer("w2", torch.zeros(e, h, i // 2, **u8))
-        self.register_buffer("w2_scale", torch.zeros(e, *F.padded_scale_shape(h, i // 16, "128x4"), **u8))
+        self.register_buffer("w2_scale", torch.zeros(e, *F.padded_scale_shape(h, i // block, "128x4"), **u8))
+        if expert_bias:   # gpt-oss: added to FC1's and FC2's fp32 results (docs/NUMERICS.md section 6)
+            self.register_buffer("w1_bias", torch.zeros(e, 2 * i, dtype=bias_dtype, device=device))
+            self.register_buffer("w2_bias", torch.zeros(e, h, dtype=bias_dtype, device=device))
         ones = torch.ones(e, device=device).view(torch.int32)
         for name in ("w1_global_scale_bits", "w2_global_scale_bits", "a2_global_scale_bits"):
             self.register_buffer(name, ones.clone())
@@ -123,7 +140,7 @@ class FP4MoE(torch.nn.Module):
     @classmethod
     def _for_router(cls, router: torch.nn.Linear, intermediate_size: int, top_k: int, method: str,
                     renormalize: bool, routing_bias, n_group, topk_group, routed_scaling_factor,
-                    activations: str, compute_dtype: torch.dtype) -> "FP4MoE":
+                    activations: str, compute_dtype: torch.dtype, **experts) -> "FP4MoE":
         if not isinstance(router, torch.nn.Linear):
             raise TypeError(f"FP4MoE: router: expected an nn.Linear (hidden -> experts), "
                             f"got {type(router).__name__}")
@@ -135,7 +152,7 @@ class FP4MoE(torch.nn.Module):
                              f"'deepseek_v3' uses it), got a tensor")
         mod = cls(router.in_features, intermediate_size, router.out_features, top_k, method,
                   renormalize, n_group, topk_group, routed_scaling_factor, activations,
-                  compute_dtype, router.bias is not None, router.weight.device)
+                  compute_dtype, router.bias is not None, router.weight.device, **experts)
         mod.router = copy.deepcopy(router).requires_grad_(False)
         if routing_bias is not None:
             if tuple(routing_bias.shape) != (mod.num_experts,):
@@ -203,6 +220,24 @@ class FP4MoE(torch.nn.Module):
             mod.set_activation_scales(a1_global_scale, a2_global_scale)
         return mod
 
+    @classmethod
+    def from_gpt_oss(cls, router: torch.nn.Linear, experts, *, top_k: int = 4,
+                     compute_dtype: torch.dtype = torch.bfloat16) -> "FP4MoE":
+        """gpt-oss's MoE layer: its router (nn.Linear H -> E with bias; top-k on the logits, then
+        softmax over the k) and its MXFP4 experts as torch_fp4.gpt_oss_checkpoint loads them
+        (MXFP4Experts: [gate; up] halves, 128x4 scales, biases), bytes copied unchanged; biases
+        on both GEMMs and the clamped SwiGLU (alpha 1.702, limit 7)."""
+        mod = cls._for_router(router, experts.intermediate_size, top_k, "renormalize", False, None, None, None,
+                              1.0, "bf16", compute_dtype, fmt="mxfp4", expert_bias=True,
+                              bias_dtype=experts.w1_bias.dtype, activation="clamped_swiglu")
+        for name in ("w1", "w1_scale", "w2", "w2_scale", "w1_bias", "w2_bias"):
+            src, buf = getattr(experts, name), getattr(mod, name)
+            if tuple(src.shape) != tuple(buf.shape):
+                raise ValueError(f"FP4MoE.from_gpt_oss: experts.{name}: expected shape {tuple(buf.shape)} "
+                                 f"(router {router.in_features} -> {router.out_features}), got {tuple(src.shape)}")
+            buf.copy_(src.view(buf.dtype) if src.element_size() == buf.element_size() else src)
+        return mod
+
     def set_weights(self, w1: torch.Tensor, w2: torch.Tensor) -> None:
         """Quantize dense experts w1 [E, 2I, H] and w2 [E, H, I] into this module."""
         e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
@@ -215,6 +250,11 @@ class FP4MoE(torch.nn.Module):
             w = w.detach().to(self.w1.device).contiguous()
             if w.dtype not in (torch.bfloat16, torch.float16, torch.float32):
                 w = w.float()
+            if self.fmt == "mxfp4":
+                q, s = ops.mxfp4_quantize(w)
+                data.copy_(q.view(torch.uint8))
+                scale.copy_(s.view(torch.uint8))
+                continue
             g = torch.cat([ops.compute_global_scale(m) for m in w])
             q, s = ops.nvfp4_quantize(w, g)
             data.copy_(q.view(torch.uint8))
@@ -270,6 +310,9 @@ class FP4MoE(torch.nn.Module):
         maxima on the host): a1 = 2688 / amax(x); a2[e] = 2688 / amax of expert e's intermediate
         activation silu(gate) * up (W4A16 experts) over the tokens routed to it (all tokens when
         none is)."""
+        if self.fmt != "nvfp4":
+            raise ValueError("FP4MoE.calibrate: sets NVFP4 W4A4 activation scales; this module's "
+                             f"{self.fmt.upper()} experts run W4A16 (activations='bf16')")
         a = self._tokens(x, "calibrate")[0]
         ids = self._route(a)[0]
         a2 = []
@@ -308,18 +351,39 @@ class FP4MoE(torch.nn.Module):
     def _experts(self, x: torch.Tensor, a: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor,
                  out_dtype: torch.dtype) -> torch.Tensor:
         """fused_moe of the tokens a [T, H] over the routed experts, shaped and typed as x."""
-        scales = {}
-        if self.activations == "fp4":
-            scales = dict(a1_global_scale=self.a1_global_scale, a2_global_scale=self.a2_global_scale)
-        y = ops.fused_moe(a, self.w1, self.w1_scale, self.w1_global_scale, self.w2, self.w2_scale,
-                          self.w2_global_scale, ids, weights, out_dtype=out_dtype, **scales)
+        y = ops.fused_moe(a, *self._expert_args(), ids, weights, out_dtype=out_dtype, **self._expert_kwargs())
         return _widen(y.reshape(*x.shape[:-1], self.hidden_size), x.dtype)
+
+    def _expert_args(self) -> tuple:
+        """fused_moe's expert operands: (w1, w1_scale, w1_global_scale, w2, w2_scale,
+        w2_global_scale), with no global scales for MXFP4 experts."""
+        if self.fmt == "mxfp4":
+            return (self.w1, self.w1_scale.view(torch.float8_e8m0fnu), None, self.w2,
+                    self.w2_scale.view(torch.float8_e8m0fnu), None)
+        return self.w1, self.w1_scale, self.w1_global_scale, self.w2, self.w2_scale, self.w2_global_scale
+
+    def _expert_kwargs(self) -> dict:
+        """fused_moe's keyword arguments of this module's experts (activation scales, format,
+        biases, activation)."""
+        kw = {}
+        if self.activations == "fp4":
+            kw = dict(a1_global_scale=self.a1_global_scale, a2_global_scale=self.a2_global_scale)
+        if self.fmt == "mxfp4":
+            kw["block_size"] = F.MXFP4.block_size
+        if "w1_bias" in self._buffers:
+            kw.update(w1_bias=self.w1_bias, w2_bias=self.w2_bias)
+        if self.activation != "swiglu":
+            kw.update(activation=self.activation, swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit)
+        return kw
 
     def extra_repr(self) -> str:
         mode = "W4A16" if self.activations == "bf16" else "W4A4"
+        extra = ", expert_bias=True" if "w1_bias" in self._buffers else ""
+        if self.activation != "swiglu":
+            extra += f", activation={self.activation!r}"
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
                 f"num_experts={self.num_experts}, top_k={self.top_k}, method={self.method!r}, "
-                f"format=nvfp4, {mode}")
+                f"format={self.fmt}, {mode}{extra}")
 
 
 class FP4SparseMoeBlock(FP4MoE):

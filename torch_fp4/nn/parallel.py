@@ -160,12 +160,8 @@ class _CollectiveExperts:
 
     def _local(self, a, ids, weights) -> torch.Tensor:
         """fused_moe of tokens a over this rank's part, fp32 [T, H]: its share of the sums."""
-        scales = {}
-        if self.activations == "fp4":
-            scales = dict(a1_global_scale=self.a1_global_scale, a2_global_scale=self.a2_global_scale)
-        return ops.fused_moe(a, self.w1, self.w1_scale, self.w1_global_scale, self.w2, self.w2_scale,
-                             self.w2_global_scale, ids, weights, out_dtype=torch.float32, **self.expert_range,
-                             **scales)
+        return ops.fused_moe(a, *self._expert_args(), ids, weights, out_dtype=torch.float32, **self.expert_range,
+                             **self._expert_kwargs())
 
     def _experts(self, x, a, ids, weights, out_dtype):
         y = _all_reduce(self._local(a, ids, weights), self.group).to(out_dtype)
@@ -259,6 +255,10 @@ class TensorParallelFP4MoE(_ParallelMoE):
     def __init__(self, moe: FP4MoE, group=None):
         super().__init__()
         op = "TensorParallelFP4MoE"
+        if isinstance(moe, FP4MoE) and (moe.fmt != "nvfp4" or "w1_bias" in moe._buffers or moe.activation != "swiglu"):
+            C.fail(op, "moe", "NVFP4 experts without biases and with the plain SwiGLU (tensor parallelism "
+                   "of MXFP4 or biased gpt-oss experts is not supported yet; ExpertParallelFP4MoE is)",
+                   moe.extra_repr())
         self._begin(op, moe, group)
         e, h, i = moe.num_experts, moe.hidden_size, moe.intermediate_size
         part = _split(op, "intermediate_size", i, self.world, F.NVFP4.block_size,
