@@ -161,6 +161,27 @@ def check_expert_parallel_moe(rank, world):
     assert torch.equal(compiled(x), ep(x))
 
 
+def check_expert_parallel_gpt_oss(rank, world):
+    """A gpt-oss layer (MXFP4 experts, biases on both GEMMs, the clamped SwiGLU) split over the
+    ranks: each rank's experts keep their biases, and the all-reduced sum is the whole layer's."""
+    e, h, i = 8, 64, 32
+    moe = FP4MoE(h, i, e, 2, "renormalize", fmt="mxfp4", expert_bias=True, activation="clamped_swiglu",
+                 device=DEV)
+    moe.router = torch.nn.Linear(h, e, bias=True).to(BF16).to(DEV)
+    moe.set_weights((torch.randn(e, 2 * i, h) / 8).to(DEV), (torch.randn(e, h, i) / 8).to(DEV))
+    moe.w1_bias.copy_(torch.randn(e, 2 * i).to(DEV))
+    moe.w2_bias.copy_(torch.randn(e, h).to(DEV))
+    ep = P.ExpertParallelFP4MoE(moe)
+    lo = rank * e // world
+    assert torch.equal(ep.moe.w2_bias, moe.w2_bias[lo:lo + e // world])
+    x = _randn(5, h)
+    got, want = ep(x), moe(x)
+    if world == 2:
+        assert torch.equal(got, want)
+    else:
+        assert (got.float() - want.float()).abs().max() <= 0.01 * want.float().abs().max()
+
+
 def check_expert_parallel_sharded_tokens(rank, world):
     """Each rank's own tokens through the expert-parallel MoE (gather, local experts,
     reduce-scatter) give what the whole FP4MoE gives for them."""
@@ -237,7 +258,7 @@ def check_cuda_graph_replay_equals_eager(rank, world):
                                    "check_row_parallel_within_bound_and_exact_on_grid",
                                    "check_refusals", "check_shards_are_the_shards_quantization",
                                    "check_expert_parallel_moe", "check_expert_parallel_sharded_tokens",
-                                   "check_tensor_parallel_moe"])
+                                   "check_tensor_parallel_moe", "check_expert_parallel_gpt_oss"])
 def test_two_ranks(check):
     _spawn(2, check)
 
