@@ -46,31 +46,35 @@ def _compile(fn, sig, consts, divisible, warps=4, stages=3, arch=90):
                           options={"num_warps": warps, "num_stages": stages, "enable_fp_fusion": False})
 
 
-def _fc1(w4a4, swap, bm, bn, bk, warps=4, stages=3, x="bf16", even_k=True, arch=90):
+def _fc1(w4a4, swap, bm, bn, bk, warps=4, stages=3, x="bf16", even_k=True, arch=90, mx=False, bias=False,
+         clamped=False):
     half = tl.float16 if x == "fp16" else tl.bfloat16
     sig = dict(a_ptr="*u8" if w4a4 else f"*{x}", as_ptr="*u8", w_ptr="*u8", ws_ptr="*u8",
                gsw_ptr="*fp32", gsa_ptr="*fp32", gs2_ptr="*fp32", out_ptr="*u8" if w4a4 else "*bf16",
                outs_ptr="*u8" if w4a4 else "*bf16", sorted_ptr="*i32", block_expert_ptr="*i32",
-               expert_end_ptr="*i32", top_k="i32", T="i32", KH="i32", I="i32", w_kp="i32", a_kp="i32",
-               out_kp="i32", w_stride="i32", ws_stride="i32", gs2_stride="i32")
+               expert_end_ptr="*i32", b1_ptr="*bf16", top_k="i32", T="i32", KH="i32", I="i32", w_kp="i32",
+               a_kp="i32", out_kp="i32", w_stride="i32", ws_stride="i32", gs2_stride="i32", sw_alpha="fp32",
+               sw_limit="fp32")
     consts = dict(A_FP4=w4a4, QUANT_OUT=w4a4, SWAP=swap, DOT=half, HALF=half, BM=bm, BN=bn,
-                  BK=bk, EVEN_K=even_k, PORTABLE=False, USE_GDC=False)
+                  BK=bk, EVEN_K=even_k, PORTABLE=False, USE_GDC=False, MX=mx, BIAS=bias, CLAMPED=clamped)
     return _compile(MG._fc1_kernel, sig, consts, {"KH", "I", "w_kp", "w_stride", "ws_stride"},
                     warps, stages, arch)
 
 
-def _fc2(w4a4, swap, bm, bn, bk, split=1, warps=4, stages=3, fused=True, top_k=8, strict=True):
+def _fc2(w4a4, swap, bm, bn, bk, split=1, warps=4, stages=3, fused=True, top_k=8, strict=True, mx=False,
+         bias=False):
     sig = dict(a_ptr="*u8" if w4a4 else "*bf16", as_ptr="*u8", w_ptr="*u8", ws_ptr="*u8",
                gsw_ptr="*fp32", gsa_ptr="*fp32", y_ptr="*bf16" if split == 1 else "*fp32",
                sorted_ptr="*i32", block_expert_ptr="*i32", expert_end_ptr="*i32", ids_ptr="*i32",
-               tw_ptr="*fp32", out_ptr="*bf16", cnt_ptr="*i32", R="i32", N="i32", KH="i32",
+               tw_ptr="*fp32", out_ptr="*bf16", cnt_ptr="*i32", b2_ptr="*bf16", R="i32", N="i32", KH="i32",
                P="i32", w_kp="i32", a_kp="i32", w_stride="i32", ws_stride="i32", gsa_stride="i32",
                kh_per_split="i32", top_k="i32", T="i32", lo="i32", E="i32", n_gemm="i32")
     consts = dict(A_FP4=w4a4, SPLIT=split, SWAP=swap, DOT=tl.bfloat16, BM=bm, BN=bn, BK=bk,
                   EVEN_K=True, FUSED=fused, OUT=tl.bfloat16, KP=triton.next_power_of_2(top_k),
                   ZB=MG.ZERO_TOKENS, PORTABLE=False, STRICT=strict,
                   FIN_N=MG._finalize_columns(MG.MoeConfig(bm, swap, MG.GemmTile(64, 64),
-                                                          MG.GemmTile(bn, bk, warps)), top_k), USE_GDC=False)
+                                                          MG.GemmTile(bn, bk, warps)), top_k), USE_GDC=False,
+                  MX=mx, BIAS=bias)
     return _compile(MG._fc2_kernel, sig, consts, {"N", "KH", "w_kp", "w_stride", "ws_stride"},
                     warps, stages)
 
@@ -150,6 +154,21 @@ def test_fc2_kernel_ptx(case):
     assert _spills(k) == 0, "register spills in the main loop"
 
 
+@pytest.mark.parametrize("split", [1, 4])
+def test_gpt_oss_kernels_ptx(split):
+    """MXFP4 experts with biases and the clamped SwiGLU compile for sm_90 with the in-register
+    MXFP4 decode, correctly rounded divisions, no contracted multiply-add (the bias joins after
+    alpha's rounding) and no spills in the main loop."""
+    k1 = _fc1(False, True, 16, 64, 128, mx=True, bias=True, clamped=True)
+    k2 = _fc2(False, True, 16, 64, 128, split=split, mx=True, bias=True)
+    for k in (k1, k2):
+        ptx = k.asm["ptx"]
+        assert "wgmma.mma_async" in ptx and "prmt.b32" in ptx
+        assert _no_compiler_fma(ptx)
+        assert _spills(k) == 0
+    assert "div.rn.f32" in k1.asm["ptx"] and "rcp.approx" not in k1.asm["ptx"]
+
+
 def test_fc1_compiles_for_sm100():
     assert "prmt.b32" in _fc1(True, True, 16, 64, 128, arch=100).asm["ptx"]
 
@@ -157,10 +176,10 @@ def test_fc1_compiles_for_sm100():
 @pytest.mark.parametrize("split", [1, 4])
 def test_finalize_kernel_ptx(split):
     sig = dict(y_ptr="*bf16" if split == 1 else "*fp32", inv_ptr="*i32", ids_ptr="*i32",
-               tw_ptr="*fp32", gsw_ptr="*fp32", gsa_ptr="*fp32", out_ptr="*bf16", top_k="i32",
+               tw_ptr="*fp32", gsw_ptr="*fp32", gsa_ptr="*fp32", b2_ptr="*bf16", out_ptr="*bf16", top_k="i32",
                H="i32", P="i32", lo="i32", E="i32", gsa_stride="i32")
     consts = dict(KP=8, SPLIT=split, A_FP4=True, INDIRECT=False, OUT=tl.bfloat16, BT=4, BH=256,
-                  PORTABLE=False, STRICT=split == 1, USE_GDC=False)
+                  PORTABLE=False, STRICT=split == 1, USE_GDC=False, MX=False, BIAS=False)
     ptx = _compile(MF._finalize_kernel, sig, consts, {"H"}).asm["ptx"]
     assert _no_compiler_fma(ptx), "w * y + acc must round twice, as the reference"
     assert "atom." not in ptx, "the top-k sum must be deterministic"
@@ -281,7 +300,7 @@ def _run_interpreted(check: str):
 
 
 @pytest.mark.parametrize("check", ["check_route_interpreted", "check_align_interpreted",
-                                   "check_fused_moe_interpreted"])
+                                   "check_fused_moe_interpreted", "check_fused_moe_gpt_oss_interpreted"])
 def test_under_interpreter(check):
     _run_interpreted(check)
 
@@ -469,3 +488,48 @@ def check_fused_moe_interpreted():
     same(many, xm[:1].contiguous(), one[:1, :1].contiguous(), tm[:1, :1].contiguous(), what="T=1 k=1")
     same(many, xm[:1].contiguous(), one[:1, :1].contiguous(), tm[:1, :1].contiguous(),
          a1, a2, what="T=1 k=1 w4a4")
+
+
+def check_fused_moe_gpt_oss_interpreted():
+    """gpt-oss's features in the Triton MoE kernels (portable forms) bit for bit against the
+    reference: MXFP4 experts (hidden 96: 3 scale blocks, not a multiple of 128), bf16 and fp32
+    biases on both GEMMs, the clamped SwiGLU, over every tile shape (split-K FC2, whose bias joins
+    in the finalize; the separate finalize kernel), with expert parallelism, and NVFP4 experts
+    with the same features."""
+    from torch_fp4 import formats as F, reference, testing as T
+    from torch_fp4.kernels import _common
+    _common.POISON_OUTPUTS = True
+    bf16 = torch.bfloat16
+    tiles = [None, MG.MoeConfig(16, True, MG.GemmTile(64, 64), MG.GemmTile(64, 64), 2),
+             MG.MoeConfig(128, False, MG.GemmTile(64, 64, 8), MG.GemmTile(128, 64, 8)),
+             MG.MoeConfig(16, True, MG.GemmTile(64, 64), MG.GemmTile(64, 64), 2, fused_finalize=False)]
+    torch.manual_seed(3)
+    g = T.gpt_oss_moe_problem(tokens=7, hidden=96, inter=64, experts=4, top_k=2)
+    w = (g["w1"], g["w1_scale"], None, g["w2"], g["w2_scale"], None)
+
+    def same(x, weights, ids, tw, extra, lo=0, what="", cfg=None, strict=True):
+        args = (x, *weights, ids, tw, None, None, lo, bf16, strict, *extra)
+        got = MF.fused_moe(*args, config=cfg)
+        want = reference.fused_moe(*args)
+        d = (got.float() - want.float()).abs()
+        assert torch.equal(got, want), (f"{what} {cfg and cfg.label()}: {int((d > 0).sum())} of "
+                                        f"{d.numel()} differ, max {d.max().item()}")
+
+    b1, b2 = g["w1_bias"], g["w2_bias"]
+    cases = [("mxfp4 bias clamped", (F.MXFP4, b1, b2, "clamped_swiglu", 1.702, 7.0)),
+             ("mxfp4 fp32 bias swiglu", (F.MXFP4, b1.float(), b2.float(), "swiglu", 1.702, 7.0)),
+             ("mxfp4 no bias clamped", (F.MXFP4, None, None, "clamped_swiglu", 1.5, 3.0))]
+    for what, extra in cases:
+        for cfg in tiles:
+            same(g["x"], w, g["topk_ids"], g["topk_weights"], extra, what=what, cfg=cfg)
+    # expert parallelism: experts 1 and 2 of 4 local, their biases
+    local = (g["w1"][1:3], g["w1_scale"][1:3], None, g["w2"][1:3], g["w2_scale"][1:3], None)
+    for cfg in tiles[:2]:
+        same(g["x"], local, g["topk_ids"], g["topk_weights"],
+             (F.MXFP4, b1[1:3], b2[1:3], "clamped_swiglu", 1.702, 7.0), lo=1, what="EP", cfg=cfg, strict=False)
+    # NVFP4 experts with biases and the clamped SwiGLU
+    kw = T.moe_problem(tokens=5, hidden=64, inter=32, experts=3, w4a4=False)
+    nv = (kw["w1"], kw["w1_scale"], kw["w1_global_scale"], kw["w2"], kw["w2_scale"], kw["w2_global_scale"])
+    extra = (F.NVFP4, torch.randn(3, 64), torch.randn(3, 64).to(bf16), "clamped_swiglu", 1.702, 7.0)
+    for cfg in tiles:
+        same(kw["x"], nv, kw["topk_ids"], kw["topk_weights"], extra, what="nvfp4 bias clamped", cfg=cfg)

@@ -29,18 +29,18 @@ from ... import formats as F
 from ... import meta
 from .._common import prepare_outputs, sm_count, use_pdl
 from .moe_align import align
-from .moe_gemm import MoeConfig, default_config, fc1, fc2, fc2_counters
+from .moe_gemm import GptOss, MoeConfig, default_config, fc1, fc2, fc2_counters
 from .moe_numerics import interpreting, rn_bf16, topk_sum
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
 @triton.jit(do_not_specialize=["top_k", "P", "lo"])
-def _finalize_kernel(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, top_k, H, P, lo,
+def _finalize_kernel(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, b2_ptr, out_ptr, top_k, H, P, lo,
                      E, gsa_stride, KP: tl.constexpr, SPLIT: tl.constexpr, A_FP4: tl.constexpr,
                      INDIRECT: tl.constexpr, OUT: tl.constexpr, BT: tl.constexpr,
                      BH: tl.constexpr, PORTABLE: tl.constexpr, STRICT: tl.constexpr,
-                     USE_GDC: tl.constexpr):
+                     USE_GDC: tl.constexpr, MX: tl.constexpr, BIAS: tl.constexpr):
     """out[t] = RN_out(topk_sum) for BT tokens x BH columns per program."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
@@ -48,8 +48,8 @@ def _finalize_kernel(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr,
     cols = tl.program_id(1) * BH + tl.arange(0, BH)
     col_ok = cols < H
     t_ok = t < P // top_k
-    acc = topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, t, t_ok, cols,
-                   col_ok, top_k, H, P, lo, E, KP, SPLIT, A_FP4, INDIRECT, PORTABLE, STRICT)
+    acc = topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, b2_ptr, t, t_ok, cols,
+                   col_ok, top_k, H, P, lo, E, KP, SPLIT, A_FP4, INDIRECT, PORTABLE, STRICT, MX, BIAS)
     if PORTABLE and OUT == tl.bfloat16:
         acc = rn_bf16(acc, PORTABLE)
     tl.store(out_ptr + t[:, None] * H + cols[None, :], acc.to(OUT),
@@ -69,8 +69,12 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: torch.Tensor | None, a2_global_scale: torch.Tensor | None,
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
-              config: MoeConfig | None = None) -> torch.Tensor:
-    """Launcher with torch_fp4.reference.fused_moe's signature; `config` overrides the tiles."""
+              fmt: F.Fp4Format = F.NVFP4, w1_bias: torch.Tensor | None = None,
+              w2_bias: torch.Tensor | None = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
+              swiglu_limit: float = 7.0, config: MoeConfig | None = None) -> torch.Tensor:
+    """Launcher with torch_fp4.reference.fused_moe's signature; `config` overrides the tiles.
+    gpt-oss's features (MXFP4 experts, biases, the clamped SwiGLU; W4A16) go to the GEMMs as a
+    GptOss."""
     out = prepare_outputs(meta.fused_moe(x, out_dtype))
     tokens, hidden = x.shape
     experts, two_i = w1.shape[0], w1.shape[1]
@@ -87,6 +91,9 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
         counters = torch.empty(fc2_counters(tokens, hidden, config), dtype=torch.int32,
                                device=x.device)
     blocks = align(ids, experts, local_expert_offset, config.block_m, zero=counters)
+    gpt_oss = GptOss(fmt is F.MXFP4, None if w1_bias is None else w1_bias.contiguous(),
+                     None if w2_bias is None else w2_bias.contiguous(), activation == "clamped_swiglu",
+                     float(swiglu_alpha), float(swiglu_limit))
     w4a4 = a1_global_scale is not None
     if w4a4:
         xq, xs = _quantize_x(x, a1_global_scale, portable)
@@ -94,12 +101,12 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
                     blocks, top_k, config, portable)
     else:
         inter = fc1(x, None, w1, w1_scale, w1_global_scale, None, None, blocks, top_k, config,
-                    portable)
+                    portable, gpt_oss)
     y = fc2(inter, w2, w2_scale, w2_global_scale, a2_global_scale, blocks, ids, tw, out,
-            local_expert_offset, config, portable, counters, strict_ids)
+            local_expert_offset, config, portable, counters, strict_ids, gpt_oss)
     if not config.fused_finalize:
         finalize(y, ids, tw, out, experts, local_expert_offset, portable, config.fc2_split,
-                 w2_global_scale, a2_global_scale if w4a4 else None, strict=strict_ids)
+                 w2_global_scale, a2_global_scale if w4a4 else None, strict=strict_ids, gpt_oss=gpt_oss)
     return out
 
 
@@ -107,11 +114,14 @@ def finalize(y: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, out: torch.Te
              local_expert_offset: int, portable: bool, split: int = 1,
              w2_global_scale: Optional[torch.Tensor] = None,
              a2_global_scale: Optional[torch.Tensor] = None,
-             inv: Optional[torch.Tensor] = None, strict: bool = False) -> None:
+             inv: Optional[torch.Tensor] = None, strict: bool = False,
+             gpt_oss: Optional[GptOss] = None) -> None:
     """The top-k sum into out [T, H] as a kernel of its own: y rows per pair (or per sorted row
     through `inv`); with split > 1, y holds `split` unscaled fp32 partial sums per pair and
     alpha2 comes from the global scales. `strict`: NaN rows for tokens with an id outside
-    [local_expert_offset, local_expert_offset + experts)."""
+    [local_expert_offset, local_expert_offset + experts). `gpt_oss`: MXFP4 experts (no alpha) and
+    FC2's bias, added to the split partials' scaled sum before its rounding."""
+    g = gpt_oss or GptOss()
     tokens, hidden = out.shape
     top_k, pairs = ids.shape[1], ids.numel()
     w4a4 = a2_global_scale is not None
@@ -120,9 +130,10 @@ def finalize(y: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, out: torch.Te
     bt = 4
     pdl = use_pdl(out.device)
     _finalize_kernel[(triton.cdiv(tokens, bt), triton.cdiv(hidden, bh))](
-        y, inv if inv is not None else ids, ids, tw, gsw, a2_global_scale if w4a4 else gsw, out,
+        y, inv if inv is not None else ids, ids, tw, gsw, a2_global_scale if w4a4 else gsw,
+        tw if g.w2_bias is None else g.w2_bias, out,
         top_k, hidden, pairs, local_expert_offset, experts,
         1 if (w4a4 and a2_global_scale.numel() > 1) else 0, KP=triton.next_power_of_2(top_k),
         SPLIT=split, A_FP4=w4a4, INDIRECT=inv is not None, OUT=_TL[out.dtype], BT=bt, BH=bh,
         PORTABLE=portable, STRICT=strict, USE_GDC=pdl, launch_pdl=pdl, num_warps=4,
-        enable_fp_fusion=False)
+        enable_fp_fusion=False, MX=g.mx, BIAS=g.w2_bias is not None)

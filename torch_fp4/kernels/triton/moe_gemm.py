@@ -26,6 +26,12 @@ never changes the sum. Extra programs write zeros for tokens with no local pair.
 
 Alphas are read from device memory and formed in the kernel as torch_fp4.formats.nvfp4_alpha
 does: RN(1 / RN(gs_a * gs_w[e])), or RN(1 / gs_w[e]) in W4A16.
+
+gpt-oss's features (GptOss; W4A16): MXFP4 experts (e8m0 scales per 32 elements, the mm kernel's
+MXFP4 decode, no alpha), biases added to FC1's and FC2's fp32 results before their bf16
+rounding (with split-K FC2, in the finalize after the split partials' sum), and the clamped
+SwiGLU in FC1's epilogue, each as torch_fp4.reference.fused_moe computes it (bit for bit under
+Triton's interpreter; not yet run on a GPU, so the backend's requirement still refuses them).
 """
 from __future__ import annotations
 
@@ -175,7 +181,7 @@ def _act_tile(a_ptr, as_ptr, arows, n_arows, kh0, KH, n_kb, a_kp, A_FP4: tl.cons
     odd) halves: NVFP4 decoded, or 16-bit loaded and split."""
     if A_FP4:
         x0, x1 = fp4_tile(a_ptr, as_ptr, arows, n_arows, kh0, KH, n_kb, a_kp, HALF, BK, EVEN_K,
-                          PORTABLE)
+                          PORTABLE, False)
     else:
         kk = 2 * kh0 + tl.arange(0, BK)
         if EVEN_K:
@@ -190,12 +196,13 @@ def _act_tile(a_ptr, as_ptr, arows, n_arows, kh0, KH, n_kb, a_kp, A_FP4: tl.cons
 
 @triton.jit(do_not_specialize=["top_k", "T", "w_kp", "a_kp", "out_kp"])
 def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr, outs_ptr,
-                sorted_ptr, block_expert_ptr, expert_end_ptr,
-                top_k, T, KH, I, w_kp, a_kp, out_kp, w_stride, ws_stride, gs2_stride,
+                sorted_ptr, block_expert_ptr, expert_end_ptr, b1_ptr,
+                top_k, T, KH, I, w_kp, a_kp, out_kp, w_stride, ws_stride, gs2_stride, sw_alpha, sw_limit,
                 A_FP4: tl.constexpr, QUANT_OUT: tl.constexpr,
                 SWAP: tl.constexpr, DOT: tl.constexpr, HALF: tl.constexpr, BM: tl.constexpr,
                 BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
-                PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+                PORTABLE: tl.constexpr, USE_GDC: tl.constexpr, MX: tl.constexpr, BIAS: tl.constexpr,
+                CLAMPED: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     b, pid_n, e, rows, row_ok, pairs, rn, w_e, ws_e = _program_tile(
@@ -204,7 +211,7 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
     if e < 0:
         return
     tok = tl.where(row_ok, pairs // top_k, T)
-    n_kb = KH // 8
+    n_kb = KH // (16 if MX else 8)
     if SWAP:
         acc_g = tl.zeros((BN, BM), tl.float32)
         acc_u = tl.zeros((BN, BM), tl.float32)
@@ -212,8 +219,8 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
         acc_g = tl.zeros((BM, BN), tl.float32)
         acc_u = tl.zeros((BM, BN), tl.float32)
     for kh0 in range(0, KH, BK // 2):
-        g0, g1 = fp4_tile(w_e, ws_e, rn, I, kh0, KH, n_kb, w_kp, HALF, BK, EVEN_K, PORTABLE)
-        u0, u1 = fp4_tile(w_e, ws_e, I + rn, 2 * I, kh0, KH, n_kb, w_kp, HALF, BK, EVEN_K, PORTABLE)
+        g0, g1 = fp4_tile(w_e, ws_e, rn, I, kh0, KH, n_kb, w_kp, HALF, BK, EVEN_K, PORTABLE, MX)
+        u0, u1 = fp4_tile(w_e, ws_e, I + rn, 2 * I, kh0, KH, n_kb, w_kp, HALF, BK, EVEN_K, PORTABLE, MX)
         x0, x1 = _act_tile(a_ptr, as_ptr, tok, T, kh0, KH, n_kb, a_kp, A_FP4, HALF, BM, BK, EVEN_K,
                            PORTABLE)
         g0, g1, u0, u1, x0, x1 = g0.to(DOT), g1.to(DOT), u0.to(DOT), u1.to(DOT), x0.to(DOT), x1.to(DOT)
@@ -222,10 +229,23 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
     if SWAP:
         acc_g = tl.trans(acc_g)
         acc_u = tl.trans(acc_u)
-    alpha = alpha_of(gsw_ptr, gsa_ptr, e, 0, A_FP4)
-    gate = rn_bf16(acc_g * alpha, PORTABLE)
-    up = rn_bf16(acc_u * alpha, PORTABLE)
-    act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
+    if not MX:   # MXFP4 experts: no global scale, alpha 1
+        alpha = alpha_of(gsw_ptr, gsa_ptr, e, 0, A_FP4)
+        acc_g = acc_g * alpha
+        acc_u = acc_u * alpha
+    if BIAS:     # RN_bf16(RN_fp32(alpha1 * acc) + b1[e]) (spec section 6)
+        b1_e = b1_ptr + e.to(tl.int64) * (2 * I)
+        acc_g = acc_g + tl.load(b1_e + rn, mask=rn < I, other=0.0).to(tl.float32)[None, :]
+        acc_u = acc_u + tl.load(b1_e + I + rn, mask=rn < I, other=0.0).to(tl.float32)[None, :]
+    gate = rn_bf16(acc_g, PORTABLE)
+    up = rn_bf16(acc_u, PORTABLE)
+    if CLAMPED:  # gpt-oss: g = min(gate, L), u = clamp(up, -L, L), (u + 1) * (g * sigmoid(alpha g))
+        g = tl.where(gate > sw_limit, sw_limit, gate)
+        u = tl.where(up > sw_limit, sw_limit, tl.where(up < -sw_limit, -sw_limit, up))
+        sig = tl.div_rn(1.0, 1.0 + exp_f32(-(sw_alpha * g), PORTABLE))
+        act = rn_bf16((u + 1.0) * (g * sig), PORTABLE)
+    else:
+        act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
     rows64 = rows.to(tl.int64)
     if QUANT_OUT:
         # NVFP4 of each 16-column block of act, as the quantize kernel: even/odd element pairs,
@@ -268,14 +288,14 @@ def _zero_unrouted(ids_ptr, out_ptr, z, T, N, top_k, lo, E, OUT: tl.constexpr, K
 
 @triton.jit(do_not_specialize=["R", "P", "w_kp", "a_kp", "top_k", "T", "lo", "n_gemm"])
 def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
-                sorted_ptr, block_expert_ptr, expert_end_ptr, ids_ptr, tw_ptr, out_ptr, cnt_ptr,
+                sorted_ptr, block_expert_ptr, expert_end_ptr, ids_ptr, tw_ptr, out_ptr, cnt_ptr, b2_ptr,
                 R, N, KH, P, w_kp, a_kp, w_stride, ws_stride, gsa_stride, kh_per_split,
                 top_k, T, lo, E, n_gemm,
                 A_FP4: tl.constexpr, SPLIT: tl.constexpr, SWAP: tl.constexpr,
                 DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                 EVEN_K: tl.constexpr, FUSED: tl.constexpr, OUT: tl.constexpr, KP: tl.constexpr,
                 ZB: tl.constexpr, FIN_N: tl.constexpr, PORTABLE: tl.constexpr,
-                STRICT: tl.constexpr, USE_GDC: tl.constexpr):
+                STRICT: tl.constexpr, USE_GDC: tl.constexpr, MX: tl.constexpr, BIAS: tl.constexpr):
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     pid, pid_k = tl.program_id(0), tl.program_id(1)
@@ -291,7 +311,7 @@ def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
     if e < 0:
         return
     arows = tl.where(row_ok, rows, R)
-    n_kb = KH // 8
+    n_kb = KH // (16 if MX else 8)
     if SWAP:
         acc = tl.zeros((BN, BM), tl.float32)
     else:
@@ -299,7 +319,7 @@ def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
     kh_begin = pid_k * kh_per_split
     kh_end = tl.minimum(KH, kh_begin + kh_per_split)
     for kh0 in range(kh_begin, kh_end, BK // 2):
-        w0, w1 = fp4_tile(w_e, ws_e, rn, N, kh0, KH, n_kb, w_kp, tl.bfloat16, BK, EVEN_K, PORTABLE)
+        w0, w1 = fp4_tile(w_e, ws_e, rn, N, kh0, KH, n_kb, w_kp, tl.bfloat16, BK, EVEN_K, PORTABLE, MX)
         x0, x1 = _act_tile(a_ptr, as_ptr, arows, R, kh0, KH, n_kb, a_kp, A_FP4, tl.bfloat16, BM, BK,
                            EVEN_K, PORTABLE)
         w0, w1, x0, x1 = w0.to(DOT), w1.to(DOT), x0.to(DOT), x1.to(DOT)
@@ -317,20 +337,25 @@ def _fc2_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, y_ptr,
     if SPLIT > 1:
         tl.store(y_ptr + pid_k.to(tl.int64) * P * N + offs, acc, mask=mask)
     else:
-        y = rn_bf16(acc * alpha_of(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4), PORTABLE)
+        if not MX:
+            acc = acc * alpha_of(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4)
+        if BIAS:   # RN_bf16(RN_fp32(alpha2 * acc) + b2[e]) (spec section 6)
+            acc = acc + tl.load(b2_ptr + e.to(tl.int64) * N + rn, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        y = rn_bf16(acc, PORTABLE)
         tl.store(y_ptr + offs, y.to(tl.bfloat16), mask=mask)
     if FUSED:
-        _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt_ptr, pairs64,
+        _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, b2_ptr, out_ptr, cnt_ptr, pairs64,
                               row_ok, pid_n, gsa_stride, top_k, N, P, lo, E, A_FP4, SPLIT, OUT,
-                              BM, BN, KP, FIN_N, PORTABLE, STRICT)
+                              BM, BN, KP, FIN_N, PORTABLE, STRICT, MX, BIAS)
 
 
 @triton.jit
-def _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt_ptr, pairs64,
+def _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, b2_ptr, out_ptr, cnt_ptr, pairs64,
                           row_ok, pid_n, gsa_stride, top_k, N, P, lo, E, A_FP4: tl.constexpr,
                           SPLIT: tl.constexpr, OUT: tl.constexpr, BM: tl.constexpr,
                           BN: tl.constexpr, KP: tl.constexpr, FIN_N: tl.constexpr,
-                          PORTABLE: tl.constexpr, STRICT: tl.constexpr):
+                          PORTABLE: tl.constexpr, STRICT: tl.constexpr, MX: tl.constexpr,
+                          BIAS: tl.constexpr):
     """FC2's fused finalize, after this program stored its rows of y: every (pair, split) program
     of a token's column tile counts itself in (CTA barrier, then an acq_rel atomic: the stores
     are released before the count), and the program whose count completes the token's local
@@ -347,8 +372,9 @@ def _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt
         for c0 in tl.static_range(0, BN, FIN_N):   # column slices: fewer live registers
             cols = pid_n * BN + c0 + tl.arange(0, FIN_N)
             ok = cols < N
-            out = topk_sum(y_ptr, y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, tok, last,
-                           cols, ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, False, PORTABLE, STRICT)
+            out = topk_sum(y_ptr, y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, b2_ptr, tok, last,
+                           cols, ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, False, PORTABLE, STRICT,
+                           MX, BIAS)
             if PORTABLE and OUT == tl.bfloat16:
                 out = rn_bf16(out, PORTABLE)
             tl.store(out_ptr + tok[:, None] * N + cols[None, :], out.to(OUT),
@@ -358,6 +384,19 @@ def _finalize_in_epilogue(y_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, out_ptr, cnt
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
 
+@dataclass(frozen=True)
+class GptOss:
+    """gpt-oss's expert features for the grouped GEMMs (spec section 6): MXFP4 experts (no
+    global scales), biases on FC1 [E, 2I] and FC2 [E, H] (fp32 or bf16), the clamped SwiGLU.
+    The default is none of them."""
+    mx: bool = False
+    w1_bias: Optional[torch.Tensor] = None
+    w2_bias: Optional[torch.Tensor] = None
+    clamped: bool = False
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+
 def _launch_options(device: torch.device, tile: GemmTile) -> dict:
     pdl = _common.use_pdl(device)
     return dict(USE_GDC=pdl, launch_pdl=pdl, num_warps=tile.num_warps, num_stages=tile.num_stages,
@@ -365,10 +404,12 @@ def _launch_options(device: torch.device, tile: GemmTile) -> dict:
 
 
 def fc1(x, x_scale, w1, w1_scale, w1_gs, a1_gs, a2_gs, blocks: ExpertBlocks, top_k: int,
-        cfg: MoeConfig, portable: bool):
+        cfg: MoeConfig, portable: bool, gpt_oss: Optional["GptOss"] = None):
     """FC1 + SwiGLU over the sorted rows. x: bf16/fp16 [T, H], or NVFP4 data [T, H/2] with 128x4
     scales x_scale (W4A4, a1_gs given). Returns the intermediate: bf16 [rows, I] (W4A16), or
-    (NVFP4 data [rows, I/2] uint8, 128x4 scales [rows padded to 128, Kp] uint8) (W4A4)."""
+    (NVFP4 data [rows, I/2] uint8, 128x4 scales [rows padded to 128, Kp] uint8) (W4A4).
+    `gpt_oss`: MXFP4 experts (w1_gs None), FC1's bias, the clamped SwiGLU (W4A16)."""
+    g = gpt_oss or GptOss()
     tokens = x.shape[0]
     experts, two_i, half_h = w1.shape
     inter = two_i // 2
@@ -393,14 +434,16 @@ def fc1(x, x_scale, w1, w1_scale, w1_gs, a1_gs, a2_gs, blocks: ExpertBlocks, top
     w_u8, ws_u8 = w1.view(torch.uint8), w1_scale.view(torch.uint8)
     _fc1_kernel[grid](
         x.view(torch.uint8) if w4a4 else x, x_scale.view(torch.uint8) if w4a4 else ws_u8,
-        w_u8, ws_u8, w1_gs, a1_gs if w4a4 else w1_gs, a2_gs if w4a4 else w1_gs, out, out_s,
-        blocks.sorted_pairs, blocks.block_expert, blocks.expert_end,
+        w_u8, ws_u8, *(ws_u8 if gs is None else gs for gs in (w1_gs, a1_gs if w4a4 else w1_gs,
+                                                               a2_gs if w4a4 else w1_gs)), out, out_s,
+        blocks.sorted_pairs, blocks.block_expert, blocks.expert_end, ws_u8 if g.w1_bias is None else g.w1_bias,
         top_k, tokens, half_h, inter, w1_scale.shape[2], x_scale.shape[1] if w4a4 else 0, kp,
         two_i * half_h, w1_scale.shape[1] * w1_scale.shape[2],
-        1 if (w4a4 and a2_gs.numel() > 1) else 0,
+        1 if (w4a4 and a2_gs.numel() > 1) else 0, g.swiglu_alpha, g.swiglu_limit,
         A_FP4=w4a4, QUANT_OUT=w4a4, SWAP=cfg.swap_ab, DOT=dot, HALF=_TL[half],
         BM=cfg.block_m, BN=t.block_n, BK=bk, EVEN_K=2 * half_h % bk == 0,
-        PORTABLE=portable, **_launch_options(dev, t))
+        PORTABLE=portable, MX=g.mx, BIAS=g.w1_bias is not None, CLAMPED=g.clamped,
+        **_launch_options(dev, t))
     return result
 
 
@@ -422,13 +465,16 @@ def fc2_counters(tokens: int, hidden: int, cfg: MoeConfig) -> int:
 
 def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, ids: torch.Tensor,
         tw: torch.Tensor, out: torch.Tensor, lo: int, cfg: MoeConfig, portable: bool,
-        counters: Optional[torch.Tensor], strict: bool = False) -> torch.Tensor:
+        counters: Optional[torch.Tensor], strict: bool = False,
+        gpt_oss: Optional["GptOss"] = None) -> torch.Tensor:
     """FC2 over the sorted rows of `inter` (fc1's result). Returns y: bf16 [pairs, H] (rows of
     pairs routed to no local expert are not written), or with split-K the fp32 partial sums
     [split, pairs, H]. With cfg.fused_finalize it also writes out [T, H] (bf16/fp16/fp32): per
     token the top-k weighted sum of its pairs' rows, zeros for tokens with no local pair
     (`counters`: fc2_counters of them, int32, zero; None without the fused finalize); `strict`
-    (no expert parallelism): NaN rows for tokens with an id outside [lo, lo + E)."""
+    (no expert parallelism): NaN rows for tokens with an id outside [lo, lo + E). `gpt_oss`:
+    MXFP4 experts (w2_gs None) and FC2's bias."""
+    g = gpt_oss or GptOss()
     experts, hidden, half_i = w2.shape
     tokens, top_k = ids.shape
     pairs = ids.numel()
@@ -447,16 +493,18 @@ def fc2(inter, w2, w2_scale, w2_gs, a2_gs, blocks: ExpertBlocks, ids: torch.Tens
     fused = cfg.fused_finalize
     grid = (n_gemm + (triton.cdiv(tokens, ZERO_TOKENS) if fused else 0), split)
     w_u8, ws_u8 = w2.view(torch.uint8), w2_scale.view(torch.uint8)
+    gs_w = tw if w2_gs is None else w2_gs     # MXFP4: never read
     _fc2_kernel[grid](
-        a, a_s, w_u8, ws_u8, w2_gs, a2_gs if w4a4 else w2_gs, y,
+        a, a_s, w_u8, ws_u8, gs_w, a2_gs if w4a4 else gs_w, y,
         blocks.sorted_pairs, blocks.block_expert, blocks.expert_end, ids, tw, out,
-        counters if fused else ids, blocks.rows, hidden, half_i, pairs, w2_scale.shape[2],
+        counters if fused else ids, tw if g.w2_bias is None else g.w2_bias,
+        blocks.rows, hidden, half_i, pairs, w2_scale.shape[2],
         a_s.shape[1] if w4a4 else 0, hidden * half_i, w2_scale.shape[1] * w2_scale.shape[2],
         1 if (w4a4 and a2_gs.numel() > 1) else 0, per_split // 2,
         top_k, tokens, lo, experts, n_gemm,
         A_FP4=w4a4, SPLIT=split, SWAP=cfg.swap_ab, DOT=tl.float32 if portable else tl.bfloat16,
         BM=cfg.block_m, BN=t.block_n, BK=bk, EVEN_K=2 * half_i % bk == 0, FUSED=fused,
         OUT=_TL[out.dtype], KP=triton.next_power_of_2(top_k), ZB=ZERO_TOKENS,
-        FIN_N=_finalize_columns(cfg, top_k), PORTABLE=portable, STRICT=strict,
-        **_launch_options(dev, t))
+        FIN_N=_finalize_columns(cfg, top_k), PORTABLE=portable, STRICT=strict, MX=g.mx,
+        BIAS=g.w2_bias is not None, **_launch_options(dev, t))
     return y

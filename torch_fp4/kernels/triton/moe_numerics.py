@@ -89,25 +89,42 @@ def nvfp4_scale(amax, gs, PORTABLE: tl.constexpr):
 
 @triton.jit
 def fp4_tile(data_ptr, scale_ptr, rows, n_rows, kh0, half_k, n_kb, kp, HALF: tl.constexpr,
-             BK: tl.constexpr, EVEN_K: tl.constexpr, PORTABLE: tl.constexpr):
-    """Rows `rows` x K elements [2 kh0, 2 kh0 + BK) of a row-major NVFP4 matrix [n_rows, 2 half_k]
-    with 128x4 block scales, dequantized without the global scale, as (even elements, odd
-    elements) [R, BK/2]; rows >= n_rows and K past the end read as 0. GPU: the mm kernel's
-    in-register decode (HALF values); portable: fp32 values."""
+             BK: tl.constexpr, EVEN_K: tl.constexpr, PORTABLE: tl.constexpr, MX: tl.constexpr):
+    """Rows `rows` x K elements [2 kh0, 2 kh0 + BK) of a row-major FP4 matrix [n_rows, 2 half_k]
+    with 128x4 block scales (NVFP4: e4m3 per 16 elements; MX: MXFP4, e8m0 per 32), dequantized
+    without a global scale, as (even elements, odd elements) [R, BK/2]; rows >= n_rows and K
+    past the end read as 0. GPU: the mm kernel's in-register decode (HALF values); portable:
+    fp32 values."""
     if PORTABLE:
         kh = kh0 + tl.arange(0, BK // 2)
         mask = (rows < n_rows)[:, None] & (kh < half_k)[None, :]
         packed = tl.load(data_ptr + rows.to(tl.int64)[:, None] * half_k + kh[None, :], mask=mask,
                          other=0).to(tl.int32)
-        sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], (kh // 8)[None, :], n_kb, kp,
-                                                  LAYOUT_128x4), mask=mask, other=0).to(tl.int32)
-        sf = e4m3_value(sbits)
+        if MX:
+            sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], (kh // 16)[None, :], n_kb, kp,
+                                                      LAYOUT_128x4), mask=mask, other=0).to(tl.int32)
+            sf = ue8m0_value(sbits)
+        else:
+            sbits = tl.load(scale_ptr + scale_offsets(rows[:, None], (kh // 8)[None, :], n_kb, kp,
+                                                      LAYOUT_128x4), mask=mask, other=0).to(tl.int32)
+            sf = e4m3_value(sbits)
         lo = e2m1_decode(packed & 15) * sf
         hi = e2m1_decode(packed >> 4) * sf
     else:
-        lo, hi = _decode(data_ptr, scale_ptr, rows, n_rows, kh0, half_k, n_kb, kp, half_k,
-                         LAYOUT_128x4, False, 16, BK, HALF, EVEN_K)
+        if MX:
+            lo, hi = _decode(data_ptr, scale_ptr, rows, n_rows, kh0, half_k, n_kb, kp, half_k,
+                             LAYOUT_128x4, True, 32, BK, HALF, EVEN_K)
+        else:
+            lo, hi = _decode(data_ptr, scale_ptr, rows, n_rows, kh0, half_k, n_kb, kp, half_k,
+                             LAYOUT_128x4, False, 16, BK, HALF, EVEN_K)
     return lo, hi
+
+
+@triton.jit
+def ue8m0_value(bits):
+    """UE8M0 byte (int32) -> fp32 2^(e - 127): e = 0 is the subnormal 2^-127, e = 255 NaN."""
+    val = tl.where(bits == 0, 2.0 ** -127, (bits << 23).to(tl.float32, bitcast=True))
+    return tl.where(bits == 255, float("nan"), val)
 
 
 @triton.jit
@@ -122,8 +139,8 @@ def mma(a, b, acc, PORTABLE: tl.constexpr):
 
 @triton.jit
 def alpha_of(gsw_ptr, gsa_ptr, e, gsa_stride, A_FP4: tl.constexpr):
-    """GEMM alpha of expert e (scalar or vector): RN(1 / RN(gs_a * gs_w[e])) (W4A4) or
-    RN(1 / gs_w[e]) (W4A16), as torch_fp4.formats.nvfp4_alpha."""
+    """GEMM alpha of NVFP4 expert e (scalar or vector): RN(1 / RN(gs_a * gs_w[e])) (W4A4) or
+    RN(1 / gs_w[e]) (W4A16), as torch_fp4.formats.nvfp4_alpha. (MXFP4 experts have none.)"""
     gsw = tl.load(gsw_ptr + e)
     if A_FP4:
         alpha = rcp_rn(tl.load(gsa_ptr + e * gsa_stride) * gsw)
@@ -144,9 +161,10 @@ def slot_tiles(ids_ptr, tw_ptr, tok, sel, top_k, KP: tl.constexpr):
 
 
 @triton.jit
-def _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, tok, sel, cols,
+def _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, b2_ptr, ids_t, w_bits, j, tok, sel, cols,
                col_ok, top_k, N, P, lo, E, KP: tl.constexpr, SPLIT: tl.constexpr,
-               A_FP4: tl.constexpr, INDIRECT: tl.constexpr, PORTABLE: tl.constexpr):
+               A_FP4: tl.constexpr, INDIRECT: tl.constexpr, PORTABLE: tl.constexpr,
+               MX: tl.constexpr, BIAS: tl.constexpr):
     """(w[t, j], y[t, j]) of topk_sum for slot j (0 and 0 where unselected)."""
     jj = tl.arange(0, KP)[None, :]
     # column j of the slot tiles (a sum with one term: exact; w through its bits keeps -0.0)
@@ -161,8 +179,13 @@ def _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, t
         for sp in tl.static_range(1, SPLIT):
             s += tl.load(y_ptr + (pair + sp * P)[:, None] * N + cols[None, :], mask=m,
                          other=0.0, cache_modifier=".cg")
-        alpha = alpha_of(gsw_ptr, gsa_ptr, tl.where(local, eid - lo, 0), gsa_stride, A_FP4)
-        y = tl.where(m, rn_bf16(s * alpha[:, None], PORTABLE), 0.0)
+        e_loc = tl.where(local, eid - lo, 0)
+        if not MX:
+            s = s * alpha_of(gsw_ptr, gsa_ptr, e_loc, gsa_stride, A_FP4)[:, None]
+        if BIAS:   # RN_bf16(RN_fp32(alpha2 * sum) + b2[e]) (spec section 6)
+            s = s + tl.load(b2_ptr + e_loc.to(tl.int64)[:, None] * N + cols[None, :], mask=m,
+                            other=0.0).to(tl.float32)
+        y = tl.where(m, rn_bf16(s, PORTABLE), 0.0)
     else:
         if INDIRECT:
             row = tl.load(inv_ptr + pair, mask=local, other=0).to(tl.int64)
@@ -174,15 +197,16 @@ def _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, t
 
 
 @triton.jit
-def topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, tok, sel, cols,
+def topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, b2_ptr, tok, sel, cols,
              col_ok, top_k, N, P, lo, E, KP: tl.constexpr, SPLIT: tl.constexpr,
              A_FP4: tl.constexpr, INDIRECT: tl.constexpr, PORTABLE: tl.constexpr,
-             STRICT: tl.constexpr):
+             STRICT: tl.constexpr, MX: tl.constexpr, BIAS: tl.constexpr):
     """The finalize rule for tokens `tok` [R] (where `sel`) x columns `cols` [C]: fp32
     sum_j w[t, j] * y[t, j], j = 0, 1, ... in order from 0 as the reference adds, pairs routed to
     no local expert adding w * 0. y[t, j] is row t k + j of y [*, N] bf16 (row inv[t k + j] when
     INDIRECT), or, with SPLIT > 1, RN_bf16(alpha2[e] * (sum of the SPLIT fp32 partial rows
-    t k + j of y [SPLIT, P, N], in split order)). KP >= top_k (a power of two); without split
+    t k + j of y [SPLIT, P, N], in split order)), with MX no alpha and with BIAS + b2[e] in fp32
+    before the rounding. KP >= top_k (a power of two); without split
     partials the slot loop is unrolled so that every slot's rows load at once. Rows are read
     past L1 (.cg): other programs of the same kernel may have written them. STRICT (no expert
     parallelism): a token with an id outside [lo, lo + E) in one of its top_k slots sums to NaN
@@ -192,15 +216,15 @@ def topk_sum(y_ptr, inv_ptr, ids_ptr, tw_ptr, gsw_ptr, gsa_ptr, gsa_stride, tok,
     acc = tl.zeros([tok.shape[0], cols.shape[0]], tl.float32)
     if SPLIT > 1:
         for j in range(top_k):
-            w, y = _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, tok,
-                              sel, cols, col_ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, INDIRECT,
-                              PORTABLE)
+            w, y = _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, b2_ptr, ids_t, w_bits, j,
+                              tok, sel, cols, col_ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, INDIRECT,
+                              PORTABLE, MX, BIAS)
             acc = acc + w[:, None] * y
     else:
         for j in tl.static_range(KP):
-            w, y = _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, ids_t, w_bits, j, tok,
-                              sel, cols, col_ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, INDIRECT,
-                              PORTABLE)
+            w, y = _slot_term(y_ptr, inv_ptr, gsw_ptr, gsa_ptr, gsa_stride, b2_ptr, ids_t, w_bits, j,
+                              tok, sel, cols, col_ok, top_k, N, P, lo, E, KP, SPLIT, A_FP4, INDIRECT,
+                              PORTABLE, MX, BIAS)
             acc = acc + w[:, None] * y   # slots past top_k add +0 (acc is never -0)
     if STRICT:
         jj = tl.arange(0, KP)[None, :]
