@@ -231,10 +231,10 @@ def test_glue_kernels_compile(arch):
     from torch_fp4.kernels.triton import moe_fused as TF   # the shared finalize, through inv
     fin = compile_ptx(TF._finalize_kernel, dict(y_ptr="*bf16", inv_ptr="*i32", ids_ptr="*i32",
                                                 tw_ptr="*fp32", gsw_ptr="*fp32", gsa_ptr="*fp32",
-                                                out_ptr="*bf16", top_k="i32", H="i32", P="i32",
-                                                lo="i32", E="i32", gsa_stride="i32"),
+                                                b2_ptr="*bf16", out_ptr="*bf16", top_k="i32", H="i32",
+                                                P="i32", lo="i32", E="i32", gsa_stride="i32"),
                       dict(KP=8, SPLIT=1, A_FP4=False, INDIRECT=True, OUT=tl.bfloat16, BT=4,
-                           BH=256, PORTABLE=False, STRICT=True, USE_GDC=False))
+                           BH=256, PORTABLE=False, STRICT=True, USE_GDC=False, MX=False, BIAS=False))
     for ptx in (inv, fin):
         assert f".target sm_{arch}" in ptx and "atom." not in ptx
     assert "fma." not in fin
