@@ -9,7 +9,7 @@ import torch
 
 from torch_fp4.__main__ import main
 from torch_fp4.bench import moe_ep
-from torch_fp4.bench.moe import Model, _grouped_mm_works
+from torch_fp4.bench.moe import Model, _grouped_mm_works, grouped_experts_fp32
 
 BF16 = torch.bfloat16
 CPU = torch.device("cpu")
@@ -72,8 +72,9 @@ def test_local_experts_summed_over_two_ranks_is_the_dense_moe(experts, top_k, to
     weights, ids = torch.softmax(logits, -1).topk(top_k, -1)
     ids = ids.to(torch.int32)
     per = experts // world
-    parts = [moe_ep.local_experts(x, ids, weights, w1[r * per:(r + 1) * per].contiguous(),
-                                  w2[r * per:(r + 1) * per].contiguous(), r * per) for r in range(world)]
+    parts = [grouped_experts_fp32(x, ids, weights, w1[r * per:(r + 1) * per].contiguous(),
+                                  w2[r * per:(r + 1) * per].contiguous(), r * per, masked=True)
+             for r in range(world)]
     for p in parts:
         assert p.dtype == torch.float32 and p.shape == (tokens, hidden) and torch.isfinite(p).all()
     want = _dense_moe(x, ids, weights, w1, w2)
@@ -88,7 +89,7 @@ def test_local_experts_of_a_rank_no_pair_reaches_is_zero():
     x = torch.randn(6, 64).to(BF16)
     w1, w2 = torch.randn(4, 64, 64).to(BF16), torch.randn(4, 64, 32).to(BF16)
     ids = torch.randint(0, 4, (6, 2), dtype=torch.int32)
-    part = moe_ep.local_experts(x, ids, torch.rand(6, 2), w1, w2, offset=4)
+    part = grouped_experts_fp32(x, ids, torch.rand(6, 2), w1, w2, offset=4, masked=True)
     assert torch.equal(part, torch.zeros(6, 64))
 
 

@@ -4,48 +4,20 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from torch_fp4.gpt_oss_checkpoint import GPT_OSS_NAMES, load_gpt_oss_experts, save_gpt_oss_experts
-
-LUT = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-                   dtype=torch.float64)
-
-
-def _checkpoint(e, h, i, seed=0, prefix="model.layers.3.mlp.experts", bias_dtype=torch.bfloat16):
-    g = torch.Generator().manual_seed(seed)
-    u8 = dict(dtype=torch.uint8)
-
-    def blocks(*shape):
-        return torch.randint(0, 256, shape, generator=g, **u8)
-
-    def scales(*shape):   # 2^(e - 127) for e in 100..150: no NaN byte
-        return torch.randint(100, 151, shape, generator=g, **u8)
-
-    t = {"gate_up_proj_blocks": blocks(e, 2 * i, h // 32, 16), "gate_up_proj_scales": scales(e, 2 * i, h // 32),
-         "gate_up_proj_bias": torch.randn(e, 2 * i, generator=g).to(bias_dtype),
-         "down_proj_blocks": blocks(e, h, i // 32, 16), "down_proj_scales": scales(e, h, i // 32),
-         "down_proj_bias": torch.randn(e, h, generator=g).to(bias_dtype)}
-    return {f"{prefix}.{k}": v for k, v in t.items()}
-
-
-def _dense(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """Straightforward decode of gpt-oss blocks [.., rows, G, 16] -> [.., rows, 32 G] in fp64: byte b
-    of a block holds elements 2b (low nibble) and 2b + 1 (high nibble), times 2^(scale - 127)."""
-    lo, hi = LUT[(blocks & 0xF).long()], LUT[(blocks >> 4).long()]
-    vals = torch.stack([lo, hi], dim=-1).flatten(-2)                    # [.., rows, G, 32]
-    vals = vals * torch.exp2(scales.double() - 127).unsqueeze(-1)
-    return vals.flatten(-2)
+from torch_fp4.testing import gpt_oss_decode, gpt_oss_expert_tensors
 
 
 @pytest.mark.parametrize("h", [96, 2880])
 def test_load_is_the_checkpoint_in_torch_fp4_layout_and_save_inverts_it(h):
     e, i, prefix = 2, 64, "model.layers.3.mlp.experts"
-    t = _checkpoint(e, h, i, prefix=prefix)
+    t = gpt_oss_expert_tensors(e, h, i, prefix=prefix)
     x = load_gpt_oss_experts(t, prefix)
     assert (x.num_experts, x.hidden_size, x.intermediate_size) == (e, h, i)
     w1, w2 = x.dequantize()
-    fc1 = _dense(t[f"{prefix}.gate_up_proj_blocks"], t[f"{prefix}.gate_up_proj_scales"])   # [E, 2I, H] interleaved
+    fc1 = gpt_oss_decode(t[f"{prefix}.gate_up_proj_blocks"], t[f"{prefix}.gate_up_proj_scales"])   # [E, 2I, H] interleaved
     gate, up = fc1[:, 0::2], fc1[:, 1::2]
     assert torch.equal(w1.double(), torch.cat([gate, up], dim=1))
-    assert torch.equal(w2.double(), _dense(t[f"{prefix}.down_proj_blocks"], t[f"{prefix}.down_proj_scales"]))
+    assert torch.equal(w2.double(), gpt_oss_decode(t[f"{prefix}.down_proj_blocks"], t[f"{prefix}.down_proj_scales"]))
     bias = t[f"{prefix}.gate_up_proj_bias"]
     assert torch.equal(x.w1_bias, torch.cat([bias[:, 0::2], bias[:, 1::2]], dim=1))
     back = save_gpt_oss_experts(x, prefix)
@@ -57,7 +29,7 @@ def test_load_is_the_checkpoint_in_torch_fp4_layout_and_save_inverts_it(h):
 def test_matches_transformers_own_decode():
     mxfp4 = pytest.importorskip("transformers.integrations.mxfp4")
     e, h, i, prefix = 2, 96, 64, "x"
-    t = _checkpoint(e, h, i, prefix=prefix)
+    t = gpt_oss_expert_tensors(e, h, i, prefix=prefix)
     x = load_gpt_oss_experts(t, prefix)
     # transformers' dense gate_up_proj is [E, H, 2I] with gate and up interleaved on the last dim
     dense = mxfp4.convert_moe_packed_tensors(t["x.gate_up_proj_blocks"], t["x.gate_up_proj_scales"],
@@ -73,7 +45,7 @@ def test_matches_transformers_own_decode():
 @given(e=st.integers(1, 3), hb=st.integers(1, 5), ib=st.integers(1, 4), seed=st.integers(0, 2**16),
        bias=st.sampled_from([torch.bfloat16, torch.float32]))
 def test_round_trip_any_shape(e, hb, ib, seed, bias):
-    t = _checkpoint(e, 32 * hb, 32 * ib, seed=seed, prefix="", bias_dtype=bias)
+    t = gpt_oss_expert_tensors(e, 32 * hb, 32 * ib, seed=seed, prefix="", bias_dtype=bias)
     t = {k.lstrip("."): v for k, v in t.items()}
     back = save_gpt_oss_experts(load_gpt_oss_experts(t, ""), "")
     assert all(torch.equal(back[k], t[k]) and back[k].dtype == t[k].dtype for k in t)
@@ -81,7 +53,7 @@ def test_round_trip_any_shape(e, hb, ib, seed, bias):
 
 def test_errors_name_the_tensor():
     prefix = "m.experts"
-    t = _checkpoint(2, 64, 32, prefix=prefix)
+    t = gpt_oss_expert_tensors(2, 64, 32, prefix=prefix)
     for name in GPT_OSS_NAMES:
         missing = {k: v for k, v in t.items() if k != f"{prefix}.{name}"}
         with pytest.raises(ValueError, match=f"{prefix}.{name}"):

@@ -11,8 +11,6 @@ from torch_fp4 import testing as T
 from torch_fp4.gpt_oss_checkpoint import load_gpt_oss_experts
 
 BF16 = torch.bfloat16
-LUT = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0],
-                   dtype=torch.float64)
 ALPHA, LIMIT = 1.702, 7.0
 PREFIX = "model.layers.0.mlp.experts"
 
@@ -20,25 +18,7 @@ PREFIX = "model.layers.0.mlp.experts"
 def _checkpoint(e, h, i, seed=0, bias_dtype=BF16, scale_range=(122, 129)):
     """gpt-oss expert tensors; scales 2^(s - 127) over few binades, so that every product sum of
     the layer is exact in fp64 (any summation order gives the same bits)."""
-    g = torch.Generator().manual_seed(seed)
-
-    def blocks(*shape):
-        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
-
-    def scales(*shape):
-        return torch.randint(*scale_range, shape, generator=g, dtype=torch.uint8)
-    t = {"gate_up_proj_blocks": blocks(e, 2 * i, h // 32, 16), "gate_up_proj_scales": scales(e, 2 * i, h // 32),
-         "gate_up_proj_bias": torch.randn(e, 2 * i, generator=g).to(bias_dtype),
-         "down_proj_blocks": blocks(e, h, i // 32, 16), "down_proj_scales": scales(e, h, i // 32),
-         "down_proj_bias": torch.randn(e, h, generator=g).to(bias_dtype)}
-    return {f"{PREFIX}.{k}": v for k, v in t.items()}
-
-
-def _decode(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """gpt-oss blocks [.., rows, G, 16] -> [.., rows, 32 G] fp64 (low nibble first)."""
-    lo, hi = LUT[(blocks & 0xF).long()], LUT[(blocks >> 4).long()]
-    vals = torch.stack([lo, hi], dim=-1).flatten(-2) * torch.exp2(scales.double() - 127).unsqueeze(-1)
-    return vals.flatten(-2)
+    return T.gpt_oss_expert_tensors(e, h, i, seed, PREFIX, bias_dtype, scale_range)
 
 
 def _straightforward(t: dict, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, bias: bool = True,
@@ -47,8 +27,8 @@ def _straightforward(t: dict, x: torch.Tensor, ids: torch.Tensor, weights: torch
     h = RN_bf16(RN_fp32(x . W1^T) + b1) over the interleaved [gate, up] columns, the clamped
     SwiGLU in fp32 rounded to bf16, y = RN_bf16(RN_fp32(a . W2^T) + b2), out = RN_bf16 of the fp32
     sum of the weighted y in slot order."""
-    w1 = _decode(t[f"{PREFIX}.gate_up_proj_blocks"], t[f"{PREFIX}.gate_up_proj_scales"])   # [E, 2I, H]
-    w2 = _decode(t[f"{PREFIX}.down_proj_blocks"], t[f"{PREFIX}.down_proj_scales"])         # [E, H, I]
+    w1 = T.gpt_oss_decode(t[f"{PREFIX}.gate_up_proj_blocks"], t[f"{PREFIX}.gate_up_proj_scales"])   # [E, 2I, H]
+    w2 = T.gpt_oss_decode(t[f"{PREFIX}.down_proj_blocks"], t[f"{PREFIX}.down_proj_scales"])         # [E, H, I]
     b1, b2 = t[f"{PREFIX}.gate_up_proj_bias"].float(), t[f"{PREFIX}.down_proj_bias"].float()
     out = torch.zeros(x.shape, dtype=torch.float32)
     for tok in range(x.shape[0]):
@@ -133,10 +113,10 @@ def test_matches_transformers_gpt_oss_experts():
                                   num_experts_per_tok=k)
     ref = modeling.GptOssExperts(config).float().eval()
     with torch.no_grad():
-        w1 = _decode(t[f"{PREFIX}.gate_up_proj_blocks"], t[f"{PREFIX}.gate_up_proj_scales"])
+        w1 = T.gpt_oss_decode(t[f"{PREFIX}.gate_up_proj_blocks"], t[f"{PREFIX}.gate_up_proj_scales"])
         ref.gate_up_proj.copy_(w1.transpose(1, 2).float())
         ref.gate_up_proj_bias.copy_(t[f"{PREFIX}.gate_up_proj_bias"].float())
-        w2 = _decode(t[f"{PREFIX}.down_proj_blocks"], t[f"{PREFIX}.down_proj_scales"])
+        w2 = T.gpt_oss_decode(t[f"{PREFIX}.down_proj_blocks"], t[f"{PREFIX}.down_proj_scales"])
         ref.down_proj.copy_(w2.transpose(1, 2).float())
         ref.down_proj_bias.copy_(t[f"{PREFIX}.down_proj_bias"].float())
     x = torch.randn(tokens, h, generator=torch.Generator().manual_seed(3)).to(BF16)

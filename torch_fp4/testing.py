@@ -193,3 +193,35 @@ def as_list(result) -> list:
 def bits(t: torch.Tensor) -> torch.Tensor:
     """A tensor to compare bit for bit: 1-byte dtypes (FP4, FP8 scales) as uint8."""
     return t.view(torch.uint8) if t.element_size() == 1 else t
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def gpt_oss_expert_tensors(e: int, h: int, i: int, seed: int = 0, prefix: str = "model.layers.3.mlp.experts",
+                           bias_dtype: torch.dtype = torch.bfloat16, scale_range: tuple[int, int] = (100, 151)
+                           ) -> dict[str, torch.Tensor]:
+    """A gpt-oss MoE layer's six expert tensors as its checkpoints store them, `prefix`.name: random
+    `*_blocks` (uint8 [E, rows, G, 16], two E2M1 codes per byte) and `*_scales` (UE8M0 bytes in
+    [scale_range), no NaN byte), biases ~ N(0, 1) in bias_dtype; gate and up interleaved."""
+    g = torch.Generator().manual_seed(seed)
+
+    def blocks(*shape):
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+
+    def scales(*shape):
+        return torch.randint(*scale_range, shape, generator=g, dtype=torch.uint8)
+    t = {"gate_up_proj_blocks": blocks(e, 2 * i, h // 32, 16), "gate_up_proj_scales": scales(e, 2 * i, h // 32),
+         "gate_up_proj_bias": torch.randn(e, 2 * i, generator=g).to(bias_dtype),
+         "down_proj_blocks": blocks(e, h, i // 32, 16), "down_proj_scales": scales(e, h, i // 32),
+         "down_proj_bias": torch.randn(e, h, generator=g).to(bias_dtype)}
+    return {f"{prefix}.{k}": v for k, v in t.items()}
+
+
+def gpt_oss_decode(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Straightforward decode of gpt-oss blocks [.., rows, G, 16] -> [.., rows, 32 G] in fp64: byte
+    b of a block holds elements 2b (low nibble) and 2b + 1 (high nibble), times 2^(scale - 127)."""
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float64)
+    lo, hi = lut[(blocks & 0xF).long()], lut[(blocks >> 4).long()]
+    vals = torch.stack([lo, hi], dim=-1).flatten(-2) * torch.exp2(scales.double() - 127).unsqueeze(-1)
+    return vals.flatten(-2)

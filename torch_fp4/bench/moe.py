@@ -104,6 +104,35 @@ def _grouped_mm_works(device) -> bool:
         return False
 
 
+def grouped_experts_fp32(x: torch.Tensor, ids: torch.Tensor, tw: torch.Tensor, w1: torch.Tensor,
+                         w2: torch.Tensor, offset: int = 0, masked: bool = False) -> torch.Tensor:
+    """The BF16 peers' experts, fp32 [T, H]: per token the fp32 sum over its (token, slot) pairs of
+    ids [T, k] of tw[t, j] * down(silu(gate) * up)(x[t]) with bf16 experts w1 [E', 2I, H] ([gate;
+    up] rows) and w2 [E', H, I]; pairs stably sorted by expert, both GEMMs torch._grouped_mm with
+    offsets over the experts. `masked` (a rank's share, bench moe --ep): w1 and w2 hold experts
+    [offset, offset + E') only, the other pairs sort last, outside the offsets, and add zero;
+    torch._grouped_mm leaves their rows unwritten (garbage, possibly NaN or Inf), so they are
+    dropped with torch.where rather than multiplied by zero. No host synchronization."""
+    tokens, k = ids.shape
+    experts, inter = w1.shape[0], w2.shape[2]
+    key = ids.reshape(-1)
+    if masked:
+        expert = key.long() - offset
+        mine = (expert >= 0) & (expert < experts)
+        key = torch.where(mine, expert, experts)
+    order = torch.argsort(key, stable=True)
+    counts = torch.zeros(experts + int(masked), dtype=torch.int32, device=x.device).scatter_add_(
+        0, key.long(), torch.ones_like(key, dtype=torch.int32))
+    offs = torch.cumsum(counts[:experts], 0, dtype=torch.int32)
+    h = torch._grouped_mm(x[order // k], w1.transpose(1, 2), offs=offs)
+    a = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
+    y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
+    pair_y = torch.empty_like(y).index_copy_(0, order, y).view(tokens, k, -1).float() * tw.unsqueeze(-1)
+    if masked:
+        pair_y = torch.where(mine.view(tokens, k, 1), pair_y, 0.0)
+    return pair_y.sum(1)
+
+
 class Bf16Moe:
     """The BF16 peer: same routing, same shapes, bf16 weights [E, 2I, H] ([gate; up]) and [E, H, I]."""
 
@@ -115,19 +144,7 @@ class Bf16Moe:
         self.inter = m.inter
 
     def grouped(self, x, ids, tw):
-        tokens, k = ids.shape
-        experts = self.w1.shape[0]
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.zeros(experts, dtype=torch.int32, device=x.device).scatter_add_(
-            0, flat.long(), torch.ones_like(flat))
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
-        xs = x[order // k]
-        h = torch._grouped_mm(xs, self.w1.transpose(1, 2), offs=offs)
-        a = torch.nn.functional.silu(h[:, :self.inter]) * h[:, self.inter:]
-        y = torch._grouped_mm(a, self.w2.transpose(1, 2), offs=offs)
-        pair_y = torch.empty_like(y).index_copy_(0, order, y)
-        return (pair_y.view(tokens, k, -1).float() * tw.unsqueeze(-1)).sum(1).to(x.dtype)
+        return grouped_experts_fp32(x, ids, tw, self.w1, self.w2).to(x.dtype)
 
     def loop(self, x, ids, tw):
         tokens, k = ids.shape

@@ -11,7 +11,7 @@ collectives) for T tokens x [T, H] bf16:
   (all-gather, local experts, reduce-scatter); nan where N does not divide T;
 - bf16_ep: a BF16 expert-parallel MoE with the same router GEMM, routing and all-reduce: the
   rank's E / N experts as bf16 weights through torch._grouped_mm over the (token, slot) pairs
-  routed to them (local_experts); nan where torch._grouped_mm does not run.
+  routed to them (bench.moe.grouped_experts_fp32, masked); nan where torch._grouped_mm does not run.
 
 Ratios: single / ep (the EP speed-up over one GPU) and bf16_ep / ep.
 
@@ -41,7 +41,8 @@ import torch.multiprocessing as mp
 
 from ..nn.moe import FP4MoE
 from ..nn.parallel import ExpertParallelFP4MoE, _all_reduce
-from .moe import MODELS, QUICK_TOKENS, TOKENS, Bf16Moe, Model, _fp4_experts, _grouped_mm_works
+from .moe import (MODELS, QUICK_TOKENS, TOKENS, Bf16Moe, Model, _fp4_experts, _grouped_mm_works,
+                  grouped_experts_fp32)
 from .timing import graph_time_us, write_csv
 
 DEFAULT_MODELS = ("Qwen3-30B-A3B", "DeepSeek-V3")
@@ -188,37 +189,12 @@ def whole_layer(m: Model, dev: torch.device) -> FP4MoE:
     return FP4MoE.from_quantized(router, *w1, *w2, top_k=m.top_k, method=m.method, **kw)
 
 
-def local_experts(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w1: torch.Tensor,
-                  w2: torch.Tensor, offset: int) -> torch.Tensor:
-    """This rank's share of a BF16 MoE, fp32 [T, H]: for the (token, slot) pairs of ids [T, k]
-    routed to experts [offset, offset + E_local), weights[t, j] * down(silu(gate) * up) of x[t]
-    with bf16 experts w1 [E_local, 2I, H] ([gate; up] rows) and w2 [E_local, H, I], summed per
-    token in fp32; pairs routed elsewhere add zero. The pairs are sorted by local expert id
-    (others last) and both GEMMs are torch._grouped_mm with offsets over the local experts only;
-    it leaves the rows past the last offset unwritten (garbage, possibly NaN or Inf), so they are
-    dropped with torch.where rather than multiplied by zero. No host synchronization."""
-    tokens, k = ids.shape
-    local, inter = w1.shape[0], w2.shape[2]
-    expert = ids.reshape(-1).long() - offset
-    mine = (expert >= 0) & (expert < local)
-    key = torch.where(mine, expert, local)
-    order = torch.argsort(key, stable=True)
-    counts = torch.zeros(local + 1, dtype=torch.int32, device=x.device).scatter_add_(
-        0, key, torch.ones_like(key, dtype=torch.int32))
-    offs = torch.cumsum(counts[:local], 0, dtype=torch.int32)
-    h = torch._grouped_mm(x[order // k], w1.transpose(1, 2), offs=offs)
-    a = torch.nn.functional.silu(h[:, :inter]) * h[:, inter:]
-    y = torch._grouped_mm(a, w2.transpose(1, 2), offs=offs)
-    pair_y = torch.empty_like(y).index_copy_(0, order, y).view(tokens, k, -1)
-    return torch.where(mine.view(tokens, k, 1), pair_y.float() * weights.unsqueeze(-1), 0.0).sum(1)
-
-
 def bf16_ep_forward(moe: FP4MoE, w1: torch.Tensor, w2: torch.Tensor, offset: int, group,
                     x: torch.Tensor) -> torch.Tensor:
     """The BF16 EP peer: moe's router GEMM and routing, this rank's bf16 experts
-    (local_experts), the all-reduce ExpertParallelFP4MoE uses, rounded to bf16 once."""
+    (grouped_experts_fp32, masked), the all-reduce ExpertParallelFP4MoE uses, rounded to bf16 once."""
     ids, weights = moe._route(x)
-    return _all_reduce(local_experts(x, ids, weights, w1, w2, offset), group).to(x.dtype)
+    return _all_reduce(grouped_experts_fp32(x, ids, weights, w1, w2, offset, masked=True), group).to(x.dtype)
 
 
 def _contenders(m: Model, world: int, rank: int, dev: torch.device, grouped: bool) -> dict:

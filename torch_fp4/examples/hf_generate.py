@@ -166,7 +166,8 @@ def _compiled_tokens_per_s(name: str, model, prompt: torch.Tensor, tokens: int, 
         if name != "bf16":
             raise
         torch._dynamo.reset()
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else ""
         notes.append(f"bf16 compiled: n/a: transformers' own {type(model).__name__} does not compile with "
                      f"fullgraph=True ({type(exc).__name__}: {first[:160]})")
         return None
