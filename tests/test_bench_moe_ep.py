@@ -40,6 +40,7 @@ def test_cli_subprocess_exits_with_the_message():
     (["--ep", "1"], "expected at least 2 GPUs, got --ep 1"),
     (["--ep", "3"], "Qwen3-30B-A3B's 128 experts do not split evenly over 3 GPUs"),
     (["--ep", "2", "--models", "Mixtral-8x7B,Llama"], "expected names among"),
+    (["--ep", "2", "--models", "gpt-oss-20b"], "runs NVFP4 experts only"),
 ])
 def test_cli_refusals_before_any_gpu(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -114,3 +115,52 @@ def test_a_failing_rank_ends_the_run_with_an_error():
     settings = moe_ep.Settings(2, (Model("tiny", 8, 64, 32, 2, "softmax"),), (1,))
     with pytest.raises(RuntimeError, match="bench moe --ep 2: a rank failed"):
         moe_ep._spawn(settings)
+
+
+@needs_grouped_mm
+def test_gpt_oss_peer_adds_the_biases_and_clamps():
+    """bench moe's gpt-oss rows: the bf16 peer with biases and the clamped SwiGLU is the dense
+    gpt-oss MoE (biases after each GEMM, gate clamped above at 7, up to [-7, 7])."""
+    experts, hidden, inter, top_k, tokens = 8, 64, 32, 4, 11
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(tokens, hidden, generator=g) * 4).to(BF16)
+    w1 = (torch.randn(experts, 2 * inter, hidden, generator=g) / 2).to(BF16)
+    w2 = (torch.randn(experts, hidden, inter, generator=g) / 8).to(BF16)
+    b1 = torch.randn(experts, 2 * inter, generator=g).to(BF16)
+    b2 = torch.randn(experts, hidden, generator=g).to(BF16)
+    weights, ids = torch.softmax(torch.randn(tokens, experts, generator=g), -1).topk(top_k, -1)
+    ids = ids.to(torch.int32)
+    want = torch.zeros(tokens, hidden)
+    clamped = 0
+    for t in range(tokens):
+        for j in range(top_k):
+            e = int(ids[t, j])
+            h = w1[e].float() @ x[t].float() + b1[e].float()
+            gate, up = h[:inter], h[inter:]
+            clamped += int((gate > 7).sum() + (up.abs() > 7).sum())
+            gate, up = gate.clamp(max=7), up.clamp(-7, 7)
+            a = (up + 1) * gate * torch.sigmoid(1.702 * gate)
+            want[t] += weights[t, j] * (w2[e].float() @ a + b2[e].float())
+    assert clamped > 0   # the data exercises the clamp
+    got = grouped_experts_fp32(x, ids, weights, w1, w2, b1=b1, b2=b2, clamped=True)
+    assert (got - want).norm() <= 0.02 * want.norm()
+    unclamped = grouped_experts_fp32(x, ids, weights, w1, w2, b1=b1, b2=b2)
+    assert (unclamped - want).norm() > 0.05 * want.norm()
+
+
+def test_gpt_oss_bench_weights_are_fused_moe_inputs():
+    """bench moe's gpt-oss experts (MXFP4 codes, e8m0 128x4 scales, no global scales, biases)
+    pass fused_moe's validation and give finite outputs on the reference."""
+    from torch_fp4 import ops
+    from torch_fp4.bench.moe import MODELS, _fp4_experts, _gpt_oss_kwargs
+    m = next(m for m in MODELS if m.name == "gpt-oss-20b")
+    tiny = Model("tiny-gpt-oss", 4, 96, 64, 2, m.method, m.route_kw, gpt_oss=True)
+    g = torch.Generator().manual_seed(0)
+    w1 = _fp4_experts(4, 2 * tiny.inter, tiny.hidden, CPU, g, tiny.block_size)
+    w2 = _fp4_experts(4, tiny.hidden, tiny.inter, CPU, g, tiny.block_size)
+    assert w1[2] is None and w1[1].dtype == torch.float8_e8m0fnu
+    extra = _gpt_oss_kwargs(tiny, 4, CPU, g)
+    x = torch.randn(3, tiny.hidden).to(BF16)
+    ids, tw = ops.route(torch.randn(3, 4), 2, "softmax", renormalize=True)
+    y = ops.fused_moe(x, *w1, *w2, ids, tw, **extra)
+    assert y.shape == (3, tiny.hidden) and torch.isfinite(y.float()).all()

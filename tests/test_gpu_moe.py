@@ -39,6 +39,8 @@ QUICK = {
     "test_exact_empty_experts_one_expert_and_tiny": {"w4a4-triton", "w4a16-cuda"},
     "test_exact_default_tiles": {"1-8-2-w4a4", "100-8-4-w4a16", "300-8-2-w4a4"},
     "test_random_model_shapes": {"qwen3-T3-w4a16", "deepseek-T2-w4a4", "qwen3-T200-w4a16"},
+    "test_exact_gpt_oss_features_every_tile": {"0-bf16-bias-clamped_swiglu", "1-fp32-bias-swiglu",
+                                               "2-bf16-bias-clamped_swiglu", "3-fp32-bias-clamped_swiglu"},
 }
 BF16 = torch.bfloat16
 DEV = "cuda"
@@ -159,8 +161,8 @@ class Problem:
 
     def weights(self, lo=0, hi=None):
         hi = self.experts if hi is None else hi
-        return tuple(t[lo:hi].contiguous() for t in (self.w1, self.w1_s, self.w1_gs, self.w2,
-                                                     self.w2_s, self.w2_gs))
+        return tuple(None if t is None else t[lo:hi].contiguous()    # MXFP4: no global scales
+                     for t in (self.w1, self.w1_s, self.w1_gs, self.w2, self.w2_s, self.w2_gs))
 
     def a2_for(self, lo=0, hi=None):
         if self.a2 is None or self.a2.numel() == 1:
@@ -534,3 +536,67 @@ def test_triton_gpt_oss_features_against_the_reference(cfg_id):
     err = torch.linalg.norm(got - want) / torch.linalg.norm(want)
     per_token = torch.linalg.norm(got - want, dim=1) / torch.linalg.norm(want, dim=1).clamp_min(1e-30)
     assert err < 0.01 and per_token.max() < 0.02, (float(err), float(per_token.max()))
+
+
+def exact_gpt_oss_problem(experts, hidden, inter, tokens, seed, bias_dtype):
+    """Grid-exact data for gpt-oss's features (MXFP4 experts, biases, both activations): x as in
+    exact_problem; gate rows 6 * s on x's block of ones and +-0.5 * s on 8 other columns (gate + bias
+    >= 40, so silu(g) = g exactly and the clamp takes every gate to 7, where g * sigmoid(1.702 g)
+    is the same fp32 value on every backend); up rows four entries +-1 * s, up biases in
+    {-4, ..., 4} / 2 (up + bias reaches past +-7: the clamp is exercised); so (u + 1) * glu rounds
+    to a multiple of 3.5 in bf16 and FC2's sums (codes 0, +-1, s in {1, 2}; biases multiples of
+    0.5) are exact in fp32. MXFP4 scales s are e8m0 bytes 127 or 128."""
+    g = _gen(seed)
+    x = torch.randint(0, 2, (tokens, hidden), generator=g).float() * 0.5 + 0.5
+    x = torch.where(torch.rand(tokens, hidden, generator=g) < 0.5, -x, x)
+    x[:, :16] = 1.0
+    c = torch.zeros(experts, 2 * inter, hidden, dtype=torch.uint8)
+    c[:, :inter, :16] = 7                                                   # 6.0
+    for e in range(experts):
+        for n in range(2 * inter):
+            cols = 16 + torch.randperm(hidden - 16, generator=g)[:8 if n < inter else 4]
+            code = 1 if n < inter else 2                                    # 0.5 or 1.0
+            c[e, n, cols] = code | (torch.randint(0, 2, (len(cols),), generator=g).to(torch.uint8) << 3)
+    c2 = torch.randint(0, 2, (experts, hidden, inter), generator=g).to(torch.uint8) * 2
+    c2 |= torch.randint(0, 2, c2.shape, generator=g).to(torch.uint8) << 3
+
+    def pack(codes):
+        s = torch.randint(127, 129, (*codes.shape[:2], codes.shape[2] // 32), generator=g, dtype=torch.uint8)
+        data = F.pack_e2m1(codes).view(torch.float4_e2m1fn_x2)
+        return data.to(DEV), F.swizzle(s.view(torch.float8_e8m0fnu), "128x4").to(DEV)
+    w1, w1_s = pack(c)
+    w2, w2_s = pack(c2)
+    b1 = torch.randint(-4, 5, (experts, 2 * inter), generator=g).float() / 2
+    b2 = torch.randint(-4, 5, (experts, hidden), generator=g).float() / 2
+    p = Problem(x.to(BF16).to(DEV), w1, w1_s, None, w2, w2_s, None)
+    w1_hat = torch.stack([t4.fp4_dequantize(w1[e], w1_s[e], None, block_size=32, out_dtype=torch.float32)
+                          for e in range(experts)])
+    h = p.x.double() @ w1_hat.double().transpose(1, 2) + b1.to(DEV).double().unsqueeze(1)
+    assert h[..., :inter].min().item() >= 40, "test data precondition: gate values >= 40"
+    assert h[..., inter:].abs().max().item() > 7, "test data precondition: some up values clamped"
+    return p, b1.to(bias_dtype).to(DEV), b2.to(bias_dtype).to(DEV)
+
+
+@pytest.mark.parametrize("activation", ["clamped_swiglu", "swiglu"])
+@pytest.mark.parametrize("bias_dtype", [BF16, torch.float32], ids=["bf16-bias", "fp32-bias"])
+@pytest.mark.parametrize("cfg_id", range(4))
+def test_exact_gpt_oss_features_every_tile(cfg_id, bias_dtype, activation):
+    """MXFP4 experts with biases (hidden 2880 = 90 blocks of 32: the 128x4 scales padded) through
+    the Triton launcher on every tile shape, and through the public op with backend="triton" and
+    "auto" (which takes triton for these W4A16 problems): bit-identical to the reference."""
+    from torch_fp4.kernels.triton import moe_fused as MF, moe_gemm as MG
+    tiles = [None, MG.MoeConfig(16, True, MG.GemmTile(64, 128), MG.GemmTile(64, 128), 4),
+             MG.MoeConfig(128, False, MG.GemmTile(64, 64, 8), MG.GemmTile(128, 64, 8)),
+             MG.MoeConfig(16, True, MG.GemmTile(64, 128), MG.GemmTile(64, 128), 2, fused_finalize=False)]
+    p, b1, b2 = exact_gpt_oss_problem(8, 2880, 64, 37, seed=cfg_id, bias_dtype=bias_dtype)
+    ids, tw = random_routing(37, 8, 4, seed=cfg_id)
+    kw = dict(block_size=32, w1_bias=b1, w2_bias=b2, activation=activation)
+    want = t4.fused_moe(p.x, *p.weights(), ids, tw, backend="reference", **kw)
+    got = MF.fused_moe(p.x, *p.weights(), ids, tw, None, None, 0, BF16, True, F.MXFP4, b1, b2, activation,
+                       1.702, 7.0, config=tiles[cfg_id])
+    assert_same(got, want, f"gpt-oss features, tiles {tiles[cfg_id]}, {activation}, {bias_dtype}")
+    if cfg_id == 0:
+        for backend in ("triton", "auto"):
+            assert_same(t4.fused_moe(p.x, *p.weights(), ids, tw, backend=backend, **kw), want,
+                        f"gpt-oss features through the op, backend={backend}")
+        assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "triton"

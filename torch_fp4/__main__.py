@@ -62,9 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     bm.add_argument("--n", type=int, default=8192)
     bm.add_argument("--k", type=int, default=28672)
     bm.add_argument("--mode", default="w4a16", choices=["w4a16", "w4a4"])
-    bmoe = bench_sub.add_parser("moe", help="FP4 fused MoE on Mixtral-8x7B, Qwen3-30B-A3B and "
-                                            "DeepSeek-V3 expert shapes vs a BF16 grouped-GEMM MoE "
-                                            "and the FP4 reference")
+    bmoe = bench_sub.add_parser("moe", help="FP4 fused MoE on Mixtral-8x7B, Qwen3-30B-A3B, "
+                                            "DeepSeek-V3 (NVFP4) and gpt-oss-20b/120b (MXFP4) expert "
+                                            "shapes vs a BF16 grouped-GEMM MoE and the FP4 reference")
     bmoe.add_argument("--quick", action="store_true", help="T in {1, 16, 256} only")
     bmoe.add_argument("--csv", default=None, help="write every measurement to this CSV file")
     bmoe.add_argument("--tokens", default=None, help="comma-separated batch sizes T (default: all)")

@@ -192,8 +192,9 @@ class MoeProblem(Problem):
 
     @property
     def gpt_oss_features(self) -> Optional[str]:
-        """What the GPU fused_moe kernels do not run yet (MXFP4 experts, expert biases, the
-        clamped SwiGLU), named, or None: those problems run on the reference backend only."""
+        """gpt-oss's features of this problem (MXFP4 experts, expert biases, the clamped SwiGLU),
+        named, or None: the cuda and cute-dsl fused_moe kernels do not run them (the reference and
+        triton ones do)."""
         wanted = [what for what, on in (("MXFP4 experts", self.fmt is not F.NVFP4), ("expert biases", self.bias),
                                         ("the clamped SwiGLU", self.activation != "swiglu")) if on]
         return ", ".join(wanted) if wanted else None

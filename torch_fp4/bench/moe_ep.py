@@ -74,6 +74,9 @@ def problem(world: int, models: Sequence[str] | None = None) -> str | None:
         return (f"bench moe --ep: --models: expected names among {', '.join(known)}, "
                 f"got {', '.join(unknown)}")
     for name in models or DEFAULT_MODELS:
+        if known[name].gpt_oss:
+            return (f"bench moe --ep {world}: {name}: the expert-parallel bench runs NVFP4 experts "
+                    "only (gpt-oss's MXFP4 experts: bench moe without --ep)")
         if known[name].experts % world:
             return (f"bench moe --ep {world}: {name}'s {known[name].experts} experts do not split "
                     f"evenly over {world} GPUs")

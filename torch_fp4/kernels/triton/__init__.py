@@ -27,11 +27,10 @@ ROUTE_MAX_EXPERTS = 512
 
 def requirement(op: str, p: Problem) -> Optional[str]:
     # fp32 -> e4m3 conversion instructions need sm_89+.
-    if op == "fused_moe" and p.gpt_oss_features is not None:
-        # moe_gemm.GptOss: implemented and bit-exact under Triton's interpreter, compiled for
-        # sm_90, not yet run on a GPU
-        return (f"the triton fused_moe kernels have not run {p.gpt_oss_features} on a GPU yet (the "
-                "reference backend runs them)")
+    if op == "fused_moe" and p.gpt_oss_features is not None and p.w4a4:
+        # moe_gemm.GptOss: the W4A16 kernels only (FC1's W4A4 epilogue quantizes instead)
+        return (f"the triton fused_moe kernels run {p.gpt_oss_features} in W4A16 only (the reference "
+                "backend runs W4A4 with them)")
     reason = cuda_requirement(p, "triton", (8, 9))
     if reason is None and op == "mm_fp4" and p.weight_layout is not F.WeightLayout.ROW:
         return "the triton GEMMs read row-major weights only ('sm90' weights: the cuda backend on sm_90)"

@@ -31,7 +31,7 @@ gpt-oss's features (GptOss; W4A16): MXFP4 experts (e8m0 scales per 32 elements, 
 MXFP4 decode, no alpha), biases added to FC1's and FC2's fp32 results before their bf16
 rounding (with split-K FC2, in the finalize after the split partials' sum), and the clamped
 SwiGLU in FC1's epilogue, each as torch_fp4.reference.fused_moe computes it (bit for bit under
-Triton's interpreter; not yet run on a GPU, so the backend's requirement still refuses them).
+Triton's interpreter and, on grid-exact data, on an H200: tests/test_gpu_moe.py).
 """
 from __future__ import annotations
 
