@@ -235,6 +235,59 @@ def test_decode_stray_ids_give_nan_rows(out_dtype):
     assert_same(got[keep], want[keep], f"{out_dtype} other rows")
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_decode_graph_launches_are_the_direct_launches(mode):
+    """Eager decode calls enqueue their four launches as one launch of the plan's CUDA graph
+    (csrc/graph_launch.cuh): the graph is built by the first call of a problem and every later
+    call's inputs, routing, output and workspace reach its kernel nodes: bits equal to the direct
+    launches (EAGER_GRAPHS off) and to the reference, on the current stream and on another one,
+    with no host synchronization; a call inside a caller's capture launches directly."""
+    from torch_fp4.kernels.cuda import moe as CM
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
+    from torch_fp4.problems import MoeProblem
+    experts, tokens = 8, 5
+    p = exact_problem(experts, 128, 64, tokens, mode == "w4a4", seed=61)
+    t = SmallMMoeTactic(8)
+    w = p.weights()
+    ids, tw = random_routing(tokens, experts, 2, seed=70)
+    prob = MoeProblem.of(p.x, w[0], w[1], w[3], w[4], ids, p.a1, p.a2, 0, None, BF16)
+
+    def call(x, ids, tw):   # the same problem object on every call, as the dispatch passes it
+        return CM._small_m_moe(x, *w, ids, tw, p.a1, p.a2, BF16, prob, t)
+    for seed in range(4):
+        ids, tw = random_routing(tokens, experts, 2, seed=70 + seed)
+        x = p.x.roll(seed, 0).contiguous()
+        want = p.run(ids, tw, "reference", x=x)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error" if seed else "default")
+        try:
+            if seed == 2:
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    got = call(x, ids, tw)
+                torch.cuda.current_stream().wait_stream(side)
+            else:
+                got = call(x, ids, tw)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        CM.EAGER_GRAPHS = False
+        try:
+            direct = call(x, ids, tw)
+        finally:
+            CM.EAGER_GRAPHS = True
+        assert torch.equal(got.view(torch.int16), direct.view(torch.int16)), f"call {seed}: graph vs direct"
+        assert_same(got, want, f"{mode} call {seed} through the graph vs reference")
+        assert CM._decode(prob, t, w[1], w[4]).graph.state() == "built"
+    graph = torch.cuda.CUDAGraph()
+    ids, tw = random_routing(tokens, experts, 2, seed=80)
+    with torch.cuda.graph(graph):
+        out = call(p.x, ids, tw)
+    out.fill_(float("nan"))
+    graph.replay()
+    assert_same(out, p.run(ids, tw, "reference"), f"{mode} captured call replayed")
+
+
 def test_decode_repeated_experts_and_tokens_without_local_pairs():
     """A token routed twice to one expert (two rows of one token in one block); a token with no
     pair on a local expert: zero with expert parallelism, NaN without (all its ids out of range);

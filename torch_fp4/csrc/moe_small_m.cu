@@ -11,6 +11,7 @@
 #include <cuda_runtime.h>
 
 #include "capi.h"
+#include "graph_launch.cuh"
 #include "launch.h"
 #include "moe_decode.h"
 #include "moe_route.cuh"
@@ -169,44 +170,71 @@ TORCH_FP4_CAPI int64_t torch_fp4_moe_decode_workspace_bytes(const torch_fp4::Moe
 // [tokens, top_k] contiguous, a1_gs / a2_gs null (W4A16) or the activations' global scales,
 // workspace torch_fp4_moe_decode_workspace_bytes bytes, 256-byte aligned. Four launches: align,
 // FC1 (gather, SwiGLU; W4A4: the intermediate's NVFP4 exact values), FC2 (rows in pair order),
-// the top-k sum; none reads anything back.
+// the top-k sum; none reads anything back. graph: null, or a handle of
+// torch_fp4_moe_decode_graph_create for this plan, through which the four launches are enqueued
+// as one CUDA graph launch (graph_launch.cuh) when the stream is not being captured.
 TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const torch_fp4::MoeDecodePlan* plan,
                                         const void* x, const void* w1, const void* w1_scale, const float* w1_gs,
                                         const void* w2, const void* w2_scale, const float* w2_gs,
                                         const int* topk_ids, const float* topk_weights, const float* a1_gs,
-                                        const float* a2_gs, void* out, void* workspace) {
+                                        const float* a2_gs, void* out, void* workspace, void* graph) {
   using namespace torch_fp4;
   if (const int e = capi_begin(device)) return e;
   if (plan == nullptr || !decode_plan_ok(*plan) || workspace == nullptr) return kNotCompiled;
   const MoeDecodePlan& p = *plan;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);
   char* base = static_cast<char*>(workspace);
-  const cudaStream_t s = static_cast<cudaStream_t>(stream);
   const bool use_pdl = pdl != 0;
   const int lo = static_cast<int>(p.local_offset), experts = static_cast<int>(p.experts);
-  moe_route::launch_align(topk_ids, p.tokens * p.top_k, lo, experts, static_cast<int>(p.block_m), ws.blocks,
-                          reinterpret_cast<int*>(base + ws.sorted_pairs), reinterpret_cast<int*>(base + ws.block_expert),
-                          reinterpret_cast<int*>(base + ws.expert_end), s, use_pdl);
+  auto enqueue = [&](cudaStream_t s) {
+    moe_route::launch_align(topk_ids, p.tokens * p.top_k, lo, experts, static_cast<int>(p.block_m), ws.blocks,
+                            reinterpret_cast<int*>(base + ws.sorted_pairs), reinterpret_cast<int*>(base + ws.block_expert),
+                            reinterpret_cast<int*>(base + ws.expert_end), s, use_pdl);
 
-  SmallMMoeArgs fc1 = decode_gemm(p, ws, base, x, static_cast<int>(p.act_fp16), w1, w1_scale, w1_gs, base + ws.h,
-                                  p.inter, p.hidden, 2 * p.inter, p.w1_kp, p.w1_s_expert, p.fc1_split);
-  fc1.gather = 1;
-  fc1.swiglu = 1;
-  fc1.qdq_gs = a2_gs;
-  fc1.qdq_gs_stride = static_cast<int>(p.a2_gs_stride);
-  fc1.a_gs = a1_gs;   // one value: a_gs_stride 0
-  bool launched = launch_small_m_moe(fc1, s, use_pdl);
+    SmallMMoeArgs fc1 = decode_gemm(p, ws, base, x, static_cast<int>(p.act_fp16), w1, w1_scale, w1_gs, base + ws.h,
+                                    p.inter, p.hidden, 2 * p.inter, p.w1_kp, p.w1_s_expert, p.fc1_split);
+    fc1.gather = 1;
+    fc1.swiglu = 1;
+    fc1.qdq_gs = a2_gs;
+    fc1.qdq_gs_stride = static_cast<int>(p.a2_gs_stride);
+    fc1.a_gs = a1_gs;   // one value: a_gs_stride 0
+    bool launched = launch_small_m_moe(fc1, s, use_pdl);
 
-  SmallMMoeArgs fc2 = decode_gemm(p, ws, base, base + ws.h, 0, w2, w2_scale, w2_gs, base + ws.y, p.hidden, p.inter,
-                                  p.hidden, p.w2_kp, p.w2_s_expert, p.fc2_split);
-  fc2.scatter = 1;
-  fc2.a_gs = a2_gs;
-  fc2.a_gs_stride = static_cast<int>(p.a2_gs_stride);
-  launched = launched && launch_small_m_moe(fc2, s, use_pdl);
+    SmallMMoeArgs fc2 = decode_gemm(p, ws, base, base + ws.h, 0, w2, w2_scale, w2_gs, base + ws.y, p.hidden, p.inter,
+                                    p.hidden, p.w2_kp, p.w2_s_expert, p.fc2_split);
+    fc2.scatter = 1;
+    fc2.a_gs = a2_gs;
+    fc2.a_gs_stride = static_cast<int>(p.a2_gs_stride);
+    launched = launched && launch_small_m_moe(fc2, s, use_pdl);
 
-  launched = launched && moe_route::launch_topk_sum(reinterpret_cast<const uint16_t*>(base + ws.y), topk_ids,
-                                                    topk_weights, out, static_cast<int>(p.out_dtype), p.tokens,
-                                                    static_cast<int>(p.hidden), static_cast<int>(p.top_k), lo, experts,
-                                                    p.strict != 0, s, use_pdl);
-  return capi_end(launched);
+    return launched && moe_route::launch_topk_sum(reinterpret_cast<const uint16_t*>(base + ws.y), topk_ids,
+                                                  topk_weights, out, static_cast<int>(p.out_dtype), p.tokens,
+                                                  static_cast<int>(p.hidden), static_cast<int>(p.top_k), lo, experts,
+                                                  p.strict != 0, s, use_pdl);
+  };
+  return launch_through_graph(static_cast<LaunchGraph*>(graph), static_cast<cudaStream_t>(stream), use_pdl, enqueue);
+}
+
+// A graph handle for torch_fp4_moe_decode (one plan and device; built by its first call that is
+// not being captured), null when out of memory; freed by torch_fp4_moe_decode_graph_destroy.
+TORCH_FP4_CAPI void* torch_fp4_moe_decode_graph_create(int device) {
+  if (torch_fp4::capi_begin(device)) return nullptr;
+  return new (std::nothrow) torch_fp4::LaunchGraph();
+}
+
+// Frees a handle of torch_fp4_moe_decode_graph_create (graph launches still in flight complete);
+// returns 0.
+TORCH_FP4_CAPI int torch_fp4_moe_decode_graph_destroy(int device, void* graph) {
+  if (const int e = torch_fp4::capi_begin(device)) return e;
+  delete static_cast<torch_fp4::LaunchGraph*>(graph);
+  return 0;
+}
+
+// A handle's state: 0 not built yet, 1 built (calls are graph launches), 2 building failed (calls
+// launch directly).
+TORCH_FP4_CAPI int torch_fp4_moe_decode_graph_state(void* graph) {
+  auto* g = static_cast<torch_fp4::LaunchGraph*>(graph);
+  if (g == nullptr) return 2;
+  std::lock_guard<std::mutex> lock(g->mutex);
+  return static_cast<int>(g->state);
 }

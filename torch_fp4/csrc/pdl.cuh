@@ -12,6 +12,8 @@
 
 #include <cuda_runtime.h>
 
+#include "launch_record.cuh"
+
 namespace torch_fp4 {
 
 __device__ __forceinline__ void pdl_wait() {
@@ -27,10 +29,15 @@ __device__ __forceinline__ void pdl_launch_dependents() {
 }
 
 // kernel<<<grid, block, 0, stream>>>(args...), with the PDL attribute when `pdl`. Errors are left
-// for the caller's cudaGetLastError (C10_CUDA_KERNEL_LAUNCH_CHECK), as with <<<>>>.
+// for the caller's cudaGetLastError (C10_CUDA_KERNEL_LAUNCH_CHECK), as with <<<>>>. While this
+// thread records launches (launch_record.cuh), the launch is recorded instead.
 template <typename... Params, typename... Args>
 inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cudaStream_t stream,
                           bool pdl, Args&&... args) {
+  if (LaunchRecord* record = t_launch_record) {
+    record->add(kernel, grid, block, 0, std::forward<Args>(args)...);
+    return;
+  }
   if (!pdl) {
     kernel<<<grid, block, 0, stream>>>(std::forward<Args>(args)...);
     return;
@@ -50,10 +57,15 @@ inline void launch_kernel(void (*kernel)(Params...), dim3 grid, dim3 block, cuda
 
 // kernel<<<grid, block, smem, stream>>>(args...) launched as thread-block clusters of `cluster`
 // CTAs (dim3(1, 1, 1): no cluster), with the PDL attribute when `pdl`. Errors are left for the
-// caller's cudaGetLastError.
+// caller's cudaGetLastError. While this thread records launches, the launch is recorded instead
+// (the cluster shape and PDL are the graph node's, fixed when it was captured).
 template <typename... Params, typename... Args>
 inline void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 block, int smem, dim3 cluster,
                            cudaStream_t stream, bool pdl, Args&&... args) {
+  if (LaunchRecord* record = t_launch_record) {
+    record->add(kernel, grid, block, smem, std::forward<Args>(args)...);
+    return;
+  }
   cudaLaunchAttribute attrs[2];
   unsigned n_attrs = 0;
   if (pdl) {

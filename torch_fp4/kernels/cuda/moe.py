@@ -3,7 +3,9 @@ two grouped GEMM families (kernels/cuda/moe_tactics.py picks by routed rows per 
 
 Decode sizes (SmallMMoeTactic): one C call (csrc/moe_small_m.cu torch_fp4_moe_decode) on a
 plan built once per problem and tactic (csrc/moe_decode.h), the tensors passed as pointers, one
-workspace tensor for every intermediate. It enqueues four launches, none reading anything back:
+workspace tensor for every intermediate. It enqueues four launches, none reading anything back
+(outside a caller's CUDA-graph capture, as one launch of a CUDA graph kept with the plan whose
+kernel nodes take each call's arguments: csrc/graph_launch.cuh, EAGER_GRAPHS):
 the grouping of the pairs by expert in blocks of block_m rows (csrc/moe_route.cuh, the layout of
 kernels/triton/moe_align.py); FC1, the small-M GEMM of csrc/mm_small_m.cuh run grouped, reading
 each block's activation rows straight from x through the pairs, streaming its expert's gate and
@@ -31,6 +33,7 @@ alphas, as mm_fp4's W4A4 does.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import math
 from typing import NamedTuple, Optional
@@ -76,15 +79,48 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
     return moe_grouped.silu_mul(out, block_expert, tactic.block_m) if swiglu else out
 
 
+# Eager calls of the decode path enqueue its four launches as one CUDA graph launch (one per
+# plan, csrc/graph_launch.cuh), which costs the host less than four launches; calls inside a
+# caller's capture launch directly. False: always launch directly (tests compare the two).
+EAGER_GRAPHS = True
+_EXITING = False
+
+
+@atexit.register
+def _exiting() -> None:
+    global _EXITING
+    _EXITING = True
+
+
+class DecodeGraph:
+    """The C graph handle of one decode plan (torch_fp4_moe_decode_graph_create), freed with it
+    (left to the process's end at exit)."""
+
+    def __init__(self, library_name: str, device: int):
+        self._lib, self._device = library(device, library_name), device
+        self.address = self._lib.moe_decode_graph_create(device)
+
+    def state(self) -> str:
+        """"empty" (not built yet), "built" (eager calls are graph launches) or "broken" (building
+        failed: calls launch directly)."""
+        return ("empty", "built", "broken")[self._lib.moe_decode_graph_state(self.address)]
+
+    def __del__(self):
+        if self.address and not _EXITING:
+            self._lib.moe_decode_graph_destroy(self._device, self.address)
+            self.address = None
+
+
 class _Decode(NamedTuple):
     """What the decode path keeps per (problem, tactic): the C plan and its address, the
-    workspace's size, the library."""
+    workspace's size, the library, the graph handle."""
     problem: MoeProblem
     tactic: SmallMMoeTactic
     plan: MoeDecodePlan
     address: int
     workspace_bytes: int
     library: str
+    graph: DecodeGraph
 
 
 _DECODES: dict[tuple[int, int], _Decode] = {}
@@ -113,7 +149,8 @@ def _decode(p: MoeProblem, t: SmallMMoeTactic, w1_scale: torch.Tensor, w2_scale:
                            f"(workspace {nbytes} bytes)")
     if len(_DECODES) >= _MAX_DECODES:
         _DECODES.clear()
-    d = _DECODES[(id(p), id(t))] = _Decode(p, t, plan, ctypes.addressof(plan), nbytes, name)
+    d = _DECODES[(id(p), id(t))] = _Decode(p, t, plan, ctypes.addressof(plan), nbytes, name,
+                                           DecodeGraph(name, p.device.index))
     return d
 
 
@@ -173,7 +210,7 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
     status = lib.moe_decode(i, raw_stream(i), _common.PDL, d.address, a.data_ptr(), w1.data_ptr(), w1_scale.data_ptr(),
                             g1.data_ptr(), w2.data_ptr(), w2_scale.data_ptr(), g2.data_ptr(), ids.data_ptr(),
                             tw.data_ptr(), None if a1 is None else a1.data_ptr(), None if a2 is None else a2.data_ptr(),
-                            out.data_ptr(), workspace.data_ptr())
+                            out.data_ptr(), workspace.data_ptr(), d.graph.address if EAGER_GRAPHS else None)
     if status:
         lib.check(status, f"fused_moe decode path ({plan_fields(d.plan)})")
     return out

@@ -32,7 +32,10 @@ SIGNATURES = {
     "mm_wgmma_workspace_bytes": (_L, (_I,) + _MM + (_I,) * 6),
     "mm_wgmma_grouped": (_I, _HEAD + _MM + (_I,) * 5 + (_P, _L, _L, _L)),
     "moe_decode_workspace_bytes": (_L, (_P,)),
-    "moe_decode": (_I, _HEAD + (_P,) * 14),
+    "moe_decode": (_I, _HEAD + (_P,) * 15),
+    "moe_decode_graph_create": (_P, (_I,)),
+    "moe_decode_graph_destroy": (_I, (_I, _P)),
+    "moe_decode_graph_state": (_I, (_P,)),
     "error_string": (ctypes.c_char_p, (_I,)),
 }
 
