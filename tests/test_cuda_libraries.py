@@ -32,7 +32,10 @@ def test_every_kernel_source_is_in_a_library():
     # fused_moe's decode path (NVFP4, row-major weights): bf16 x, or fp16 x (fp16 FC1, bf16 FC2)
     assert build.LIBRARIES["moe_small_m0"] == (build.Unit("moe_small_m.cu", (0,)),)
     assert build.LIBRARIES["moe_small_m2"] == (build.Unit("moe_small_m.cu", (2, 0)),)
-    assert not [n for n in build.LIBRARIES if n.startswith("moe_small_m") and n not in ("moe_small_m0", "moe_small_m2")]
+    # MXFP4 experts (gpt-oss): bf16 activations only
+    assert build.LIBRARIES["moe_small_m4"] == (build.Unit("moe_small_m.cu", (4,)),)
+    assert not [n for n in build.LIBRARIES
+                if n.startswith("moe_small_m") and n not in ("moe_small_m0", "moe_small_m2", "moe_small_m4")]
     assert build.Unit("mm_wgmma.cu", (3,)).defines() == ("-DTORCH_FP4_PARTS=8",)
     assert build.Unit("moe_small_m.cu", (2, 0)).defines() == ("-DTORCH_FP4_PARTS=5",)
     assert build.Unit("moe_small_m.cu", (2, 0)).stem == "moe_small_m.part2_0"

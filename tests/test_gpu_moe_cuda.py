@@ -16,8 +16,8 @@ import torch
 import torch_fp4 as t4
 from torch_fp4.kernels import _common
 
-from test_gpu_moe import (BF16, DEV, assert_close_moe, assert_same, exact_problem, pair_outputs,
-                          random_problem, random_routing)
+from test_gpu_moe import (BF16, DEV, assert_close_moe, assert_same, exact_gpt_oss_problem, exact_problem,
+                          pair_outputs, random_problem, random_routing)
 
 pytestmark = pytest.mark.gpu
 QUICK = {
@@ -26,6 +26,7 @@ QUICK = {
     "test_graph_replayed_with_new_routing_no_sync_same_bits": {"160-w4a16", "4-w4a4"},
     "test_exact_token_counts": {"300-w4a16", "64-w4a4", "1-w4a4", "5-w4a16"},
     "test_random_model_shapes": {"mixtral-w4a16", "qwen3-w4a4"},
+    "test_exact_gpt_oss_decode_tactics": {"bf16-fp32-clamped_swiglu", "fp32-bf16-swiglu"},
 }
 MODES = ["w4a16", "w4a4"]
 
@@ -353,3 +354,58 @@ def test_small_m_fc1_swiglu_bits_over_a_range_of_gates(qdq):
             assert torch.equal(h[rows].view(torch.int16), want.view(torch.int16)), (t.label(), b, e)
         gates = torch.cat(gates)
         assert gates.min() < -8 and gates.max() > 8, (gates.min(), gates.max())
+
+
+@pytest.mark.parametrize("activation", ["clamped_swiglu", "swiglu"])
+@pytest.mark.parametrize("b1_dtype,b2_dtype", [(BF16, torch.float32), (torch.float32, BF16), (BF16, BF16)],
+                         ids=["bf16-fp32", "fp32-bf16", "bf16-bf16"])
+def test_exact_gpt_oss_decode_tactics(activation, b1_dtype, b2_dtype):
+    """gpt-oss's features on the decode path (MXFP4 experts, biases of either dtype on each GEMM,
+    both activations; hidden 2880 = 90 MXFP4 blocks: padded 128x4 scales, a partial K stage) with
+    every block_m and tile, and through the op (backend "cuda", and "auto", which takes cuda below
+    16 routed rows per expert): bit-identical to the reference on grid-exact data. Above that,
+    cuda refuses them (the grouped Hopper GEMMs do not take them) and auto takes triton."""
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import why_not
+    from torch_fp4.problems import MoeProblem
+    from torch_fp4 import formats as F
+    hidden, inter = 2880, 64
+    for tokens in (1, 5, 20):
+        p, b1, b2 = exact_gpt_oss_problem(8, hidden, inter, tokens, seed=40 + tokens, bias_dtype=b1_dtype)
+        b2 = b2.to(b2_dtype)
+        ids, tw = random_routing(tokens, 8, 4, seed=41 + tokens)
+        kw = dict(block_size=32, w1_bias=b1, w2_bias=b2, activation=activation)
+        want = t4.fused_moe(p.x, *p.weights(), ids, tw, backend="reference", **kw)
+        w1, s1, _, w2, s2, _ = p.weights()
+        prob = MoeProblem.of(p.x, w1, s1, w2, s2, ids, None, None, 0, None, BF16, F.MXFP4, b1, b2, activation)
+        from torch_fp4.kernels.cuda import moe
+        for t in _small_m_tactics(hidden, inter):
+            assert why_not(t, prob) is None, (t, why_not(t, prob))
+            got = moe.fused_moe(p.x, *p.weights(), ids, tw, None, None, 0, BF16, True, F.MXFP4, b1, b2, activation,
+                                1.702, 7.0, tactic=t)
+            assert_same(got, want, f"{activation} T={tokens} {t.label()}")
+        for backend in ("cuda", "auto"):
+            assert_same(t4.fused_moe(p.x, *p.weights(), ids, tw, backend=backend, **kw), want,
+                        f"{activation} T={tokens} through the op, backend={backend}")
+        assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "cuda"
+    p, b1, b2 = exact_gpt_oss_problem(8, hidden, inter, 40, seed=49, bias_dtype=b1_dtype)
+    ids, tw = random_routing(40, 8, 4, seed=50)
+    kw = dict(block_size=32, w1_bias=b1, w2_bias=b2, activation=activation)
+    reason = t4.unsupported_reason("fused_moe", "cuda", p.x, *p.weights(), ids, tw, **kw)
+    assert reason is not None and "grouped Hopper GEMMs do not run" in reason, reason
+    assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "triton"
+
+
+def test_random_gpt_oss_decode_against_the_reference():
+    """A random gpt-oss-shaped problem (MXFP4 experts quantized from random bf16, bf16 biases, the
+    clamped SwiGLU, hidden 2880) on the decode path: within the random-data bound of
+    tests/test_gpu_moe.py."""
+    from torch_fp4 import testing as T
+    torch.manual_seed(11)
+    for tokens in (1, 6):
+        g = T.gpt_oss_moe_problem(tokens=tokens, hidden=2880, inter=256, experts=8, top_k=4, device=DEV)
+        got = t4.fused_moe(**g, backend="cuda").float()
+        want = t4.fused_moe(**g, backend="reference").float()
+        assert not got.isnan().any()
+        err = torch.linalg.norm(got - want) / torch.linalg.norm(want)
+        per_token = torch.linalg.norm(got - want, dim=1) / torch.linalg.norm(want, dim=1).clamp_min(1e-30)
+        assert err < 0.01 and per_token.max() < 0.02, (tokens, float(err), float(per_token.max()))

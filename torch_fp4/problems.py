@@ -175,26 +175,37 @@ class MoeProblem(Problem):
     strict_ids: bool                # no expert parallelism: ids outside [0, E) give NaN rows
     weight_align: int = 16          # the least alignment of w1, w1_scale, w2, w2_scale (bytes, <= 16)
     fmt: F.Fp4Format = F.NVFP4      # the experts' format (MXFP4: no global scales)
-    bias: bool = False              # expert biases on FC1 and/or FC2
-    activation: str = "swiglu"      # or "clamped_swiglu" (gpt-oss)
+    # the dtypes of w1_bias and w2_bias (None: no bias on that GEMM)
+    bias_dtypes: tuple[Optional[torch.dtype], Optional[torch.dtype]] = (None, None)
+    activation: str = "swiglu"      # or "clamped_swiglu" (gpt-oss) with:
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+
+    @property
+    def bias(self) -> bool:
+        """Expert biases on FC1 and/or FC2."""
+        return self.bias_dtypes != (None, None)
 
     @classmethod
     def of(cls, x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
            local_expert_offset, num_local_experts, out_dtype, fmt: F.Fp4Format = F.NVFP4,
-           bias: bool = False, activation: str = "swiglu") -> "MoeProblem":
+           w1_bias=None, w2_bias=None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
+           swiglu_limit: float = 7.0) -> "MoeProblem":
         return cls(tokens=x.shape[0], hidden=x.shape[1], inter=w1.shape[1] // 2, experts=w1.shape[0],
                    top_k=topk_ids.shape[1], w4a4=a1_global_scale is not None,
                    a2_per_expert=a2_global_scale is not None and a2_global_scale.numel() > 1,
                    x_dtype=x.dtype, out_dtype=out_dtype, local_expert_offset=local_expert_offset,
                    strict_ids=local_expert_offset == 0 and num_local_experts is None,
-                   weight_align=min(alignment(t) for t in (w1, w1_scale, w2, w2_scale)), fmt=fmt, bias=bias,
-                   activation=activation, **_where(x))
+                   weight_align=min(alignment(t) for t in (w1, w1_scale, w2, w2_scale)), fmt=fmt,
+                   bias_dtypes=tuple(None if b is None else b.dtype for b in (w1_bias, w2_bias)),
+                   activation=activation, swiglu_alpha=float(swiglu_alpha), swiglu_limit=float(swiglu_limit),
+                   **_where(x))
 
     @property
     def gpt_oss_features(self) -> Optional[str]:
         """gpt-oss's features of this problem (MXFP4 experts, expert biases, the clamped SwiGLU),
-        named, or None: the cuda and cute-dsl fused_moe kernels do not run them (the reference and
-        triton ones do)."""
+        named, or None: the cute-dsl fused_moe kernels and the cuda grouped Hopper GEMMs do not run
+        them (the reference, triton and cuda decode-path ones do)."""
         wanted = [what for what, on in (("MXFP4 experts", self.fmt is not F.NVFP4), ("expert biases", self.bias),
                                         ("the clamped SwiGLU", self.activation != "swiglu")) if on]
         return ", ".join(wanted) if wanted else None

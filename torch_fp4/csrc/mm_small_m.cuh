@@ -46,7 +46,9 @@
 // the same tile per block of routed rows of one expert (grid z), with three per-launch modes:
 // gather (activation rows from x through the pairs), swiglu (gate and up rows of the same output
 // columns in one CTA, SwiGLU in the epilogue, optionally NVFP4-exact) and scatter (output rows
-// in pair order). The main loop is the dense one; only the copy plan and the epilogue differ.
+// in pair order), and gpt-oss's features (per-expert biases added to RN(alpha * acc) in fp32,
+// the clamped SwiGLU, MXFP4 experts without global scales). The main loop is the dense one; only
+// the copy plan and the epilogue differ.
 // Every shared-memory load of the main loop goes through ctx.lds (a plain load on the GPU) or
 // ctx.ldmatrix_x4 so that
 // the emulator can check the bank-conflict freedom of the layouts on the addresses it executes.
@@ -167,9 +169,17 @@ struct GroupedParams : Params {
   int scatter;             // out row of grouped row r: row_index[r] (pair order), else r
   const float* qdq_gs;     // swiglu: NVFP4 intermediates, global scale qdq_gs[e * qdq_gs_stride]
   int qdq_gs_stride;       // (Ctx::nvfp4_qdq), else null
-  const float* w_gs;       // [experts] the weights' global scales
+  const float* w_gs;       // [experts] the weights' global scales (NVFP4), null for MXFP4 (alpha 1)
   const float* a_gs;       // the activations' global scale a_gs[e * a_gs_stride] (W4A4), or null
   int a_gs_stride;
+  // gpt-oss's features (spec section 6): bias [experts, bias_cols] (bf16 or fp32, bias_fp32) added
+  // to RN(alpha * acc) in fp32 before any rounding (swiglu: gate column c takes bias[c], up
+  // column c bias[n + c]); clamped (swiglu): gpt-oss's clamped SwiGLU with glu_alpha, glu_limit
+  const void* bias;
+  int64_t bias_cols;
+  int bias_fp32;
+  int clamped;
+  float glu_alpha, glu_limit;
 };
 
 // The parameters of a kernel instantiation.
@@ -631,6 +641,29 @@ TORCH_FP4_HD float swiglu_of(float gate, float up) {
   return mul_rn(div_rn(g, add_rn(1.0f, exp_f32(-g))), u);
 }
 
+// gpt-oss's clamped SwiGLU of one output element (spec section 6): gate and up rounded to bf16
+// (FC1's h), g = min(gate, L), u = clamp(up, -L, L) (NaN stays NaN), (u + 1) * (g * s) with
+// s = 1 / (1 + exp(-(alpha * g))), each fp32 operation rounded in this order (store_out rounds it).
+TORCH_FP4_HD float clamped_swiglu_of(float gate, float up, float alpha, float limit) {
+  float g = host_bf16_to_f32(round_out<kOutBf16>(gate)), u = host_bf16_to_f32(round_out<kOutBf16>(up));
+  g = g > limit ? limit : g;
+  u = u < -limit ? -limit : (u > limit ? limit : u);
+  const float s = div_rn(1.0f, add_rn(1.0f, exp_f32(-mul_rn(alpha, g))));
+  return mul_rn(add_rn(u, 1.0f), mul_rn(g, s));
+}
+
+TORCH_FP4_HD F4 add4(F4 a, F4 b) { return F4{add_rn(a.x, b.x), add_rn(a.y, b.y), add_rn(a.z, b.z), add_rn(a.w, b.w)}; }
+
+// Four fp32 bias values of columns c..c+3 (bf16 or fp32; exact in fp32).
+TORCH_FP4_DEV F4 load_bias4(const void* bias, int64_t c, int fp32) {
+  if (fp32) {
+    const float* b = static_cast<const float*>(bias) + c;
+    return F4{b[0], b[1], b[2], b[3]};
+  }
+  const uint16_t* b = static_cast<const uint16_t*>(bias) + c;
+  return F4{host_bf16_to_f32(b[0]), host_bf16_to_f32(b[1]), host_bf16_to_f32(b[2]), host_bf16_to_f32(b[3])};
+}
+
 // The CTA's work: weight rows (swiglu: output columns) from n0, rows of p (grouped: the block's,
 // from grouped row row0; p's pointers are the block expert's).
 template <class Cfg, class Ctx>
@@ -717,12 +750,15 @@ TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, in
   } else {
     ctx.sync();
   }
-  // grouped: the block's expert's alpha, from its global scales
-  const bool has_alpha = Cfg::kGrouped || p.alpha != nullptr;
+  // grouped: the block's expert's alpha, from its global scales (MXFP4: none, alpha 1)
+  bool has_alpha = p.alpha != nullptr;
   float alpha = 1.0f;
   if constexpr (Cfg::kGrouped) {
-    const float w = load_alpha(p.w_gs);
-    alpha = div_rn(1.0f, p.a_gs != nullptr ? mul_rn(load_alpha(p.a_gs), w) : w);
+    has_alpha = p.w_gs != nullptr;
+    if (has_alpha) {
+      const float w = load_alpha(p.w_gs);
+      alpha = div_rn(1.0f, p.a_gs != nullptr ? mul_rn(load_alpha(p.a_gs), w) : w);
+    }
   } else if (has_alpha) {
     alpha = load_alpha(p.alpha);
   }
@@ -751,9 +787,18 @@ TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, in
     F4 s = finish(local);
     int orow = m;
     if constexpr (Cfg::kGrouped) {
+      const int col = n0 + 4 * r4;
+      if (p.bias != nullptr) s = add4(s, load_bias4(p.bias, col, p.bias_fp32));
       if (glu) {
-        const F4 u = finish(local + kHalf);
-        s = F4{swiglu_of(s.x, u.x), swiglu_of(s.y, u.y), swiglu_of(s.z, u.z), swiglu_of(s.w, u.w)};
+        F4 u = finish(local + kHalf);
+        if (p.bias != nullptr) u = add4(u, load_bias4(p.bias, p.n + col, p.bias_fp32));
+        if (p.clamped) {
+          const float a = p.glu_alpha, l = p.glu_limit;
+          s = F4{clamped_swiglu_of(s.x, u.x, a, l), clamped_swiglu_of(s.y, u.y, a, l),
+                 clamped_swiglu_of(s.z, u.z, a, l), clamped_swiglu_of(s.w, u.w, a, l)};
+        } else {
+          s = F4{swiglu_of(s.x, u.x), swiglu_of(s.y, u.y), swiglu_of(s.z, u.z), swiglu_of(s.w, u.w)};
+        }
         // a 16-column block is 4 chunks of consecutive lanes (chunks per row: a multiple of 4), and
         // I % 16 == 0 makes the `continue` above skip whole blocks
         if (p.qdq_gs != nullptr) s = ctx.nvfp4_qdq(s, qdq_gs);
@@ -780,7 +825,9 @@ TORCH_FP4_DEV void small_m_mm(const ParamsOf<Cfg>& p, Ctx& ctx, int stages) {
     q.m = used < Cfg::kActRows ? used : Cfg::kActRows;
     q.w = p.w + e * p.w_expert;
     q.w_scale = p.w_scale + e * p.s_expert;
-    q.w_gs = p.w_gs + e;
+    if (p.w_gs != nullptr) q.w_gs = p.w_gs + e;
+    if (p.bias != nullptr)
+      q.bias = static_cast<const char*>(p.bias) + e * p.bias_cols * (p.bias_fp32 ? 4 : 2);
     if (p.a_gs != nullptr) q.a_gs = p.a_gs + e * p.a_gs_stride;
     if (p.qdq_gs != nullptr) q.qdq_gs = p.qdq_gs + e * p.qdq_gs_stride;
     if (!p.gather) q.act = p.act + static_cast<int64_t>(row0) * p.k;

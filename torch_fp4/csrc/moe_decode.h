@@ -18,6 +18,11 @@ struct MoeDecodePlan {
   int64_t w1_kp, w2_kp;      // bytes per scale row of w1_scale, w2_scale (128x4 layout)
   int64_t w1_s_expert, w2_s_expert;     // bytes between two experts' scales
   int64_t a2_gs_stride;      // W4A4: a2_global_scale [1] (0) or [E] (1); a1_global_scale is one value
+  // gpt-oss's features (spec section 6): MXFP4 experts (no global scales; bf16 activations), the
+  // dtypes of w1_bias and w2_bias (launch.h's DType: kBFloat16 or kFloat32; the pointers, null
+  // for none, come with each call), the activation (0 SwiGLU, 1 the clamped SwiGLU) and its
+  // alpha and limit as fp32 bit patterns
+  int64_t mx, bias1_dtype, bias2_dtype, activation, swiglu_alpha_bits, swiglu_limit_bits;
 };
 
 // The workspace of one call, carved from one buffer: the grouping (sorted_pairs [rows],

@@ -7,6 +7,7 @@
 // of the same columns); FC2 writes its rows in pair order (row_index[r]) for the finalize.
 #include <algorithm>
 #include <cstdint>
+#include <initializer_list>
 
 #include <cuda_runtime.h>
 
@@ -34,6 +35,10 @@ struct SmallMMoeArgs : SmallMMmArgs {
   const float* w_gs;
   const float* a_gs;
   int a_gs_stride;
+  const void* bias;        // gpt-oss's features (GroupedParams): bias [experts, bias_cols] or null,
+  int64_t bias_cols;       // the clamped SwiGLU
+  int bias_fp32, clamped;
+  float glu_alpha, glu_limit;
 };
 
 namespace small_m {
@@ -69,6 +74,12 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   p.w_gs = a.w_gs;
   p.a_gs = a.a_gs;
   p.a_gs_stride = a.a_gs_stride;
+  p.bias = a.bias;
+  p.bias_cols = a.bias_cols;
+  p.bias_fp32 = a.bias_fp32;
+  p.clamped = a.swiglu ? a.clamped : 0;
+  p.glu_alpha = a.glu_alpha;
+  p.glu_limit = a.glu_limit;
 
   const int smem = smem_bytes<Cfg>(a.stages);
   auto kernel = small_m_moe_kernel<Cfg>;
@@ -114,7 +125,7 @@ bool launch_variant(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
 bool launch_small_m_moe(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   if (a.stages < 2 || a.stages > 6 || a.split_k < 1 || a.split_k > small_m::kMaxSplit) return false;
   if (a.block_expert == nullptr || a.row_index == nullptr || a.expert_end == nullptr || a.top_k < 1) return false;
-  if (a.w_gs == nullptr) return false;
+  if (a.w_gs == nullptr && !a.mx) return false;   // NVFP4 experts have global scales
   if (a.blocks > small_m::kMaxBlocks) return false;
   if (a.blocks <= 0 || a.n <= 0) return true;
   return with_mm_variant(mm_variant(a), [&](auto v) {
@@ -126,10 +137,11 @@ bool launch_small_m_moe(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
 // weights (weight_rows rows of k / 2 bytes per expert) into out [.., n] bf16.
 SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, char* base, const void* act,
                           int act_fp16, const void* w, const void* w_scale, const float* w_gs, void* out, int64_t n,
-                          int64_t k, int64_t weight_rows, int64_t kp, int64_t s_expert, int64_t split) {
+                          int64_t k, int64_t weight_rows, int64_t kp, int64_t s_expert, int64_t split,
+                          const void* bias, int64_t bias_cols, int64_t bias_dtype) {
   SmallMMoeArgs a{};
-  static_cast<SmallMMmArgs&>(a) =
-      small_m_args(make_mm_operands(act, w, w_scale, nullptr, out, ws.rows, n, k, kp, act_fp16, 0, kBFloat16, 0),
+  static_cast<SmallMMmArgs&>(a) = small_m_args(
+      make_mm_operands(act, w, w_scale, nullptr, out, ws.rows, n, k, kp, act_fp16, static_cast<int>(p.mx), kBFloat16, 0),
                    static_cast<int>(p.warps), static_cast<int>(p.tiles_per_warp), static_cast<int>(p.block_k),
                    static_cast<int>(p.stages), static_cast<int>(split));
   a.block_m = static_cast<int>(p.block_m);
@@ -142,6 +154,9 @@ SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, 
   a.expert_end = reinterpret_cast<const int*>(base + ws.expert_end);
   a.top_k = static_cast<int>(p.top_k);
   a.w_gs = w_gs;
+  a.bias = bias;
+  a.bias_cols = bias_cols;
+  a.bias_fp32 = bias_dtype == kFloat32 ? 1 : 0;
   return a;
 }
 
@@ -151,6 +166,10 @@ bool decode_plan_ok(const MoeDecodePlan& p) {
   if (p.tokens < 1 || p.top_k < 1 || p.experts < 1 || p.hidden < 16 || p.inter < 16) return false;
   if (p.hidden % moe_route::kSumColumns || p.experts > moe_route::kMaxExperts) return false;
   if (p.block_m != 8 && p.block_m != 16 && p.block_m != 32 && p.block_m != 64) return false;
+  if (p.mx != 0 && p.mx != 1) return false;
+  for (const int64_t d : {p.bias1_dtype, p.bias2_dtype})
+    if (d != kBFloat16 && d != kFloat32) return false;
+  if (p.activation != 0 && p.activation != 1) return false;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);
   return ws.rows < (int64_t{1} << 31) && ws.blocks <= small_m::kMaxBlocks;
 }
@@ -177,7 +196,8 @@ TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const
                                         const void* x, const void* w1, const void* w1_scale, const float* w1_gs,
                                         const void* w2, const void* w2_scale, const float* w2_gs,
                                         const int* topk_ids, const float* topk_weights, const float* a1_gs,
-                                        const float* a2_gs, void* out, void* workspace, void* graph) {
+                                        const float* a2_gs, const void* w1_bias, const void* w2_bias, void* out,
+                                        void* workspace, void* graph) {
   using namespace torch_fp4;
   if (const int e = capi_begin(device)) return e;
   if (plan == nullptr || !decode_plan_ok(*plan) || workspace == nullptr) return kNotCompiled;
@@ -192,16 +212,21 @@ TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const
                             reinterpret_cast<int*>(base + ws.expert_end), s, use_pdl);
 
     SmallMMoeArgs fc1 = decode_gemm(p, ws, base, x, static_cast<int>(p.act_fp16), w1, w1_scale, w1_gs, base + ws.h,
-                                    p.inter, p.hidden, 2 * p.inter, p.w1_kp, p.w1_s_expert, p.fc1_split);
+                                    p.inter, p.hidden, 2 * p.inter, p.w1_kp, p.w1_s_expert, p.fc1_split, w1_bias,
+                                    2 * p.inter, p.bias1_dtype);
     fc1.gather = 1;
     fc1.swiglu = 1;
+    fc1.clamped = static_cast<int>(p.activation);
+    fc1.glu_alpha = small_m::bits_to_float(static_cast<uint32_t>(p.swiglu_alpha_bits));
+    fc1.glu_limit = small_m::bits_to_float(static_cast<uint32_t>(p.swiglu_limit_bits));
     fc1.qdq_gs = a2_gs;
     fc1.qdq_gs_stride = static_cast<int>(p.a2_gs_stride);
     fc1.a_gs = a1_gs;   // one value: a_gs_stride 0
     bool launched = launch_small_m_moe(fc1, s, use_pdl);
 
     SmallMMoeArgs fc2 = decode_gemm(p, ws, base, base + ws.h, 0, w2, w2_scale, w2_gs, base + ws.y, p.hidden, p.inter,
-                                    p.hidden, p.w2_kp, p.w2_s_expert, p.fc2_split);
+                                    p.hidden, p.w2_kp, p.w2_s_expert, p.fc2_split, w2_bias, p.hidden,
+                                    p.bias2_dtype);
     fc2.scatter = 1;
     fc2.a_gs = a2_gs;
     fc2.a_gs_stride = static_cast<int>(p.a2_gs_stride);

@@ -221,8 +221,8 @@ def _moe_problem(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
                                        local_expert_offset, num_local_experts, out_dtype, backend, block_size,
                                        w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
     return MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
-                         local_expert_offset, num_local_experts, out_dtype, fmt,
-                         w1_bias is not None or w2_bias is not None, activation), bk
+                         local_expert_offset, num_local_experts, out_dtype, fmt, w1_bias, w2_bias, activation,
+                         swiglu_alpha, swiglu_limit), bk
 
 
 def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: Optional[torch.Tensor],
@@ -235,8 +235,8 @@ def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glo
                activation: str = "swiglu", swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
     # Without expert parallelism every id must name an expert of w1: the kernels check it on the
     # device (NaN rows, spec section 6; MoeProblem.strict_ids), so no call reads anything back.
-    # Problems with the gpt-oss features (MoeProblem.gpt_oss_features) run on the reference and
-    # triton backends, whose launchers alone take them (the launch arguments after strict_ids).
+    # Problems with the gpt-oss features (MoeProblem.gpt_oss_features) run on the reference,
+    # triton and cuda backends, whose launchers alone take them (the arguments after strict_ids).
     def build(p: MoeProblem) -> tuple:
         launch = (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                   a1_global_scale, a2_global_scale, local_expert_offset, p.out_dtype, p.strict_ids)
@@ -287,8 +287,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     (silu(gate) * up) or "clamped_swiglu" (gpt-oss: gate clamped above at swiglu_limit, up to
     [-swiglu_limit, swiglu_limit], (up + 1) * gate * sigmoid(swiglu_alpha * gate)); swiglu_alpha
     and swiglu_limit are used only by "clamped_swiglu". MXFP4 experts, biases and the clamped
-    SwiGLU run on the reference and triton (W4A16) backends; the cuda and cute-dsl ones say so
-    and `auto` skips them.
+    SwiGLU run on the reference backend and, W4A16, on triton and the cuda decode path (below 16
+    routed rows per expert); the cute-dsl one says so and `auto` skips it.
     Expert parallelism: pass local_expert_offset and num_local_experts (= w1.shape[0]); w1/w2
     hold experts offset .. offset+E-1 and pairs routed elsewhere contribute zero. Without expert
     parallelism (neither given) every id must lie in [0, E): a token with an id outside it gets

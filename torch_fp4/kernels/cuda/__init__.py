@@ -84,8 +84,6 @@ def _moe_reason(p: Problem) -> Optional[str]:
 
 def requirement(op: str, p: Problem) -> Optional[str]:
     if op == "fused_moe":
-        if p.gpt_oss_features is not None:
-            return f"the cuda fused_moe kernels do not run {p.gpt_oss_features} yet (the reference backend does)"
         # The grouping, SwiGLU and finalize around the GEMMs are Triton kernels.
         reason = cuda_requirement(p, "triton", (9, 0))
         if reason is None:

@@ -63,6 +63,7 @@ LIBRARIES: dict[str, tuple[Unit, ...]] = {
     # FC2 reads the bf16 intermediate: both variants)
     "moe_small_m0": (Unit("moe_small_m.cu", (0,)),),
     "moe_small_m2": (Unit("moe_small_m.cu", (2, 0)),),
+    "moe_small_m4": (Unit("moe_small_m.cu", (4,)),),
 }
 
 

@@ -16,7 +16,10 @@ GEMM from the global scales. W4A4 replaces x by the exact values of its quantiza
 (quantize.nvfp4_exact_values: one launch before the call), and FC1's epilogue quantizes its
 output with a2_global_scale and writes the exact dequantized values (16 columns of a row are four
 lanes' chunks: one shuffle pair gives the block amax), the global scales entering through the
-alphas.
+alphas. gpt-oss's features (W4A16; the plan holds them): MXFP4 experts (the moe_small_m4
+library, alpha 1), w1_bias / w2_bias added to FC1's gate and up sums and to FC2's sums in fp32
+before rounding, the clamped SwiGLU in FC1's epilogue (spec section 6); the grouped Hopper GEMMs
+below do not take them (moe_tactics.why_not).
 
 From SMALL_M_BELOW rows per expert (WgmmaMoeTactic): the shared grouped-GEMM MoE launches (kernels/triton/moe_grouped.py: align, gather, alphas,
 inverse permutation, finalize) around the Hopper FP4-weight GEMM of csrc/mm_wgmma.cu run grouped
@@ -36,6 +39,7 @@ from __future__ import annotations
 import atexit
 import ctypes
 import math
+import struct
 from typing import NamedTuple, Optional
 
 import torch
@@ -135,14 +139,18 @@ def _decode(p: MoeProblem, t: SmallMMoeTactic, w1_scale: torch.Tensor, w2_scale:
     if d is not None and d.problem is p and d.tactic is t:
         return d
     fp16 = p.x_dtype == torch.float16 and not p.w4a4   # W4A4's FC1 reads bf16 exact values
+    mx = p.fmt is F.MXFP4
     plan = MoeDecodePlan(
         tokens=p.tokens, hidden=p.hidden, inter=p.inter, experts=p.experts, top_k=p.top_k,
         local_offset=p.local_expert_offset, strict=int(p.strict_ids), act_fp16=int(fp16),
         out_dtype=DTYPE_CODES[p.out_dtype], block_m=t.block_m, warps=t.warps, tiles_per_warp=t.tiles_per_warp,
         block_k=t.block_k, stages=t.stages, fc1_split=t.fc1_split, fc2_split=t.fc2_split,
         w1_kp=w1_scale.shape[2], w2_kp=w2_scale.shape[2], w1_s_expert=w1_scale.stride(0) * w1_scale.element_size(),
-        w2_s_expert=w2_scale.stride(0) * w2_scale.element_size(), a2_gs_stride=int(p.a2_per_expert))
-    name = f"moe_small_m{mm_variant(fp16, False, False)}"
+        w2_s_expert=w2_scale.stride(0) * w2_scale.element_size(), a2_gs_stride=int(p.a2_per_expert),
+        mx=int(mx), bias1_dtype=DTYPE_CODES[p.bias_dtypes[0] or torch.bfloat16],
+        bias2_dtype=DTYPE_CODES[p.bias_dtypes[1] or torch.bfloat16], activation=int(p.activation != "swiglu"),
+        swiglu_alpha_bits=_f32_bits(p.swiglu_alpha), swiglu_limit_bits=_f32_bits(p.swiglu_limit))
+    name = f"moe_small_m{mm_variant(fp16, mx, False)}"
     nbytes = library(p.device.index, name).moe_decode_workspace_bytes(ctypes.addressof(plan))
     if nbytes < 0 or nbytes != workspace_layout(p, t.block_m)[1]:
         raise RuntimeError(f"torch_fp4 internal: the cuda fused_moe decode path refused its plan {plan_fields(plan)} "
@@ -182,11 +190,17 @@ def workspace_views(d: _Decode, workspace: torch.Tensor) -> dict[str, torch.Tens
             for name, (offset, dtype, shape) in layout.items()}
 
 
+def _f32_bits(v: float) -> int:
+    return struct.unpack("<I", struct.pack("<f", v))[0]
+
+
 def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                  a1_global_scale, a2_global_scale, out_dtype, p: MoeProblem, t: SmallMMoeTactic,
-                 keep_workspace: Optional[list] = None) -> torch.Tensor:
+                 keep_workspace: Optional[list] = None, w1_bias: Optional[torch.Tensor] = None,
+                 w2_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The decode path: one C call (csrc/moe_small_m.cu torch_fp4_moe_decode) on the plan of
-    (p, t); `keep_workspace` (tests) receives the call's workspace."""
+    (p, t), which holds the experts' format, the biases' dtypes and the activation (p's);
+    `keep_workspace` (tests) receives the call's workspace."""
     out = _common.prepare_outputs(meta.fused_moe(x, out_dtype))
     if p.tokens == 0 or p.top_k == 0:
         return out.zero_() if p.tokens else out
@@ -203,13 +217,18 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
         a = nvfp4_exact_values(x, a1)
     elif a.data_ptr() % 16:
         a = a.clone()
-    g1, g2 = w1_global_scale.contiguous(), w2_global_scale.contiguous()
+    g1 = None if w1_global_scale is None else w1_global_scale.contiguous()   # MXFP4: none
+    g2 = None if w2_global_scale is None else w2_global_scale.contiguous()
+    b1 = None if w1_bias is None else w1_bias.contiguous()
+    b2 = None if w2_bias is None else w2_bias.contiguous()
     ids, tw = topk_ids.contiguous(), topk_weights.contiguous()
     i = x.get_device()
     lib = library(i, d.library)
     status = lib.moe_decode(i, raw_stream(i), _common.PDL, d.address, a.data_ptr(), w1.data_ptr(), w1_scale.data_ptr(),
-                            g1.data_ptr(), w2.data_ptr(), w2_scale.data_ptr(), g2.data_ptr(), ids.data_ptr(),
-                            tw.data_ptr(), None if a1 is None else a1.data_ptr(), None if a2 is None else a2.data_ptr(),
+                            None if g1 is None else g1.data_ptr(), w2.data_ptr(), w2_scale.data_ptr(),
+                            None if g2 is None else g2.data_ptr(), ids.data_ptr(), tw.data_ptr(),
+                            None if a1 is None else a1.data_ptr(), None if a2 is None else a2.data_ptr(),
+                            None if b1 is None else b1.data_ptr(), None if b2 is None else b2.data_ptr(),
                             out.data_ptr(), workspace.data_ptr(), d.graph.address if EAGER_GRAPHS else None)
     if status:
         lib.check(status, f"fused_moe decode path ({plan_fields(d.plan)})")
@@ -221,13 +240,19 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
-              tactic: Optional[WgmmaMoeTactic] = None, problem: Optional[MoeProblem] = None) -> torch.Tensor:
+              fmt: F.Fp4Format = F.NVFP4, w1_bias: Optional[torch.Tensor] = None,
+              w2_bias: Optional[torch.Tensor] = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
+              swiglu_limit: float = 7.0, tactic: Optional[WgmmaMoeTactic] = None,
+              problem: Optional[MoeProblem] = None) -> torch.Tensor:
+    """The reference launcher's arguments; gpt-oss's (fmt .. swiglu_limit) run on the decode path
+    only (moe_tactics.why_not)."""
     p = problem or MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
-                                 local_expert_offset, None if strict_ids else w1.shape[0], out_dtype)
+                                 local_expert_offset, None if strict_ids else w1.shape[0], out_dtype, fmt,
+                                 w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
     t = tactic_or_default(tactic, MOE_SPACE, p, op="fused_moe")
     if isinstance(t, SmallMMoeTactic):
         return _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
-                            a1_global_scale, a2_global_scale, out_dtype, p, t)
+                            a1_global_scale, a2_global_scale, out_dtype, p, t, w1_bias=w1_bias, w2_bias=w2_bias)
 
     def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu):
         return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=t)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import torch
+
 from ... import formats as F
 from ...backends import Backend
 from ...problems import MoeProblem
@@ -64,6 +66,10 @@ def problem_reason(p: MoeProblem) -> Optional[str]:
         return "one expert's weights are beyond 2^31 bytes (32-bit offsets)"
     if p.weight_align < 8:
         return "w1 and w2 must be 8-byte aligned, their scales 4-byte aligned"
+    if p.w4a4 and p.gpt_oss_features is not None:
+        return f"the decode path runs {p.gpt_oss_features} in W4A16 only"
+    if p.fmt is F.MXFP4 and p.x_dtype != torch.bfloat16:
+        return "the decode path runs MXFP4 experts on bf16 activations only"
     return None
 
 
@@ -87,7 +93,7 @@ def why_not(t: SmallMMoeTactic, p: MoeProblem) -> Optional[str]:
     blocks = max_blocks(p.tokens * p.top_k, p.experts, t.block_m)
     if blocks > MAX_GRID_Z:
         return f"{blocks} blocks of {t.block_m} routed rows exceed the grid's {MAX_GRID_Z}"
-    return smem_reason(sm.smem_bytes(t.gemm_tactic(1), nb, F.NVFP4.block_size),
+    return smem_reason(sm.smem_bytes(t.gemm_tactic(1), nb, p.fmt.block_size),
                        problem_smem_per_block(p, sm.SM90_SMEM_PER_BLOCK))
 
 

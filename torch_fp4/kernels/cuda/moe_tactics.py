@@ -76,6 +76,9 @@ def why_not(t: Tactic, p: MoeProblem) -> Optional[str]:
         return small.why_not(t, p)
     if not isinstance(t, WgmmaMoeTactic):
         return f"{t.family} is not a cuda fused_moe tactic"
+    if p.gpt_oss_features is not None:
+        return (f"the grouped Hopper GEMMs do not run {p.gpt_oss_features} (the decode path does, below "
+                f"{SMALL_M_BELOW} routed rows per expert)")
     reason = problem_reason(p) or wg.tile_reason(t.block_m, t.stages, t.ctas_per_sm, BLOCK_MS)
     if reason is not None:
         return reason

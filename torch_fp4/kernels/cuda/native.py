@@ -32,7 +32,7 @@ SIGNATURES = {
     "mm_wgmma_workspace_bytes": (_L, (_I,) + _MM + (_I,) * 6),
     "mm_wgmma_grouped": (_I, _HEAD + _MM + (_I,) * 5 + (_P, _L, _L, _L)),
     "moe_decode_workspace_bytes": (_L, (_P,)),
-    "moe_decode": (_I, _HEAD + (_P,) * 15),
+    "moe_decode": (_I, _HEAD + (_P,) * 17),
     "moe_decode_graph_create": (_P, (_I,)),
     "moe_decode_graph_destroy": (_I, (_I, _P)),
     "moe_decode_graph_state": (_I, (_P,)),
@@ -46,7 +46,8 @@ class MoeDecodePlan(ctypes.Structure):
     _fields_ = [(name, _L) for name in (
         "tokens", "hidden", "inter", "experts", "top_k", "local_offset", "strict", "act_fp16", "out_dtype",
         "block_m", "warps", "tiles_per_warp", "block_k", "stages", "fc1_split", "fc2_split", "w1_kp", "w2_kp",
-        "w1_s_expert", "w2_s_expert", "a2_gs_stride")]
+        "w1_s_expert", "w2_s_expert", "a2_gs_stride", "mx", "bias1_dtype", "bias2_dtype", "activation", "swiglu_alpha_bits",
+        "swiglu_limit_bits")]
 
 
 # launch.h's DType codes.
