@@ -85,6 +85,21 @@ def test_small_m_family_below_16_rows_per_expert():
         assert all(MT.why_not(c, p) is None for c in cands)
 
 
+def test_gpt_oss_limits_named():
+    """gpt-oss's features run W4A16 on both cuda families (MXFP4 experts on bf16 activations)."""
+    from torch_fp4 import formats as F
+    from torch_fp4.kernels.cuda import moe_tactics as MT
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic as S
+    for t, tokens in ((S(8), 4), (MT.WgmmaMoeTactic(128, 4, 1), 256)):
+        ok = _problem(tokens, 8, 2, hidden=2880, inter=2880, fmt=F.MXFP4, bias_dtypes=(BF16, torch.float32),
+                      activation="clamped_swiglu", capability=(9, 0))
+        assert MT.why_not(t, ok) is None, (t, MT.why_not(t, ok))
+        assert "bf16 activations only" in MT.why_not(t, _problem(tokens, 8, 2, hidden=2880, inter=2880, fmt=F.MXFP4,
+                                                                   x_dtype=torch.float16, capability=(9, 0)))
+        assert "W4A16 only" in MT.why_not(t, _problem(tokens, 8, 2, w4a4=True, bias_dtypes=(BF16, None),
+                                                       capability=(9, 0)))
+
+
 def test_small_m_limits_named():
     from torch_fp4.kernels.cuda import moe_tactics as MT
     from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic as S
@@ -105,7 +120,9 @@ def test_small_m_limits_named():
 # ---------------------------------------------------------------------------------------------
 # The launches around the GEMM, under Triton's interpreter (a subprocess)
 # ---------------------------------------------------------------------------------------------
-def emulated_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m):
+def emulated_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m, out_dtype=BF16, mx=False):
+    """out_dtype fp32: RN_fp32(alpha[e] * sum), unrounded to bf16 (the biases follow); mx: MXFP4
+    experts."""
     from torch_fp4 import formats as F
     from torch_fp4.kernels.triton import moe_grouped
     from torch_fp4.reference.quantize import dequantize_fp32
@@ -115,13 +132,13 @@ def emulated_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m):
         a_hat = a.float()
     else:
         a_hat = dequantize_fp32(a, a_scale, None, F.NVFP4, F.SfLayout.LINEAR)
-    out = torch.full((rows, w.shape[1]), float("nan"), dtype=BF16)   # unused blocks: not written
+    out = torch.full((rows, w.shape[1]), float("nan"), dtype=out_dtype)   # unused blocks: not written
     for b, e in enumerate(block_expert.tolist()):
         if e < 0:
             continue
         r = slice(b * block_m, (b + 1) * block_m)
-        w_hat = dequantize_fp32(w[e], w_scale[e], None, F.NVFP4, F.SfLayout.LAYOUT_128x4)
-        out[r] = ((a_hat[r].double() @ w_hat.double().T).float() * alpha[e]).to(BF16)
+        w_hat = dequantize_fp32(w[e], w_scale[e], None, F.MXFP4 if mx else F.NVFP4, F.SfLayout.LAYOUT_128x4)
+        out[r] = ((a_hat[r].double() @ w_hat.double().T).float() * alpha[e]).to(out_dtype)
     return moe_grouped.silu_mul(out, block_expert, block_m) if swiglu else out
 
 
@@ -174,7 +191,7 @@ def check_glue_interpreted():
         assert want.abs().max() > 0.01, f"{what}: no signal"
         # W4A4 as codes and scales (the cute-dsl backend) and as exact 16-bit values (cuda)
         for exact in (None, reference_exact_values) if a1 is not None else (None,):
-            g = MG.GroupedGemm(gemm=lambda *args: emulated_gemm(*args, block_m), block_m=block_m,
+            g = MG.GroupedGemm(gemm=lambda *args, **kw: emulated_gemm(*args, block_m, **kw), block_m=block_m,
                                quantize=nvfp4_quantize, sf_layout=F.SfLayout.LINEAR, exact=exact)
             got = MG.fused_moe(x, *weights, ids, tw, a1, a2, lo, BF16, lo == 0, g)
             d = (got.float() - want.float()).abs()
@@ -193,6 +210,48 @@ def check_glue_interpreted():
     same(moe, x, ids, tw, a1, a2_one, 64, what="W4A4 a2[1]")
     same(moe, x, ids, tw, a1, a2_each, 64, what="W4A4 a2[E]")
     check_expert_parallel(same, moe, x, ids, tw, 64)
+    check_gpt_oss_glue(moe, x, ids, tw)
+
+
+def check_gpt_oss_glue(moe, x, ids, tw):
+    """gpt-oss's features through the shared launches (moe_grouped.fused_moe's gpt_oss: the GEMM's
+    MXFP4 variant and fp32 results, silu_mul's bias and clamp, add_bias_rows): bit for bit the
+    reference, for MXFP4 experts and NVFP4 experts, each bias alone, both, fp32 and bf16, both
+    activations, every block_m."""
+    from torch_fp4 import formats as F
+    from torch_fp4 import reference
+    from torch_fp4 import testing as T
+    from torch_fp4.kernels.triton import moe_grouped as MG
+    from torch_fp4.kernels.triton.moe_gemm import GptOss
+    from torch_fp4.reference.quantize import nvfp4_quantize
+    torch.manual_seed(5)
+    g = T.gpt_oss_moe_problem(tokens=9, hidden=96, inter=64, experts=4, top_k=2)
+    mx_w = (g["w1"], g["w1_scale"], None, g["w2"], g["w2_scale"], None)
+    b1, b2 = g["w1_bias"] * 4, g["w2_bias"]
+    cases = [("MXFP4", mx_w, g["x"], g["topk_ids"], g["topk_weights"], 4)]
+    cases.append(("NVFP4", moe.weights(), x, ids, tw, moe.e))
+    for name, weights, xx, ii, ww, experts in cases:
+        fmt = F.MXFP4 if name == "MXFP4" else F.NVFP4
+        two_i, hidden = weights[0].shape[1], xx.shape[1]
+        gen = torch.Generator().manual_seed(7)
+        bias1 = torch.randn(experts, two_i, generator=gen) * 4
+        bias2 = torch.randn(experts, hidden, generator=gen)
+        combos = [(bias1.to(BF16), bias2.to(BF16), "clamped_swiglu"), (bias1, None, "swiglu"),
+                  (None, bias2, "clamped_swiglu"), (None, None, "clamped_swiglu"), (bias1, bias2.to(BF16), "swiglu")]
+        if name == "MXFP4":
+            combos.append((None, None, "swiglu"))
+            combos[0] = (b1, b2, "clamped_swiglu")
+        for w1b, w2b, act in combos:
+            want = reference.fused_moe(xx, *weights, ii, ww, None, None, 0, BF16, True, fmt, w1b, w2b, act, 1.702, 7.0)
+            go = GptOss(fmt is F.MXFP4, w1b, w2b, act == "clamped_swiglu", 1.702, 7.0)
+            for bm in (64, 128):
+                gg = MG.GroupedGemm(gemm=lambda *args, **kw: emulated_gemm(*args, bm, **kw), block_m=bm,
+                                    quantize=nvfp4_quantize, sf_layout=F.SfLayout.LINEAR)
+                got = MG.fused_moe(xx, *weights, ii, ww, None, None, 0, BF16, True, gg, go)
+                what = (f"{name} block_m {bm} w1_bias {None if w1b is None else w1b.dtype} "
+                        f"w2_bias {None if w2b is None else w2b.dtype} {act}")
+                d = (got.float() - want.float()).abs()
+                assert torch.equal(got, want), f"{what}: {int((d > 0).sum())} of {d.numel()} differ, max {d.max()}"
 
 
 def test_glue_under_interpreter():

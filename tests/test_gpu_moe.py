@@ -583,7 +583,7 @@ def exact_gpt_oss_problem(experts, hidden, inter, tokens, seed, bias_dtype):
 def test_exact_gpt_oss_features_every_tile(cfg_id, bias_dtype, activation):
     """MXFP4 experts with biases (hidden 2880 = 90 blocks of 32: the 128x4 scales padded) through
     the Triton launcher on every tile shape, and through the public op with backend="triton" and
-    "auto" (which takes triton for these W4A16 problems): bit-identical to the reference."""
+    "auto": bit-identical to the reference."""
     from torch_fp4.kernels.triton import moe_fused as MF, moe_gemm as MG
     tiles = [None, MG.MoeConfig(16, True, MG.GemmTile(64, 128), MG.GemmTile(64, 128), 4),
              MG.MoeConfig(128, False, MG.GemmTile(64, 64, 8), MG.GemmTile(128, 64, 8)),
@@ -599,4 +599,4 @@ def test_exact_gpt_oss_features_every_tile(cfg_id, bias_dtype, activation):
         for backend in ("triton", "auto"):
             assert_same(t4.fused_moe(p.x, *p.weights(), ids, tw, backend=backend, **kw), want,
                         f"gpt-oss features through the op, backend={backend}")
-        assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "triton"
+        assert "triton" in [b.label for b in t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)]

@@ -360,11 +360,11 @@ def test_small_m_fc1_swiglu_bits_over_a_range_of_gates(qdq):
 @pytest.mark.parametrize("b1_dtype,b2_dtype", [(BF16, torch.float32), (torch.float32, BF16), (BF16, BF16)],
                          ids=["bf16-fp32", "fp32-bf16", "bf16-bf16"])
 def test_exact_gpt_oss_decode_tactics(activation, b1_dtype, b2_dtype):
-    """gpt-oss's features on the decode path (MXFP4 experts, biases of either dtype on each GEMM,
-    both activations; hidden 2880 = 90 MXFP4 blocks: padded 128x4 scales, a partial K stage) with
-    every block_m and tile, and through the op (backend "cuda", and "auto", which takes cuda below
-    16 routed rows per expert): bit-identical to the reference on grid-exact data. Above that,
-    cuda refuses them (the grouped Hopper GEMMs do not take them) and auto takes triton."""
+    """gpt-oss's features on the cuda backend (MXFP4 experts, biases of either dtype on each GEMM,
+    both activations; hidden 2880 = 90 MXFP4 blocks: padded 128x4 scales, a partial K stage): the
+    decode path with every block_m and tile (T = 1, 5, 20: below 16 routed rows per expert), the
+    grouped Hopper GEMMs with every tactic (T = 40), and the op (backend "cuda", and "auto", which
+    takes cuda): bit-identical to the reference on grid-exact data."""
     from torch_fp4.kernels.cuda.moe_small_m_tactics import why_not
     from torch_fp4.problems import MoeProblem
     from torch_fp4 import formats as F
@@ -388,20 +388,25 @@ def test_exact_gpt_oss_decode_tactics(activation, b1_dtype, b2_dtype):
                         f"{activation} T={tokens} through the op, backend={backend}")
         assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "cuda"
     p, b1, b2 = exact_gpt_oss_problem(8, hidden, inter, 40, seed=49, bias_dtype=b1_dtype)
+    b2 = b2.to(b2_dtype)
     ids, tw = random_routing(40, 8, 4, seed=50)
     kw = dict(block_size=32, w1_bias=b1, w2_bias=b2, activation=activation)
-    reason = t4.unsupported_reason("fused_moe", "cuda", p.x, *p.weights(), ids, tw, **kw)
-    assert reason is not None and "grouped Hopper GEMMs do not run" in reason, reason
-    assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "triton"
+    want = t4.fused_moe(p.x, *p.weights(), ids, tw, backend="reference", **kw)
+    for t in _tactics():
+        got = moe.fused_moe(p.x, *p.weights(), ids, tw, None, None, 0, BF16, True, F.MXFP4, b1, b2, activation,
+                            1.702, 7.0, tactic=t)
+        assert_same(got, want, f"{activation} T=40 {t.label()}")
+    assert_same(t4.fused_moe(p.x, *p.weights(), ids, tw, **kw), want, f"{activation} T=40 auto")
+    assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "cuda"
 
 
 def test_random_gpt_oss_decode_against_the_reference():
     """A random gpt-oss-shaped problem (MXFP4 experts quantized from random bf16, bf16 biases, the
-    clamped SwiGLU, hidden 2880) on the decode path: within the random-data bound of
-    tests/test_gpu_moe.py."""
+    clamped SwiGLU, hidden 2880) on the decode path and the grouped Hopper GEMMs: within the
+    random-data bound of tests/test_gpu_moe.py."""
     from torch_fp4 import testing as T
     torch.manual_seed(11)
-    for tokens in (1, 6):
+    for tokens in (1, 6, 64):   # 64: 32 routed rows per expert, the grouped Hopper GEMMs
         g = T.gpt_oss_moe_problem(tokens=tokens, hidden=2880, inter=256, experts=8, top_k=4, device=DEV)
         got = t4.fused_moe(**g, backend="cuda").float()
         want = t4.fused_moe(**g, backend="reference").float()

@@ -287,8 +287,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     (silu(gate) * up) or "clamped_swiglu" (gpt-oss: gate clamped above at swiglu_limit, up to
     [-swiglu_limit, swiglu_limit], (up + 1) * gate * sigmoid(swiglu_alpha * gate)); swiglu_alpha
     and swiglu_limit are used only by "clamped_swiglu". MXFP4 experts, biases and the clamped
-    SwiGLU run on the reference backend and, W4A16, on triton and the cuda decode path (below 16
-    routed rows per expert); the cute-dsl one says so and `auto` skips it.
+    SwiGLU run on the reference backend and, W4A16, on triton and cuda; the cute-dsl one says so
+    and `auto` skips it.
     Expert parallelism: pass local_expert_offset and num_local_experts (= w1.shape[0]); w1/w2
     hold experts offset .. offset+E-1 and pairs routed elsewhere contribute zero. Without expert
     parallelism (neither given) every id must lie in [0, E): a token with an id outside it gets

@@ -18,8 +18,8 @@ output with a2_global_scale and writes the exact dequantized values (16 columns 
 lanes' chunks: one shuffle pair gives the block amax), the global scales entering through the
 alphas. gpt-oss's features (W4A16; the plan holds them): MXFP4 experts (the moe_small_m4
 library, alpha 1), w1_bias / w2_bias added to FC1's gate and up sums and to FC2's sums in fp32
-before rounding, the clamped SwiGLU in FC1's epilogue (spec section 6); the grouped Hopper GEMMs
-below do not take them (moe_tactics.why_not).
+before rounding, the clamped SwiGLU in FC1's epilogue (spec section 6). The grouped Hopper GEMMs
+below take them through moe_grouped's gpt_oss (MXFP4 variant, fp32 results where a bias follows).
 
 From SMALL_M_BELOW rows per expert (WgmmaMoeTactic): the shared grouped-GEMM MoE launches (kernels/triton/moe_grouped.py: align, gather, alphas,
 inverse permutation, finalize) around the Hopper FP4-weight GEMM of csrc/mm_wgmma.cu run grouped
@@ -51,6 +51,7 @@ from .._common import tactic_or_default
 from ... import meta
 from ..triton import moe_grouped
 from ..triton.moe_align import max_blocks
+from ..triton.moe_gemm import GptOss
 from .build import mm_variant
 from .moe_tactics import MOE_SPACE, SmallMMoeTactic, WgmmaMoeTactic
 from .native import DTYPE_CODES, MoeDecodePlan, library, raw_stream
@@ -60,22 +61,25 @@ LAYOUT = F.SfLayout.LINEAR   # the quantized activations' scales: never read by 
 
 
 def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Tensor, w_scale: torch.Tensor,
-                  alpha: torch.Tensor, block_expert: torch.Tensor, swiglu: bool, *,
+                  alpha: torch.Tensor, block_expert: torch.Tensor, swiglu: bool,
+                  out_dtype: torch.dtype = torch.bfloat16, mx: bool = False, *,
                   tactic: WgmmaMoeTactic) -> torch.Tensor:
+    """moe_grouped.GroupedGemm's gemm: out_dtype bf16, or fp32 (RN(alpha * acc), for the biases);
+    mx: MXFP4 experts (bf16 activations)."""
     rows, k = a.shape[0], w.shape[2] * 2
     experts, n = w.shape[0], w.shape[1]
     if a_scale is not None:   # W4A4 arrives as exact 16-bit values (GroupedGemm.exact)
         raise RuntimeError("torch_fp4 internal: the cuda grouped GEMM takes 16-bit activations only")
-    out = torch.empty((rows, n), dtype=torch.bfloat16, device=a.device)
+    out = torch.empty((rows, n), dtype=out_dtype, device=a.device)
     if rows:
         i = a.get_device()
         fp16 = a.dtype == torch.float16
         kp = w_scale.shape[2]
-        lib = library(i, f"wgmma{mm_variant(fp16, False, False)}")
+        lib = library(i, f"wgmma{mm_variant(fp16, mx, False)}")
         pdl = _common.PDL
         status = lib.mm_wgmma_grouped(
             i, raw_stream(i), pdl, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(), alpha.data_ptr(),
-            out.data_ptr(), rows, n, k, kp, int(fp16), 0, DTYPE_CODES[torch.bfloat16], 0,
+            out.data_ptr(), rows, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], 0,
             tactic.block_m, tactic.stages, 1, 1, tactic.ctas_per_sm, block_expert.data_ptr(), experts,
             w.stride(0), w_scale.stride(0) * w_scale.element_size())
         if status:
@@ -244,8 +248,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               w2_bias: Optional[torch.Tensor] = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
               swiglu_limit: float = 7.0, tactic: Optional[WgmmaMoeTactic] = None,
               problem: Optional[MoeProblem] = None) -> torch.Tensor:
-    """The reference launcher's arguments; gpt-oss's (fmt .. swiglu_limit) run on the decode path
-    only (moe_tactics.why_not)."""
+    """The reference launcher's arguments (gpt-oss's: fmt .. swiglu_limit, W4A16), plus the tactic
+    and the problem."""
     p = problem or MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
                                  local_expert_offset, None if strict_ids else w1.shape[0], out_dtype, fmt,
                                  w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
@@ -254,10 +258,15 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
         return _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                             a1_global_scale, a2_global_scale, out_dtype, p, t, w1_bias=w1_bias, w2_bias=w2_bias)
 
-    def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu):
-        return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=t)
+    def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, out_dtype=torch.bfloat16, mx=False):
+        return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, out_dtype, mx, tactic=t)
     g = moe_grouped.GroupedGemm(gemm=gemm, block_m=t.block_m, quantize=nvfp4_quantize, sf_layout=LAYOUT,
                                 exact=nvfp4_exact_values)
+    gpt_oss = None
+    if p.gpt_oss_features is not None:
+        gpt_oss = GptOss(fmt is F.MXFP4, None if w1_bias is None else w1_bias.contiguous(),
+                         None if w2_bias is None else w2_bias.contiguous(), activation == "clamped_swiglu",
+                         float(swiglu_alpha), float(swiglu_limit))
     return moe_grouped.fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype,
-                                 strict_ids, g)
+                                 strict_ids, g, gpt_oss)

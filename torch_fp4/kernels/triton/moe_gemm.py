@@ -44,8 +44,8 @@ import triton.language as tl
 
 from .. import _common
 from .moe_align import ExpertBlocks
-from .moe_numerics import (alpha_of, exp_f32, fp4_tile, mma, nvfp4_scale, rn_bf16, slot_tiles,
-                           topk_sum)
+from .moe_numerics import (alpha_of, fp4_tile, mma, nvfp4_scale, rn_bf16, slot_tiles,
+                           swiglu_act, topk_sum)
 from .numerics import LAYOUT_128x4, e2m1_encode_doubled, nan_amax, scale_offsets
 
 
@@ -237,15 +237,7 @@ def _fc1_kernel(a_ptr, as_ptr, w_ptr, ws_ptr, gsw_ptr, gsa_ptr, gs2_ptr, out_ptr
         b1_e = b1_ptr + e.to(tl.int64) * (2 * I)
         acc_g = acc_g + tl.load(b1_e + rn, mask=rn < I, other=0.0).to(tl.float32)[None, :]
         acc_u = acc_u + tl.load(b1_e + I + rn, mask=rn < I, other=0.0).to(tl.float32)[None, :]
-    gate = rn_bf16(acc_g, PORTABLE)
-    up = rn_bf16(acc_u, PORTABLE)
-    if CLAMPED:  # gpt-oss: g = min(gate, L), u = clamp(up, -L, L), (u + 1) * (g * sigmoid(alpha g))
-        g = tl.where(gate > sw_limit, sw_limit, gate)
-        u = tl.where(up > sw_limit, sw_limit, tl.where(up < -sw_limit, -sw_limit, up))
-        sig = tl.div_rn(1.0, 1.0 + exp_f32(-(sw_alpha * g), PORTABLE))
-        act = rn_bf16((u + 1.0) * (g * sig), PORTABLE)
-    else:
-        act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
+    act = swiglu_act(rn_bf16(acc_g, PORTABLE), rn_bf16(acc_u, PORTABLE), sw_alpha, sw_limit, CLAMPED, PORTABLE)
     rows64 = rows.to(tl.int64)
     if QUANT_OUT:
         # NVFP4 of each 16-column block of act, as the quantize kernel: even/odd element pairs,

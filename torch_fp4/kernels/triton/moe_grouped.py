@@ -26,6 +26,12 @@ construction: every buffer is sized from upper bounds of the shapes):
    in fp32, j in order, starting from 0, pairs routed to no local expert adding w * 0 (no
    atomics, deterministic).
 
+gpt-oss's features (`gpt_oss`, W4A16): MXFP4 experts (the GEMM's MXFP4 variant, alphas 1); FC1's
+bias or the clamped SwiGLU: step 4 as the GEMM's plain output (fp32 RN(alpha1 * acc) when the bias
+follows) then `silu_mul` (the bias added, gate and up rounded to bf16, the activation); FC2's bias:
+step 6 in fp32, then `add_bias_rows` (RN_bf16(y + b2[e])), so the finalize reads bf16 rows as
+always.
+
 `silu_mul` is the SwiGLU of step 4 as a kernel of its own, for GEMMs that do not fuse it:
 RN_bf16(silu(gate) * up) exactly as torch_fp4.reference.silu_mul; given the blocks' experts it
 writes zeros for the rows of unused blocks (which the GEMM skips) without reading them, so the
@@ -48,7 +54,8 @@ from ... import meta
 from .._common import MAX_GRID_Z, prepare_outputs, use_pdl
 from .moe_align import align
 from .moe_fused import finalize
-from .moe_numerics import exp_f32, interpreting, rn_bf16
+from .moe_gemm import GptOss
+from .moe_numerics import interpreting, rn_bf16, swiglu_act
 
 MAX_QUANTIZE_BATCH = MAX_GRID_Z   # grid z of the batched (per-block) quantize of the intermediate
 _ROWS_PER_PROGRAM = 1024
@@ -97,43 +104,94 @@ def _inverse_kernel(sorted_ptr, block_expert_ptr, end_ptr, inv_ptr, n_rows, BM: 
 
 
 @triton.jit(do_not_specialize=["rows", "inter"])
-def _silu_mul_kernel(h_ptr, out_ptr, block_expert_ptr, rows, inter, BM: tl.constexpr, BR: tl.constexpr,
-                     BC: tl.constexpr, GROUPED: tl.constexpr, PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
-    """out[r, c] = RN_bf16(silu(h[r, c]) * h[r, inter + c]) for BR rows x BC columns; GROUPED:
-    rows of unused blocks (block_expert[r // BM] < 0, which the GEMM did not write) are zeros,
-    read from nowhere."""
+def _silu_mul_kernel(h_ptr, out_ptr, block_expert_ptr, b1_ptr, rows, inter, sw_alpha, sw_limit, BM: tl.constexpr,
+                     BR: tl.constexpr, BC: tl.constexpr, GROUPED: tl.constexpr, PORTABLE: tl.constexpr,
+                     USE_GDC: tl.constexpr, H_F32: tl.constexpr, BIAS: tl.constexpr, CLAMPED: tl.constexpr):
+    """out[r, c] = act(h[r, c], h[r, inter + c]) for BR rows x BC columns (moe_numerics.swiglu_act:
+    silu(gate) * up, or CLAMPED gpt-oss's); GROUPED: rows of unused blocks (block_expert[r // BM]
+    < 0, which the GEMM did not write) are zeros, read from nowhere. H_F32: h holds FC1's fp32
+    RN(alpha1 * acc), rounded here to bf16 after adding (BIAS) b1[e] of the row's expert."""
     if USE_GDC:
         tl.extra.cuda.gdc_wait()
     r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     c = tl.program_id(1) * BC + tl.arange(0, BC)
     in_rows = r < rows
     used = in_rows
+    e = tl.zeros([BR], tl.int64)
     if GROUPED:
-        used = in_rows & (tl.load(block_expert_ptr + r // BM, mask=in_rows, other=-1) >= 0)
+        e = tl.load(block_expert_ptr + r // BM, mask=in_rows, other=-1).to(tl.int64)
+        used = in_rows & (e >= 0)
     ok = used[:, None] & (c < inter)[None, :]
     src = h_ptr + r[:, None] * (2 * inter) + c[None, :]
     gate = tl.load(src, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(src + inter, mask=ok, other=0.0).to(tl.float32)
-    act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
+    if BIAS:   # RN_bf16(RN_fp32(alpha1 * acc) + b1[e]) (spec section 6)
+        b = b1_ptr + tl.maximum(e, 0)[:, None] * (2 * inter) + c[None, :]
+        gate = gate + tl.load(b, mask=ok, other=0.0).to(tl.float32)
+        up = up + tl.load(b + inter, mask=ok, other=0.0).to(tl.float32)
+    if H_F32:
+        gate = rn_bf16(gate, PORTABLE)
+        up = rn_bf16(up, PORTABLE)
+    act = swiglu_act(gate, up, sw_alpha, sw_limit, CLAMPED, PORTABLE)
     act = tl.where(ok, act, 0.0)
     tl.store(out_ptr + r[:, None] * inter + c[None, :], act.to(tl.bfloat16),
              mask=in_rows[:, None] & (c < inter)[None, :])
 
 
-def silu_mul(h: torch.Tensor, block_expert: Optional[torch.Tensor] = None, block_m: int = 1) -> torch.Tensor:
+def silu_mul(h: torch.Tensor, block_expert: Optional[torch.Tensor] = None, block_m: int = 1,
+             gpt_oss: Optional[GptOss] = None) -> torch.Tensor:
     """bf16 [rows, 2I] holding [gate, up] -> bf16 [rows, I] = RN_bf16(silu(gate) * up). With
     block_expert (rows in blocks of block_m, as a GroupedGemm's), the rows of unused blocks
-    (expert -1, never written by the GEMM) come out as zeros without being read."""
+    (expert -1, never written by the GEMM) come out as zeros without being read. gpt_oss (with
+    block_expert): its clamped SwiGLU; h fp32 (FC1's RN(alpha1 * acc)) rounded to bf16 after its
+    w1_bias."""
     rows, inter = h.shape[0], h.shape[1] // 2
     out = torch.empty((rows, inter), dtype=torch.bfloat16, device=h.device)
     if rows == 0 or inter == 0:
         return out
+    go = gpt_oss or GptOss()
+    bias = go.w1_bias is not None
+    if bias and (block_expert is None or h.dtype != torch.float32):
+        raise RuntimeError("torch_fp4 internal: FC1's bias needs fp32 GEMM results grouped by expert")
     pdl = use_pdl(h.device) if h.is_cuda else False
     grouped = block_expert is not None
     _silu_mul_kernel[(triton.cdiv(rows, _SWIGLU_ROWS), triton.cdiv(inter, _SWIGLU_COLS))](
-        h, out, block_expert if grouped else h, rows, inter, BM=block_m, BR=_SWIGLU_ROWS, BC=_SWIGLU_COLS,
-        GROUPED=grouped, PORTABLE=interpreting(), USE_GDC=pdl, launch_pdl=pdl, num_warps=4,
-        enable_fp_fusion=False)
+        h, out, block_expert if grouped else h, go.w1_bias if bias else h, rows, inter, go.swiglu_alpha,
+        go.swiglu_limit, BM=block_m, BR=_SWIGLU_ROWS, BC=_SWIGLU_COLS, GROUPED=grouped, PORTABLE=interpreting(),
+        USE_GDC=pdl, H_F32=h.dtype == torch.float32, BIAS=bias, CLAMPED=go.clamped, launch_pdl=pdl,
+        num_warps=4, enable_fp_fusion=False)
+    return out
+
+
+@triton.jit(do_not_specialize=["rows", "n"])
+def _bias_rows_kernel(y_ptr, b_ptr, block_expert_ptr, out_ptr, rows, n, BM: tl.constexpr, BR: tl.constexpr,
+                      BC: tl.constexpr, PORTABLE: tl.constexpr, USE_GDC: tl.constexpr):
+    """out[r, c] = RN_bf16(y[r, c] + b[e, c]) with e = block_expert[r // BM] (fp32 y: FC2's
+    RN(alpha2 * acc)); rows of unused blocks are zeros, read from nowhere."""
+    if USE_GDC:
+        tl.extra.cuda.gdc_wait()
+    r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
+    c = tl.program_id(1) * BC + tl.arange(0, BC)
+    in_rows = r < rows
+    e = tl.load(block_expert_ptr + r // BM, mask=in_rows, other=-1).to(tl.int64)
+    ok = (in_rows & (e >= 0))[:, None] & (c < n)[None, :]
+    y = tl.load(y_ptr + r[:, None] * n + c[None, :], mask=ok, other=0.0)
+    y = y + tl.load(b_ptr + tl.maximum(e, 0)[:, None] * n + c[None, :], mask=ok, other=0.0).to(tl.float32)
+    y = tl.where(ok, rn_bf16(y, PORTABLE), 0.0)
+    tl.store(out_ptr + r[:, None] * n + c[None, :], y.to(tl.bfloat16), mask=in_rows[:, None] & (c < n)[None, :])
+
+
+def add_bias_rows(y: torch.Tensor, bias: torch.Tensor, block_expert: torch.Tensor, block_m: int) -> torch.Tensor:
+    """fp32 [rows, n] grouped by expert in blocks of block_m -> bf16 RN_bf16(y + bias[e]) (FC2's y
+    with its bias, spec section 6); rows of unused blocks zeros."""
+    rows, n = y.shape
+    out = torch.empty((rows, n), dtype=torch.bfloat16, device=y.device)
+    if rows == 0 or n == 0:
+        return out
+    pdl = use_pdl(y.device) if y.is_cuda else False
+    _bias_rows_kernel[(triton.cdiv(rows, _SWIGLU_ROWS), triton.cdiv(n, _SWIGLU_COLS))](
+        y, bias, block_expert, out, rows, n, BM=block_m, BR=_SWIGLU_ROWS, BC=_SWIGLU_COLS, PORTABLE=interpreting(),
+        USE_GDC=pdl, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
     return out
 
 
@@ -155,9 +213,12 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool,
-              g: GroupedGemm) -> torch.Tensor:
+              g: GroupedGemm, gpt_oss: Optional[GptOss] = None) -> torch.Tensor:
     """torch_fp4.reference.fused_moe's signature plus the backend's grouped GEMM `g`: launches
-    only, nothing read back."""
+    only, nothing read back. gpt_oss (W4A16): MXFP4 experts (gemm(..., mx=True), alphas 1), FC1
+    and FC2 biases (the GEMM's fp32 results, gemm(..., out_dtype=torch.float32), then silu_mul /
+    add_bias_rows add them and round), the clamped SwiGLU (silu_mul)."""
+    go = gpt_oss or GptOss()
     out = prepare_outputs(meta.fused_moe(x, out_dtype))
     tokens = x.shape[0]
     experts = w1.shape[0]
@@ -173,13 +234,24 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     a_sf = None
     if a1_global_scale is not None:
         a, a_sf = g.quantized(a, a1_global_scale)
-    alpha1 = F.nvfp4_alpha(a1_global_scale, w1_global_scale)
-    h = g.gemm(a, a_sf, w1, w1_scale, alpha1, blocks.block_expert, True)
+    mx = {"mx": True} if go.mx else {}
+    ones = torch.ones(experts, dtype=torch.float32, device=x.device) if go.mx else None
+    alpha1 = ones if go.mx else F.nvfp4_alpha(a1_global_scale, w1_global_scale)
+    if go.w1_bias is None and not go.clamped:
+        h = g.gemm(a, a_sf, w1, w1_scale, alpha1, blocks.block_expert, True, **mx)
+    else:
+        f32 = {"out_dtype": torch.float32} if go.w1_bias is not None else {}
+        h = silu_mul(g.gemm(a, a_sf, w1, w1_scale, alpha1, blocks.block_expert, False, **mx, **f32),
+                     blocks.block_expert, g.block_m, go)
     h_sf = None
     if a2_global_scale is not None:
         h, h_sf = quantize_intermediate(h, a2_global_scale, blocks.block_expert, g)
-    alpha2 = F.nvfp4_alpha(a2_global_scale, w2_global_scale)
-    y = g.gemm(h, h_sf, w2, w2_scale, alpha2, blocks.block_expert, False)
+    alpha2 = ones if go.mx else F.nvfp4_alpha(a2_global_scale, w2_global_scale)
+    if go.w2_bias is None:
+        y = g.gemm(h, h_sf, w2, w2_scale, alpha2, blocks.block_expert, False, **mx)
+    else:
+        y = add_bias_rows(g.gemm(h, h_sf, w2, w2_scale, alpha2, blocks.block_expert, False, **mx,
+                                 out_dtype=torch.float32), go.w2_bias, blocks.block_expert, g.block_m)
     inv = torch.empty(pairs, dtype=torch.int32, device=x.device)
     pdl = use_pdl(x.device) if x.is_cuda else False
     _inverse_kernel[(triton.cdiv(blocks.rows, _ROWS_PER_PROGRAM),)](

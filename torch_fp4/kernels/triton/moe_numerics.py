@@ -47,6 +47,22 @@ def rn_bf16(x, PORTABLE: tl.constexpr):
 
 
 @triton.jit
+def swiglu_act(gate, up, sw_alpha, sw_limit, CLAMPED: tl.constexpr, PORTABLE: tl.constexpr):
+    """The activation of FC1's bf16 gate and up values (fp32 tensors holding bf16 values), rounded
+    to bf16 (spec section 6): silu(gate) * up, or gpt-oss's clamped SwiGLU g = min(gate, L),
+    u = clamp(up, -L, L), (u + 1) * (g * sigmoid(alpha g)); each fp32 operation rounded in this
+    order (kernels compiled without FMA contraction)."""
+    if CLAMPED:
+        g = tl.where(gate > sw_limit, sw_limit, gate)
+        u = tl.where(up > sw_limit, sw_limit, tl.where(up < -sw_limit, -sw_limit, up))
+        sig = tl.div_rn(1.0, 1.0 + exp_f32(-(sw_alpha * g), PORTABLE))
+        act = rn_bf16((u + 1.0) * (g * sig), PORTABLE)
+    else:
+        act = rn_bf16(tl.div_rn(gate, 1.0 + exp_f32(-gate, PORTABLE)) * up, PORTABLE)
+    return act
+
+
+@triton.jit
 def e4m3_value(bits):
     """e4m3fn byte (int32) -> fp32, by integer arithmetic (exact)."""
     exp = (bits >> 3) & 15
