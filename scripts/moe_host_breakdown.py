@@ -37,7 +37,7 @@ def main():
 
         def c_call(graph=None):
             fn(i, stream, _common.PDL, d.address, ptrs[0], ptrs[1], ptrs[2], ptrs[3], ptrs[4], ptrs[5],
-               ptrs[6], ptrs[7], ptrs[8], None, None, out.data_ptr(), ws.data_ptr(), graph)
+               ptrs[6], ptrs[7], ptrs[8], None, None, None, None, out.data_ptr(), ws.data_ptr(), graph)
 
         def public_direct():
             CM.EAGER_GRAPHS = False

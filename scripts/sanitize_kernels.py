@@ -101,6 +101,18 @@ def _moe(backend: Backend) -> None:
                          num_local_experts=experts, backend=backend)
 
 
+def _moe_gpt_oss(backend: Backend) -> None:
+    """gpt-oss's features (MXFP4 experts at hidden 96, bf16 biases, the clamped SwiGLU): the cuda
+    backend's decode path (twice: its graph is built, then updated) and, at 129 tokens, its grouped
+    Hopper GEMMs; the triton kernels at every size."""
+    for tokens in (1, 1, 33, 129):
+        kw = T.gpt_oss_moe_problem(tokens, 96, 64, 4, 2, DEV)
+        t4.fused_moe(**kw, backend=backend)
+        kw["w2_bias"] = kw["w2_bias"].float()     # fp32 bias on FC2, none on FC1
+        kw["w1_bias"] = None
+        t4.fused_moe(**kw, backend=backend)
+
+
 def _route(backend: Backend) -> None:
     for tokens, experts, top_k in ((1, 8, 2), (129, 64, 6), (33, 256, 8)):
         logits = torch.randn(tokens, experts, device=DEV)
@@ -125,8 +137,10 @@ def cases() -> dict[str, Callable[[], None]]:
     out["mm_fp4 sm90/cuda"] = lambda: _mm_every_tactic(Backend.CUDA, "sm90")
     out["route/triton"] = lambda: _route(Backend.TRITON)
     out["fused_moe/triton"] = lambda: _moe(Backend.TRITON)
+    out["fused_moe gpt-oss/triton"] = lambda: _moe_gpt_oss(Backend.TRITON)
     if torch.cuda.get_device_capability() == (9, 0):
         out["fused_moe/cuda"] = lambda: _moe(Backend.CUDA)
+        out["fused_moe gpt-oss/cuda"] = lambda: _moe_gpt_oss(Backend.CUDA)
         out["tma-store read-back/cuda"] = _tma_store_read_back
     return out
 
