@@ -113,3 +113,33 @@ def test_forced_tactic_of_another_backend_is_refused(cache_dir):
     with tactics.use_tactic(Other()):
         with pytest.raises(ValueError, match="is for backend 'cute-dsl'"):
             tactics.choose("mm_fp4", Backend.TRITON, _args(16), lambda *a, tactic: None)
+
+
+def test_triton_fused_moe_tactic_space():
+    """The Triton fused_moe tactics join the tactic system: registered, the default is
+    moe_gemm.default_config's tiles, every candidate valid and distinct, cache round trip, limits
+    named, listed by fused_moe_tactics (explicit backend; "auto" on a CPU lists none)."""
+    import torch_fp4 as t4
+    from torch_fp4 import tactics as TT
+    from torch_fp4 import testing as T
+    from torch_fp4.backends import Backend
+    from torch_fp4.kernels.triton import moe_gemm as MG
+    from torch_fp4.kernels.triton import moe_tactics as MT
+    from torch_fp4.problems import MoeProblem
+    assert TT.space("fused_moe", Backend.TRITON) is MT.MOE_SPACE
+    for tokens in (1, 16, 300):
+        kw = T.moe_problem(tokens, 64, 128, 8, 2, "cpu", w4a4=False)
+        p = MoeProblem.of(kw["x"], kw["w1"], kw["w1_scale"], kw["w2"], kw["w2_scale"], kw["topk_ids"], None, None,
+                          0, None, torch.bfloat16)
+        d = MT.default(p)
+        assert d.config() == MG.default_config(tokens, 2, 8, 64, 128, 132)
+        cands = t4.fused_moe_tactics(**kw, backend="triton")
+        assert cands[0] == d and len(set(cands)) == len(cands) >= 4
+        assert all(MT.why_not(c, p) is None for c in cands)
+        assert all(TT.tactic_from_json(c.to_json()) == c for c in cands)
+        assert t4.fused_moe_tactics(**kw) == []            # auto on a CPU: the reference only
+    bad = MT.TritonMoeTactic(24, True, 64, 128, 64, 128)
+    assert "block_m=24 must be a power of two" in MT.why_not(bad, p)
+    assert "fc1_block_k=256 must be one of" in MT.why_not(MT.TritonMoeTactic(16, True, 64, 256, 64, 128), p)
+    assert "leaves empty K slices" in MT.why_not(MT.TritonMoeTactic(16, True, 64, 128, 64, 128, 4), p)
+    assert "not a Triton fused_moe tactic" in MT.why_not(t4.fused_moe_tactics(**kw, backend="cuda")[0], p)

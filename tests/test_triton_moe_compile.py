@@ -300,7 +300,8 @@ def _run_interpreted(check: str):
 
 
 @pytest.mark.parametrize("check", ["check_route_interpreted", "check_align_interpreted",
-                                   "check_fused_moe_interpreted", "check_fused_moe_gpt_oss_interpreted"])
+                                   "check_fused_moe_interpreted", "check_fused_moe_gpt_oss_interpreted",
+                                   "check_fused_moe_tactics_interpreted"])
 def test_under_interpreter(check):
     _run_interpreted(check)
 
@@ -533,3 +534,31 @@ def check_fused_moe_gpt_oss_interpreted():
     extra = (F.NVFP4, torch.randn(3, 64), torch.randn(3, 64).to(bf16), "clamped_swiglu", 1.702, 7.0)
     for cfg in tiles:
         same(kw["x"], nv, kw["topk_ids"], kw["topk_weights"], extra, what="nvfp4 bias clamped", cfg=cfg)
+
+
+def check_fused_moe_tactics_interpreted():
+    """Every candidate of the Triton fused_moe tactic space (kernels/triton/moe_tactics.py) for a
+    decode-sized and a larger batch, through the launcher's `tactic` (as the dispatch passes it):
+    bit for bit the reference, W4A16 and W4A4."""
+    from tests.test_moe import Moe, _act_scales, _gen, _routing
+    from torch_fp4 import reference
+    from torch_fp4.kernels import _common
+    from torch_fp4.kernels.triton import moe_tactics as MT
+    from torch_fp4.problems import MoeProblem
+    _common.POISON_OUTPUTS = True
+    bf16 = torch.bfloat16
+    moe = Moe(e=4, h=64, inter=128, seed=4)
+    for tokens in (5, 80):
+        x = torch.randn(tokens, moe.h, generator=_gen(tokens)).to(bf16)
+        ids, tw = _routing(tokens, moe.e, 2, tokens + 1)
+        w = moe.weights()
+        for mode in ("w4a16", "w4a4"):
+            a1, a2 = _act_scales(x, moe, False) if mode == "w4a4" else (None, None)
+            p = MoeProblem.of(x, w[0], w[1], w[3], w[4], ids, a1, a2, 0, None, bf16)
+            want = reference.fused_moe(x, *w, ids, tw, a1, a2, 0, bf16)
+            cands = MT.candidates(p)
+            assert cands[0] == MT.default(p) and len(cands) >= 4
+            for t in cands:
+                got = MF.fused_moe(x, *w, ids, tw, a1, a2, 0, bf16, tactic=t, problem=p)
+                d = (got.float() - want.float()).abs()
+                assert torch.equal(got, want), f"T={tokens} {mode} {t.label()}: {int((d > 0).sum())} differ"

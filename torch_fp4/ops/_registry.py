@@ -128,6 +128,17 @@ def supported_backends(op: str, *args, **kwargs) -> list[Backend]:
     return [b for b in auto_order(op, p) if requirement_reason(op, b, p) is None]
 
 
+def tactics_for(op: str, p: Problem, backend: Backend) -> list:
+    """The tactics of `op` that can run problem p: `backend`'s, or every supported backend's for
+    AUTO (in the order auto tries them), each space's heuristic default first."""
+    out = []
+    for b in supported_backends(op, p) if backend is Backend.AUTO else [backend]:
+        sp = tactics.space(op, b)
+        if sp is not None:
+            out += sp.candidates(p)
+    return out
+
+
 def resolve_backend(op: str, backend: Backend, p: Problem) -> Backend:
     """`backend`, checked, or for AUTO the first supported backend in the measured preference
     order of torch_fp4.tuning."""

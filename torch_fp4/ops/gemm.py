@@ -10,8 +10,7 @@ from .. import meta, reference
 from ..problems import MmProblem
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, eager, register_impl, register_problem, run, supported_backends
-from .. import tactics as T
+from ._registry import define, eager, register_impl, register_problem, run, tactics_for
 from .quantize import check_scale, check_scale_dtype
 
 OP = "mm_fp4"
@@ -117,14 +116,8 @@ def mm_fp4_tactics(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Ten
                    weight_layout: F.WeightLayout | str = "row") -> list:
     """The tactics that can run this mm_fp4 problem (every supported backend's for "auto"),
     the heuristic default of each backend first. Run one with `torch_fp4.use_tactic(t)`."""
-    p, bk = _problem(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout)
-    backends = supported_backends(OP, p) if bk is Backend.AUTO else [bk]
-    out = []
-    for b_ in backends:
-        sp = T.space(OP, b_)
-        if sp is not None:
-            out += sp.candidates(p)
-    return out
+    return tactics_for(OP, *_problem(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
+                                     weight_layout))
 
 
 register_problem(OP, mm_fp4, _problem)

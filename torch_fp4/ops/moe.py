@@ -1,6 +1,7 @@
 """Routing and FP4 fused MoE, plus the [gate; up] <-> [up; gate] weight-order converter."""
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Optional
 
@@ -11,7 +12,7 @@ from .. import meta, reference
 from ..problems import MoeProblem, RouteProblem
 from ..backends import Backend
 from . import _checks as C
-from ._registry import define, eager, register_impl, register_problem, run
+from ._registry import define, eager, register_impl, register_problem, run, tactics_for
 from .quantize import check_scale
 
 ROUTING_METHODS = ("softmax", "renormalize", "deepseek_v3", "llama4")
@@ -307,6 +308,15 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
                         topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                         num_local_experts, out_dtype, int(Backend.parse(backend, "fused_moe: backend")),
                         block_size, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit))
+
+
+def fused_moe_tactics(*args, **kwargs) -> list:
+    """The tactics that can run the fused_moe problem of these arguments (fused_moe's; every
+    supported backend's for backend "auto"), the heuristic default of each backend first. Run one
+    with `torch_fp4.use_tactic(t)`; `with torch_fp4.autotune():` times them."""
+    bound = inspect.signature(fused_moe).bind(*args, **kwargs)
+    bound.apply_defaults()
+    return tactics_for("fused_moe", *_moe_problem(*bound.arguments.values()))
 
 
 register_problem("route", route, _route_problem)

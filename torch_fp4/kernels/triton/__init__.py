@@ -19,7 +19,7 @@ OPS = {
     "route": "moe_route:route",
     "fused_moe": "moe_fused:fused_moe",
 }
-TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE"}
+TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE", "fused_moe": "moe_tactics:MOE_SPACE"}
 
 # Experts per token the routing kernel holds in registers (moe_route.MAX_EXPERTS).
 ROUTE_MAX_EXPERTS = 512

@@ -71,10 +71,12 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
               fmt: F.Fp4Format = F.NVFP4, w1_bias: torch.Tensor | None = None,
               w2_bias: torch.Tensor | None = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, config: MoeConfig | None = None) -> torch.Tensor:
-    """Launcher with torch_fp4.reference.fused_moe's signature; `config` overrides the tiles.
-    gpt-oss's features (MXFP4 experts, biases, the clamped SwiGLU; W4A16) go to the GEMMs as a
-    GptOss."""
+              swiglu_limit: float = 7.0, config: MoeConfig | None = None, tactic=None,
+              problem=None) -> torch.Tensor:
+    """Launcher with torch_fp4.reference.fused_moe's signature; the tiles: `tactic`
+    (moe_tactics.TritonMoeTactic, from the dispatch: the heuristic, the tactic cache or
+    `use_tactic`), else `config`, else moe_gemm.default_config. gpt-oss's features (MXFP4 experts,
+    biases, the clamped SwiGLU; W4A16) go to the GEMMs as a GptOss."""
     out = prepare_outputs(meta.fused_moe(x, out_dtype))
     tokens, hidden = x.shape
     experts, two_i = w1.shape[0], w1.shape[1]
@@ -82,6 +84,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     if tokens == 0 or top_k == 0:
         return out.zero_() if tokens else out
     portable = interpreting()
+    if tactic is not None:
+        config = tactic.config()
     if config is None:
         sms = sm_count(x.device) if x.is_cuda else 132
         config = default_config(tokens, top_k, experts, hidden, two_i // 2, sms)
