@@ -94,6 +94,8 @@ def test_gpt_oss_limits_named():
         ok = _problem(tokens, 8, 2, hidden=2880, inter=2880, fmt=F.MXFP4, bias_dtypes=(BF16, torch.float32),
                       activation="clamped_swiglu", capability=(9, 0))
         assert MT.why_not(t, ok) is None, (t, MT.why_not(t, ok))
+        plain = _problem(tokens, 8, 2, hidden=2880, inter=2880, capability=(9, 0))
+        assert MT.key(ok) != MT.key(plain)   # tuned tactics are cached per format and features
         assert "bf16 activations only" in MT.why_not(t, _problem(tokens, 8, 2, hidden=2880, inter=2880, fmt=F.MXFP4,
                                                                    x_dtype=torch.float16, capability=(9, 0)))
         assert "W4A16 only" in MT.why_not(t, _problem(tokens, 8, 2, w4a4=True, bias_dtypes=(BF16, None),

@@ -133,7 +133,8 @@ def key(p: MoeProblem) -> str:
     pairs = p.tokens * p.top_k
     bucket = 1 << max(0, (pairs - 1).bit_length())
     a_kind = "w4a4" if p.w4a4 else str(p.x_dtype).removeprefix("torch.")
-    return f"pairs<={bucket},E={p.experts},H={p.hidden},I={p.inter},{a_kind}"
+    extra = f",{p.gpt_oss_features}" if p.gpt_oss_features is not None else ""   # MXFP4, biases, clamp
+    return f"pairs<={bucket},E={p.experts},H={p.hidden},I={p.inter},{a_kind}{extra}"
 
 
 MOE_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)
