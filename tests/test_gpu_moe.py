@@ -190,6 +190,17 @@ def _pack(codes: torch.Tensor, scale_values: torch.Tensor):
     return data.to(DEV), scale.to(DEV)
 
 
+def _exact_x_and_gate_block(g, experts, hidden, inter, tokens):
+    """The grid-exact problems' x ([T, H] fp32: a block of ones, then +-0.5, +-1) and w1 codes
+    [E, 2I, H] with code 7 (6.0) on every gate row's first 16 columns, the rest 0."""
+    x = torch.randint(0, 2, (tokens, hidden), generator=g).float() * 0.5 + 0.5
+    x = torch.where(torch.rand(tokens, hidden, generator=g) < 0.5, -x, x)
+    x[:, :16] = 1.0
+    c = torch.zeros(experts, 2 * inter, hidden, dtype=torch.uint8)
+    c[:, :inter, :16] = 7                                                   # 6.0
+    return x, c
+
+
 def exact_problem(experts, hidden, inter, tokens, w4a4, seed=0, x_dtype=BF16):
     """Grid-exact data (module docstring): x has a block of ones and values +-0.5, +-1; gate rows
     6 * s on that block (s in {1, 2}) plus 0, +-0.5 * s elsewhere, so gate >= 48; up rows have
@@ -197,11 +208,7 @@ def exact_problem(experts, hidden, inter, tokens, w4a4, seed=0, x_dtype=BF16):
     (the quantized x is then exactly 6 x), a2 = 1."""
     assert hidden >= 32 and inter % 16 == 0
     g = _gen(seed)
-    x = torch.randint(0, 2, (tokens, hidden), generator=g).float() * 0.5 + 0.5
-    x = torch.where(torch.rand(tokens, hidden, generator=g) < 0.5, -x, x)
-    x[:, :16] = 1.0
-    c = torch.zeros(experts, 2 * inter, hidden, dtype=torch.uint8)
-    c[:, :inter, :16] = 7                                                   # 6.0
+    x, c = _exact_x_and_gate_block(g, experts, hidden, inter, tokens)
     gate = torch.randint(0, 2, (experts, inter, hidden - 16), generator=g).to(torch.uint8)  # 0, 0.5
     c[:, :inter, 16:] = gate | (torch.randint(0, 2, gate.shape, generator=g).to(torch.uint8) << 3)
     for e in range(experts):
@@ -547,11 +554,7 @@ def exact_gpt_oss_problem(experts, hidden, inter, tokens, seed, bias_dtype):
     to a multiple of 3.5 in bf16 and FC2's sums (codes 0, +-1, s in {1, 2}; biases multiples of
     0.5) are exact in fp32. MXFP4 scales s are e8m0 bytes 127 or 128."""
     g = _gen(seed)
-    x = torch.randint(0, 2, (tokens, hidden), generator=g).float() * 0.5 + 0.5
-    x = torch.where(torch.rand(tokens, hidden, generator=g) < 0.5, -x, x)
-    x[:, :16] = 1.0
-    c = torch.zeros(experts, 2 * inter, hidden, dtype=torch.uint8)
-    c[:, :inter, :16] = 7                                                   # 6.0
+    x, c = _exact_x_and_gate_block(g, experts, hidden, inter, tokens)
     for e in range(experts):
         for n in range(2 * inter):
             cols = 16 + torch.randperm(hidden - 16, generator=g)[:8 if n < inter else 4]

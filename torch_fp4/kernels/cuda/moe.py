@@ -264,9 +264,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
                                 exact=nvfp4_exact_values)
     gpt_oss = None
     if p.gpt_oss_features is not None:
-        gpt_oss = GptOss(fmt is F.MXFP4, None if w1_bias is None else w1_bias.contiguous(),
-                         None if w2_bias is None else w2_bias.contiguous(), activation == "clamped_swiglu",
-                         float(swiglu_alpha), float(swiglu_limit))
+        gpt_oss = GptOss.of(fmt, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
     return moe_grouped.fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype,
                                  strict_ids, g, gpt_oss)

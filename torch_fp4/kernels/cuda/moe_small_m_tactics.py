@@ -66,10 +66,16 @@ def problem_reason(p: MoeProblem) -> Optional[str]:
         return "one expert's weights are beyond 2^31 bytes (32-bit offsets)"
     if p.weight_align < 8:
         return "w1 and w2 must be 8-byte aligned, their scales 4-byte aligned"
+    return gpt_oss_reason(p, "the decode path")
+
+
+def gpt_oss_reason(p: MoeProblem, family: str) -> Optional[str]:
+    """What a cuda fused_moe GEMM family (`family`, named) refuses of gpt-oss's features: W4A4
+    with them, and MXFP4 experts on fp16 activations; else None."""
     if p.w4a4 and p.gpt_oss_features is not None:
-        return f"the decode path runs {p.gpt_oss_features} in W4A16 only"
+        return f"{family} runs {p.gpt_oss_features} in W4A16 only"
     if p.fmt is F.MXFP4 and p.x_dtype != torch.bfloat16:
-        return "the decode path runs MXFP4 experts on bf16 activations only"
+        return f"{family} runs MXFP4 experts on bf16 activations only"
     return None
 
 

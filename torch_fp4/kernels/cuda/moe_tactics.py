@@ -14,9 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-import torch
-
-from ... import formats as F
 from ...backends import Backend
 from ...problems import MoeProblem
 from ...tactics import Tactic, TacticSpace, register_family, valid_unique
@@ -79,11 +76,8 @@ def why_not(t: Tactic, p: MoeProblem) -> Optional[str]:
         return small.why_not(t, p)
     if not isinstance(t, WgmmaMoeTactic):
         return f"{t.family} is not a cuda fused_moe tactic"
-    if p.w4a4 and p.gpt_oss_features is not None:
-        return f"the grouped Hopper GEMMs run {p.gpt_oss_features} in W4A16 only"
-    if p.fmt is F.MXFP4 and p.x_dtype != torch.bfloat16:
-        return "the grouped Hopper GEMMs run MXFP4 experts on bf16 activations only"
-    reason = problem_reason(p) or wg.tile_reason(t.block_m, t.stages, t.ctas_per_sm, BLOCK_MS)
+    reason = (small.gpt_oss_reason(p, "the grouped Hopper GEMMs") or problem_reason(p)
+              or wg.tile_reason(t.block_m, t.stages, t.ctas_per_sm, BLOCK_MS))
     if reason is not None:
         return reason
     blocks = max_blocks(p.tokens * p.top_k, p.experts, t.block_m)

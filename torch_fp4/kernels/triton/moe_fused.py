@@ -95,9 +95,7 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
         counters = torch.empty(fc2_counters(tokens, hidden, config), dtype=torch.int32,
                                device=x.device)
     blocks = align(ids, experts, local_expert_offset, config.block_m, zero=counters)
-    gpt_oss = GptOss(fmt is F.MXFP4, None if w1_bias is None else w1_bias.contiguous(),
-                     None if w2_bias is None else w2_bias.contiguous(), activation == "clamped_swiglu",
-                     float(swiglu_alpha), float(swiglu_limit))
+    gpt_oss = GptOss.of(fmt, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
     w4a4 = a1_global_scale is not None
     if w4a4:
         xq, xs = _quantize_x(x, a1_global_scale, portable)

@@ -388,6 +388,14 @@ class GptOss:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
 
+    @classmethod
+    def of(cls, fmt, w1_bias: Optional[torch.Tensor], w2_bias: Optional[torch.Tensor], activation: str,
+           swiglu_alpha: float, swiglu_limit: float) -> "GptOss":
+        """From fused_moe's launcher arguments (the biases made contiguous)."""
+        return cls(fmt.block_size == 32, None if w1_bias is None else w1_bias.contiguous(),
+                   None if w2_bias is None else w2_bias.contiguous(), activation == "clamped_swiglu",
+                   float(swiglu_alpha), float(swiglu_limit))
+
 
 def _launch_options(device: torch.device, tile: GemmTile) -> dict:
     pdl = _common.use_pdl(device)
