@@ -86,7 +86,8 @@ def test_small_m_family_below_16_rows_per_expert():
 
 
 def test_gpt_oss_limits_named():
-    """gpt-oss's features run W4A16 on both cuda families (MXFP4 experts on bf16 activations)."""
+    """gpt-oss's features run W4A16 on both cuda families (MXFP4 experts on bf16 activations), and
+    W4A4 (NVFP4 or MXFP4 activations) on the grouped Hopper GEMMs only."""
     from torch_fp4 import formats as F
     from torch_fp4.kernels.cuda import moe_tactics as MT
     from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic as S
@@ -98,8 +99,13 @@ def test_gpt_oss_limits_named():
         assert MT.key(ok) != MT.key(plain)   # tuned tactics are cached per format and features
         assert "bf16 activations only" in MT.why_not(t, _problem(tokens, 8, 2, hidden=2880, inter=2880, fmt=F.MXFP4,
                                                                    x_dtype=torch.float16, capability=(9, 0)))
-        assert "W4A16 only" in MT.why_not(t, _problem(tokens, 8, 2, w4a4=True, bias_dtypes=(BF16, None),
-                                                       capability=(9, 0)))
+        for w4a4 in (_problem(tokens, 8, 2, w4a4=True, bias_dtypes=(BF16, None), capability=(9, 0)),
+                     _problem(tokens, 8, 2, hidden=2880, inter=2880, fmt=F.MXFP4, w4a4=True,
+                              x_dtype=torch.float16, capability=(9, 0))):
+            if isinstance(t, S):
+                assert "W4A16 only (W4A4: the grouped Hopper GEMMs)" in MT.why_not(t, w4a4)
+            else:
+                assert MT.why_not(t, w4a4) is None, (t, MT.why_not(t, w4a4))
 
 
 def test_small_m_limits_named():
@@ -144,12 +150,16 @@ def emulated_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m, 
     return moe_grouped.silu_mul(out, block_expert, block_m) if swiglu else out
 
 
-def reference_exact_values(x, gs):
-    """The contract of quantize.nvfp4_exact_values: nvfp4_quantize(x, gs) dequantized without gs."""
+def reference_exact_values(x, gs, fmt=None, src_pairs=None, top_k=1):
+    """The contract of quantize.exact_values: x's rows src_pairs // top_k quantized (NVFP4 with
+    gs, or MXFP4) and dequantized without gs."""
     from torch_fp4 import formats as F
-    from torch_fp4.reference.quantize import dequantize_fp32, nvfp4_quantize
-    q, s = nvfp4_quantize(x, gs, F.SfLayout.LINEAR)
-    return dequantize_fp32(q, s, None, F.NVFP4, F.SfLayout.LINEAR).to(BF16)
+    from torch_fp4.reference.quantize import dequantize_fp32, mxfp4_quantize, nvfp4_quantize
+    fmt = fmt or F.NVFP4
+    if src_pairs is not None:
+        x = x.index_select(0, src_pairs.long() // top_k)
+    q, s = (nvfp4_quantize(x, gs, F.SfLayout.LINEAR) if fmt is F.NVFP4 else mxfp4_quantize(x, F.SfLayout.LINEAR))
+    return dequantize_fp32(q, s, None, fmt, F.SfLayout.LINEAR).to(BF16)
 
 
 def check_expert_parallel(same, moe, x, ids, tw, block_m):

@@ -27,6 +27,7 @@ QUICK = {
     "test_exact_token_counts": {"300-w4a16", "64-w4a4", "1-w4a4", "5-w4a16"},
     "test_random_model_shapes": {"mixtral-w4a16", "qwen3-w4a4"},
     "test_exact_gpt_oss_decode_tactics": {"bf16-fp32-clamped_swiglu", "fp32-bf16-swiglu"},
+    "test_exact_mxfp4_activations_every_tactic": {"clamped_swiglu"},
 }
 MODES = ["w4a16", "w4a4"]
 
@@ -398,6 +399,35 @@ def test_exact_gpt_oss_decode_tactics(activation, b1_dtype, b2_dtype):
         assert_same(got, want, f"{activation} T=40 {t.label()}")
     assert_same(t4.fused_moe(p.x, *p.weights(), ids, tw, **kw), want, f"{activation} T=40 auto")
     assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "cuda"
+
+
+@pytest.mark.parametrize("activation", ["clamped_swiglu", "swiglu"])
+def test_exact_mxfp4_activations_every_tactic(activation):
+    """W4A4 with MXFP4 activations (activations="fp4"; the decode family refuses it, so every T runs
+    the grouped Hopper GEMMs: x's rows gathered as their MXFP4 values, the intermediate's MXFP4
+    values in the activation's launch), with gpt-oss's biases (bf16 on FC1, fp32 on FC2) and
+    without: every tactic at T = 40, the op (cuda and auto) at T = 1, 5, 40, bit-identical to the
+    reference on grid-exact data."""
+    from torch_fp4 import formats as F
+    from torch_fp4.kernels.cuda import moe
+    hidden, inter = 2880, 64
+    for tokens in (1, 5, 40):
+        p, b1, b2 = exact_gpt_oss_problem(8, hidden, inter, tokens, seed=70 + tokens, bias_dtype=BF16)
+        ids, tw = random_routing(tokens, 8, 4, seed=71 + tokens)
+        for biases in ((b1, b2.float()), (None, None)):
+            kw = dict(block_size=32, w1_bias=biases[0], w2_bias=biases[1], activation=activation, activations="fp4")
+            want = t4.fused_moe(p.x, *p.weights(), ids, tw, backend="reference", **kw)
+            w4a16 = t4.fused_moe(p.x, *p.weights(), ids, tw, backend="reference", **{**kw, "activations": None})
+            assert not torch.equal(want, w4a16), "the activations' quantization changed nothing: a weak test"
+            if tokens == 40:
+                for t in _tactics():
+                    got = moe.fused_moe(p.x, *p.weights(), ids, tw, None, None, 0, BF16, True, F.MXFP4, *biases,
+                                        activation, 1.702, 7.0, True, tactic=t)
+                    assert_same(got, want, f"{activation} T=40 {t.label()} biases={biases[0] is not None}")
+            for backend in ("cuda", "auto"):
+                assert_same(t4.fused_moe(p.x, *p.weights(), ids, tw, backend=backend, **kw), want,
+                            f"{activation} T={tokens} backend={backend} biases={biases[0] is not None}")
+            assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "cuda"
 
 
 def test_random_gpt_oss_decode_against_the_reference():

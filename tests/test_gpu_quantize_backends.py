@@ -30,9 +30,10 @@ QUICK = {
         f"{dtype}-{block}-{layout}-{b}" for b in BACKENDS
         for dtype, block, layout in (("torch.bfloat16", 16, "128x4"), ("torch.float32", 32, "linear"),
                                      ("torch.float16", 32, "8x4"), ("torch.bfloat16", 32, "128x4"))},
-    "test_cuda_nvfp4_exact_values_are_quantize_then_dequantize": {
-        "127x160-torch.bfloat16", "127x160-torch.float16", "127x160-torch.float32", "3x40x128-torch.bfloat16",
-        "2x300x512-torch.float32"},
+    "test_cuda_exact_values_are_quantize_then_dequantize": {
+        f"{shape}-{dtype}-{block}" for block in (16, 32) for shape, dtype in (
+            ("127x160", "torch.bfloat16"), ("127x160", "torch.float16"), ("127x160", "torch.float32"),
+            ("3x40x128", "torch.bfloat16"), ("2x300x512", "torch.float32"))},
 }
 
 
@@ -113,19 +114,36 @@ def test_nvfp4_quantize_bitexact(backend, layout, shape):
     _assert_same(t4.nvfp4_quantize(x, gs, layout, backend=backend), want, f"{backend} nvfp4 {layout}")
 
 
+@pytest.mark.parametrize("block", (16, 32))
 @pytest.mark.parametrize("dtype", IN_DTYPES[:3], ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-def test_cuda_nvfp4_exact_values_are_quantize_then_dequantize(shape, dtype):
+def test_cuda_exact_values_are_quantize_then_dequantize(shape, dtype, block):
     """The cuda backend's one-launch exact values (fused_moe's W4A4 activations) are the reference's
-    nvfp4_quantize followed by fp4_dequantize without the global scale, bit for bit (NaN, Inf,
-    subnormal and saturating blocks included), 2-D and batched with a scale per entry."""
-    from torch_fp4.kernels.cuda.quantize import nvfp4_exact_values
-    x = edge_input(shape, dtype, seed=7 * shape[-1] + len(shape))
-    gs = torch.rand(shape[0] if len(shape) == 3 else 1, device="cuda") * 1000 + 0.5
-    _need("nvfp4_quantize", "cuda", x, gs, t4.SfLayout.LINEAR)
-    q, s = t4.nvfp4_quantize(x, gs, "linear", backend="reference")
-    want = t4.fp4_dequantize(q, s, None, sf_layout="linear", out_dtype=torch.bfloat16, backend="reference")
-    _assert_same((nvfp4_exact_values(x, gs),), (want,), f"exact values {dtype}")
+    quantize (NVFP4 with its global scale, or MXFP4) followed by fp4_dequantize without the global
+    scale, bit for bit (NaN, Inf, subnormal and saturating blocks included), 2-D and batched with a
+    scale per entry, and gathered: rows src_pairs // top_k of a 2-D x in one launch."""
+    from torch_fp4.kernels.cuda.quantize import exact_values
+    if shape[-1] % block:
+        pytest.skip(f"K {shape[-1]} is not a multiple of {block}")
+    fmt = t4.formats.NVFP4 if block == 16 else t4.formats.MXFP4
+    x = edge_input(shape, dtype, seed=7 * shape[-1] + len(shape) + block)
+    gs = torch.rand(shape[0] if len(shape) == 3 else 1, device="cuda") * 1000 + 0.5 if block == 16 else None
+    _need("nvfp4_quantize" if block == 16 else "mxfp4_quantize", "cuda", x,
+          *((gs,) if block == 16 else ()), t4.SfLayout.LINEAR)
+
+    def reference(x):
+        q, s = (t4.nvfp4_quantize(x, gs, "linear", backend="reference") if block == 16
+                else t4.mxfp4_quantize(x, "linear", backend="reference"))
+        return t4.fp4_dequantize(q, s, None, sf_layout="linear", block_size=block, out_dtype=torch.bfloat16,
+                                 backend="reference")
+    _assert_same((exact_values(x, gs, fmt),), (reference(x),), f"exact values {dtype} block {block}")
+    if x.dim() == 2:
+        top_k = 3
+        g = torch.Generator(device="cuda").manual_seed(shape[0])
+        pairs = torch.randint(0, x.shape[0] * top_k, (2 * x.shape[0] + 5,), device="cuda", dtype=torch.int32,
+                              generator=g)
+        want = reference(x).index_select(0, pairs.long() // top_k)
+        _assert_same((exact_values(x, gs, fmt, pairs, top_k),), (want,), f"gathered exact values {dtype} {block}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -21,12 +21,20 @@ def _checkpoint(e, h, i, seed=0, bias_dtype=BF16, scale_range=(122, 129)):
     return T.gpt_oss_expert_tensors(e, h, i, seed, PREFIX, bias_dtype, scale_range)
 
 
+def _mx_values(v: torch.Tensor) -> torch.Tensor:
+    """The values of v's MXFP4 quantization (W4A4's activations), fp32."""
+    return t4.fp4_dequantize(*t4.mxfp4_quantize(v, backend="reference"), None, 32, out_dtype=torch.float32,
+                             backend="reference")
+
+
 def _straightforward(t: dict, x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, bias: bool = True,
-                     clamped: bool = True) -> torch.Tensor:
+                     clamped: bool = True, w4a4: bool = False) -> torch.Tensor:
     """A gpt-oss MoE layer written out with the spec's rounding points: per routed (token, slot),
     h = RN_bf16(RN_fp32(x . W1^T) + b1) over the interleaved [gate, up] columns, the clamped
     SwiGLU in fp32 rounded to bf16, y = RN_bf16(RN_fp32(a . W2^T) + b2), out = RN_bf16 of the fp32
-    sum of the weighted y in slot order."""
+    sum of the weighted y in slot order. w4a4: x and a replaced by their MXFP4 values first."""
+    if w4a4:
+        x = _mx_values(x)
     w1 = T.gpt_oss_decode(t[f"{PREFIX}.gate_up_proj_blocks"], t[f"{PREFIX}.gate_up_proj_scales"])   # [E, 2I, H]
     w2 = T.gpt_oss_decode(t[f"{PREFIX}.down_proj_blocks"], t[f"{PREFIX}.down_proj_scales"])         # [E, H, I]
     b1, b2 = t[f"{PREFIX}.gate_up_proj_bias"].float(), t[f"{PREFIX}.down_proj_bias"].float()
@@ -45,6 +53,8 @@ def _straightforward(t: dict, x: torch.Tensor, ids: torch.Tensor, weights: torch
                 a = ((u + 1.0) * (g * (1.0 / (1.0 + torch.exp(-(ALPHA * g)))))).to(BF16)
             else:
                 a = (gate / (1.0 + torch.exp(-gate)) * up).to(BF16)
+            if w4a4:
+                a = _mx_values(a[None])[0]
             y = (a.double() @ w2[e].T).float()
             if bias:
                 y = y + b2[e]
@@ -52,13 +62,13 @@ def _straightforward(t: dict, x: torch.Tensor, ids: torch.Tensor, weights: torch
     return out.to(BF16)
 
 
-def _run(experts, x, ids, weights, bias=True, clamped=True, backend="auto"):
+def _run(experts, x, ids, weights, bias=True, clamped=True, backend="auto", w4a4=False):
     return t4.fused_moe(x, experts.w1.view(torch.float4_e2m1fn_x2), experts.w1_scale.view(torch.float8_e8m0fnu),
                         None, experts.w2.view(torch.float4_e2m1fn_x2), experts.w2_scale.view(torch.float8_e8m0fnu),
                         None, ids, weights, block_size=32, w1_bias=experts.w1_bias if bias else None,
                         w2_bias=experts.w2_bias if bias else None,
                         activation="clamped_swiglu" if clamped else "swiglu", swiglu_alpha=ALPHA,
-                        swiglu_limit=LIMIT, backend=backend)
+                        swiglu_limit=LIMIT, backend=backend, activations="fp4" if w4a4 else None)
 
 
 def _routing(tokens, e, k, seed):
@@ -79,16 +89,30 @@ def test_gpt_oss_layer_equals_the_straightforward_layer(h, bias_dtype):
 
 @settings(max_examples=20, deadline=None)
 @given(e=st.integers(1, 4), hb=st.integers(1, 4), ib=st.integers(1, 3), tokens=st.integers(1, 6),
-       k=st.integers(1, 4), bias=st.booleans(), clamped=st.booleans(), seed=st.integers(0, 2**16))
-def test_any_shape_top_k_bias_and_activation(e, hb, ib, tokens, k, bias, clamped, seed):
+       k=st.integers(1, 4), bias=st.booleans(), clamped=st.booleans(), w4a4=st.booleans(), seed=st.integers(0, 2**16))
+def test_any_shape_top_k_bias_and_activation(e, hb, ib, tokens, k, bias, clamped, w4a4, seed):
+    """W4A16 and W4A4 (MXFP4 activations: x and the intermediate replaced by their MXFP4 values)."""
     k = min(k, e)
     h, i = 32 * hb, 32 * ib
     t = _checkpoint(e, h, i, seed=seed)
     experts = load_gpt_oss_experts(t, PREFIX)
     x = torch.randn(tokens, h, generator=torch.Generator().manual_seed(seed + 1)).to(BF16)
     ids, weights = _routing(tokens, e, k, seed + 2)
-    got = _run(experts, x, ids, weights, bias, clamped)
-    assert torch.equal(got, _straightforward(t, x, ids, weights, bias, clamped))
+    got = _run(experts, x, ids, weights, bias, clamped, w4a4=w4a4)
+    assert torch.equal(got, _straightforward(t, x, ids, weights, bias, clamped, w4a4))
+
+
+def test_mxfp4_activations_change_the_result():
+    """W4A4 with MXFP4 activations is not W4A16 (the activations are quantized), and equals the
+    straightforward layer on its quantized activations."""
+    e, h, i, tokens, k = 3, 96, 64, 5, 2
+    t = _checkpoint(e, h, i, seed=3)
+    experts = load_gpt_oss_experts(t, PREFIX)
+    x = torch.randn(tokens, h, generator=torch.Generator().manual_seed(4)).to(BF16)
+    ids, weights = _routing(tokens, e, k, 5)
+    w4a4, w4a16 = _run(experts, x, ids, weights, w4a4=True), _run(experts, x, ids, weights)
+    assert not torch.equal(w4a4, w4a16)
+    assert torch.equal(w4a4, _straightforward(t, x, ids, weights, w4a4=True))
 
 
 def test_clamps_reach_the_output():
@@ -178,7 +202,8 @@ def test_gpu_backends_say_what_they_do_not_run_yet():
 
 @pytest.mark.parametrize("change,arg,needle", [
     (dict(w1_global_scale=torch.ones(2)), "w1_global_scale", "None for MXFP4 experts"),
-    (dict(a1_global_scale=torch.ones(1)), "a1_global_scale", "MXFP4 activations are not supported yet"),
+    (dict(a1_global_scale=torch.ones(1)), "a1_global_scale", "MXFP4 activations have no global scale"),
+    (dict(activations="fp8"), "activations", "None, 'bf16' or 'fp4'"),
     (dict(w1_bias=torch.zeros(2, 63)), "w1_bias", "[E, 2I]"),
     (dict(w2_bias=torch.zeros(2, 64, dtype=torch.float16)), "w2_bias", "float32 or bfloat16"),
     (dict(activation="gelu"), "activation", "'swiglu' or 'clamped_swiglu'"),
@@ -244,8 +269,13 @@ def test_fp4moe_mxfp4_from_dense_experts_and_refusals():
     q, s = t4.mxfp4_quantize(w1)
     assert torch.equal(moe.w1, q.view(torch.uint8)) and torch.equal(moe.w1_scale, s.view(torch.uint8))
     assert moe(torch.randn(3, h).to(BF16)).shape == (3, h)
-    with pytest.raises(ValueError, match="FP4MoE: activations: expected 'bf16' for MXFP4 experts"):
-        FP4MoE(h, i, e, 1, activations="fp4", fmt="mxfp4")
+    w4a4 = FP4MoE(h, i, e, 1, activations="fp4", fmt="mxfp4")   # MXFP4 activations: no scales to set
+    w4a4.router = router
+    w4a4.set_weights(w1, w2)
+    x = torch.randn(3, h).to(BF16)
+    ids, tw = t4.route(router(x), 1)
+    want = t4.fused_moe(x, *w4a4._expert_args(), ids, tw, block_size=32, activations="fp4", backend="reference")
+    assert torch.equal(w4a4(x), want) and not torch.equal(w4a4(x), moe(x))
     with pytest.raises(ValueError, match="FP4MoE: hidden_size: expected a positive multiple of 32"):
         FP4MoE(48, i, e, 1, fmt="mxfp4")
     with pytest.raises(ValueError, match="FP4MoE: fmt: expected 'nvfp4' or 'mxfp4'"):

@@ -167,7 +167,7 @@ class MoeProblem(Problem):
     inter: int
     experts: int
     top_k: int
-    w4a4: bool                      # a1_global_scale given: activations quantized to NVFP4
+    w4a4: bool                      # activations quantized (NVFP4: a1_global_scale given; MXFP4: asked)
     a2_per_expert: bool             # a2_global_scale holds one scale per expert
     x_dtype: torch.dtype
     out_dtype: torch.dtype
@@ -190,9 +190,9 @@ class MoeProblem(Problem):
     def of(cls, x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
            local_expert_offset, num_local_experts, out_dtype, fmt: F.Fp4Format = F.NVFP4,
            w1_bias=None, w2_bias=None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
-           swiglu_limit: float = 7.0) -> "MoeProblem":
+           swiglu_limit: float = 7.0, activations: Optional[str] = None) -> "MoeProblem":
         return cls(tokens=x.shape[0], hidden=x.shape[1], inter=w1.shape[1] // 2, experts=w1.shape[0],
-                   top_k=topk_ids.shape[1], w4a4=a1_global_scale is not None,
+                   top_k=topk_ids.shape[1], w4a4=a1_global_scale is not None or activations == "fp4",
                    a2_per_expert=a2_global_scale is not None and a2_global_scale.numel() > 1,
                    x_dtype=x.dtype, out_dtype=out_dtype, local_expert_offset=local_expert_offset,
                    strict_ids=local_expert_offset == 0 and num_local_experts is None,
@@ -205,7 +205,7 @@ class MoeProblem(Problem):
     def gpt_oss_features(self) -> Optional[str]:
         """gpt-oss's features of this problem (MXFP4 experts, expert biases, the clamped SwiGLU),
         named, or None: the cute-dsl fused_moe kernels do not run them (the reference, triton and
-        cuda ones do, W4A16)."""
+        cuda ones do; W4A4 with them: the reference and cuda's grouped Hopper GEMMs)."""
         wanted = [what for what, on in (("MXFP4 experts", self.fmt is not F.NVFP4), ("expert biases", self.bias),
                                         ("the clamped SwiGLU", self.activation != "swiglu")) if on]
         return ", ".join(wanted) if wanted else None

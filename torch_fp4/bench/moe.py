@@ -245,7 +245,9 @@ def _measure(m: Model, experts: int, tokens: int, weights: tuple, extra: dict, p
     a1 = ops.compute_global_scale(x)
     a2 = torch.full((1,), F.NVFP4_AMAX_TARGET / 1e6, device=dev)
 
-    modes = {"w4a16": {}} if m.gpt_oss else {"w4a16": {}, "w4a4": dict(a1_global_scale=a1, a2_global_scale=a2)}
+    # gpt-oss: W4A4 with MXFP4 activations (no global scales)
+    w4a4_kw = dict(activations="fp4") if m.gpt_oss else dict(a1_global_scale=a1, a2_global_scale=a2)
+    modes = {"w4a16": {}, "w4a4": w4a4_kw}
 
     def call(mode, backend="auto"):
         return ops.fused_moe(x, *weights, ids, tw, local_expert_offset=0, num_local_experts=experts,

@@ -30,7 +30,9 @@ struct QuantizeArgs {
   int64_t kb_padded;
   int layout;
   int in_dtype;
-  void* exact;  // launch_nvfp4_exact_values: bf16 [batch, rows, k] (data and scale unused)
+  void* exact;  // launch_*_exact_values: bf16 [batch, rows, k] (data and scale unused)
+  const int32_t* src_pairs = nullptr;  // exact values, gathered: x's row of output row m is src_pairs[m] / src_div
+  int64_t src_div = 1;
 };
 
 // data [batch, rows, k/2] + scales -> out [batch, rows, k]. gs may be null (NVFP4 without a
@@ -61,6 +63,7 @@ constexpr int64_t kMaxThreadsPerMatrix = (int64_t{1} << 31) - 1;
 void launch_nvfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool pdl);
 void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool pdl);
 void launch_nvfp4_exact_values(const QuantizeArgs& args, cudaStream_t stream, bool pdl);
+void launch_mxfp4_exact_values(const QuantizeArgs& args, cudaStream_t stream, bool pdl);
 void launch_dequantize(const DequantizeArgs& args, int block_size, cudaStream_t stream, bool pdl);
 
 // out[0] = NVFP4 global scale of the n elements at x. workspace: two uint32 words, zero before

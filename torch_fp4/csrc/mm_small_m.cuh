@@ -634,24 +634,6 @@ TORCH_FP4_DEV void store_out(const Params& p, int m, int n, F4 v) {
   }
 }
 
-// SwiGLU of one output element from its fp32 gate and up sums (alpha applied): RN_bf16 of both
-// (FC1's bf16 h), then silu(gate) * up in fp32 (spec section 6; store_out rounds it).
-TORCH_FP4_HD float swiglu_of(float gate, float up) {
-  const float g = host_bf16_to_f32(round_out<kOutBf16>(gate)), u = host_bf16_to_f32(round_out<kOutBf16>(up));
-  return mul_rn(div_rn(g, add_rn(1.0f, exp_f32(-g))), u);
-}
-
-// gpt-oss's clamped SwiGLU of one output element (spec section 6): gate and up rounded to bf16
-// (FC1's h), g = min(gate, L), u = clamp(up, -L, L) (NaN stays NaN), (u + 1) * (g * s) with
-// s = 1 / (1 + exp(-(alpha * g))), each fp32 operation rounded in this order (store_out rounds it).
-TORCH_FP4_HD float clamped_swiglu_of(float gate, float up, float alpha, float limit) {
-  float g = host_bf16_to_f32(round_out<kOutBf16>(gate)), u = host_bf16_to_f32(round_out<kOutBf16>(up));
-  g = g > limit ? limit : g;
-  u = u < -limit ? -limit : (u > limit ? limit : u);
-  const float s = div_rn(1.0f, add_rn(1.0f, exp_f32(-mul_rn(alpha, g))));
-  return mul_rn(add_rn(u, 1.0f), mul_rn(g, s));
-}
-
 TORCH_FP4_HD F4 add4(F4 a, F4 b) { return F4{add_rn(a.x, b.x), add_rn(a.y, b.y), add_rn(a.z, b.z), add_rn(a.w, b.w)}; }
 
 // Four fp32 bias values of columns c..c+3 (bf16 or fp32; exact in fp32).

@@ -6,15 +6,18 @@
 // encodes the block's elements and writes its packed bytes and its scale byte. Every output byte
 // is written by exactly one thread.
 //
-// The exact-values mode (NVFP4, kExact): the same quantization, but each thread writes its block's
-// dequantized values without the global scale, code * e4m3 block scale (exact in bf16), as bf16
-// [batch, rows, k] instead of codes and scales: nvfp4_quantize then fp4_dequantize without a
-// global scale in one launch, for GEMMs that take 16-bit activations (fused_moe's W4A4).
+// The exact-values mode (kExact): the same quantization, but each thread writes its block's
+// dequantized values without the global scale, code * block scale (e4m3 for NVFP4, 2^(e - 127)
+// for MXFP4; exact in bf16), as bf16 [batch, rows, k] instead of codes and scales: quantize then
+// fp4_dequantize without a global scale in one launch, for GEMMs that take 16-bit activations
+// (fused_moe's W4A4). Gathered (src_pairs, batch 1): output row m holds the exact values of x's
+// row src_pairs[m] / src_div (fused_moe's rows grouped by expert: pair index / top_k).
 #include <algorithm>
 #include <cstdint>
 
 #include "fp4_numerics.cuh"
 #include "capi.h"
+#include "exact_values.cuh"
 #include "launch.h"
 #include "pdl.cuh"
 #include "scale_layout.cuh"
@@ -39,6 +42,8 @@ struct QuantizeParams {
   FastDivmod by_kb_padded;
   int layout;
   uint16_t* exact;   // kExact: bf16 [batch, rows, k] (data and scale unused)
+  const int32_t* src_pairs;   // kExact, gathered: x's row of output row m is src_pairs[m] / src_div
+  int32_t src_div;
 };
 
 template <int kWords>
@@ -49,18 +54,6 @@ __device__ __forceinline__ void store_words(uint8_t* p, const uint32_t* w) {
     static_assert(kWords == 4, "an NVFP4 block packs to 8 bytes, an MXFP4 block to 16");
     *reinterpret_cast<uint4*>(p) = make_uint4(w[0], w[1], w[2], w[3]);
   }
-}
-
-// kExact: the block's values code * scale as bf16, 32 bytes (NVFP4 only), as dequantize.cu forms
-// them without a global scale.
-__device__ __forceinline__ void store_exact_values(uint16_t* dst, const uint32_t* codes, uint32_t scale_byte) {
-  const float sf64 = __fmul_rn(e4m3_to_float(scale_byte), 64.0f);   // exact: |sf| <= 448
-  float v[16];
-#pragma unroll
-  for (int j = 0; j < 2; ++j) e2m1_decode8_scaled(codes[j], v + 8 * j);   // +-LUT * 2^-6, exact
-#pragma unroll
-  for (int i = 0; i < 16; ++i) v[i] = __fmul_rn(v[i], sf64);
-  store_values<kBFloat16, 16>(reinterpret_cast<uint8_t*>(dst), v);
 }
 
 template <int kDType, bool kNvfp4, bool kVec, bool kExact = false>
@@ -86,9 +79,13 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
       continue;
     }
     const int64_t block = (b * p.rows + m) * static_cast<int64_t>(p.k_blocks) + kb;
+    int64_t src_block = block;
+    if constexpr (kExact) {
+      if (p.src_pairs != nullptr) src_block = static_cast<int64_t>(__ldg(p.src_pairs + m) / p.src_div) * p.k_blocks + kb;
+    }
 
     uint32_t w[kInWords];
-    load_words<kInWords, kElemBytes, kVec>(p.x + block * (kBlock * kElemBytes), w);
+    load_words<kInWords, kElemBytes, kVec>(p.x + src_block * (kBlock * kElemBytes), w);
     if (b == blockIdx.y) pdl_launch_dependents();  // once, after this thread's first loads
     const float amax = __uint_as_float(block_amax_bits<kDType, kInWords>(w));
 
@@ -133,8 +130,7 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const QuantizeParams
       }
     }
     if constexpr (kExact) {
-      static_assert(kNvfp4, "exact values are an NVFP4 mode");
-      store_exact_values(p.exact + block * kBlock, out, bs.byte);
+      store_exact_values<kBlock>(p.exact + block * kBlock, out, bs.byte);
     } else {
       store_words<kOutWords>(p.data + block * (kBlock / 2), out);
       *scale = static_cast<uint8_t>(bs.byte);
@@ -162,6 +158,8 @@ void launch_quantize(const QuantizeArgs& a, cudaStream_t stream, bool pdl) {
   p.by_kb_padded = FastDivmod(p.kb_padded);
   p.layout = a.layout;
   p.exact = kExact ? static_cast<uint16_t*>(a.exact) : nullptr;
+  p.src_pairs = kExact ? a.src_pairs : nullptr;
+  p.src_div = a.src_div > 0 ? static_cast<int32_t>(a.src_div) : 1;
 
   const dim3 grid(static_cast<unsigned>((entries + kThreads - 1) / kThreads),
                   static_cast<unsigned>(std::min<int64_t>(a.batch, 65535)));
@@ -197,6 +195,10 @@ void launch_mxfp4_quantize(const QuantizeArgs& args, cudaStream_t stream, bool p
 
 void launch_nvfp4_exact_values(const QuantizeArgs& args, cudaStream_t stream, bool pdl) {
   launch_quantize<true, true>(args, stream, pdl);
+}
+
+void launch_mxfp4_exact_values(const QuantizeArgs& args, cudaStream_t stream, bool pdl) {
+  launch_quantize<false, true>(args, stream, pdl);
 }
 
 }  // namespace torch_fp4
@@ -244,15 +246,21 @@ TORCH_FP4_CAPI int torch_fp4_nvfp4_quantize(int device, void* stream, int pdl, c
                                       in_dtype));
 }
 
-// x [batch, rows, k] -> exact [batch, rows, k] bf16: the values of its NVFP4 quantization with gs
-// (element b * gs_stride for batch entry b), dequantized without gs.
-TORCH_FP4_CAPI int torch_fp4_nvfp4_exact_values(int device, void* stream, int pdl, const void* x, const float* gs,
-                                                int64_t gs_stride, void* exact, int64_t batch, int64_t rows,
-                                                int64_t k, int in_dtype) {
-  torch_fp4::QuantizeArgs a =
-      quantize_args(x, gs, gs_stride, nullptr, nullptr, batch, rows, k, rows, k / 16, torch_fp4::kLayoutLinear, in_dtype);
+// x [batch, rows, k] -> exact [batch, rows, k] bf16: the values of its NVFP4 (block_size 16, gs
+// element b * gs_stride for batch entry b) or MXFP4 (32, gs unused) quantization, dequantized
+// without gs. src_pairs (batch 1; may be null): output row m from x's row src_pairs[m] / src_div.
+TORCH_FP4_CAPI int torch_fp4_exact_values(int device, void* stream, int pdl, const void* x, const float* gs,
+                                          int64_t gs_stride, void* exact, int64_t batch, int64_t rows, int64_t k,
+                                          int in_dtype, int block_size, const int32_t* src_pairs, int64_t src_div) {
+  if (block_size != 16 && block_size != 32) return torch_fp4::kNotCompiled;
+  if (src_pairs != nullptr && (batch != 1 || src_div < 1)) return torch_fp4::kNotCompiled;
+  torch_fp4::QuantizeArgs a = quantize_args(x, gs, gs_stride, nullptr, nullptr, batch, rows, k, rows,
+                                            k / block_size, torch_fp4::kLayoutLinear, in_dtype);
   a.exact = exact;
-  return quantize_entry(torch_fp4::launch_nvfp4_exact_values, device, stream, pdl, a);
+  a.src_pairs = src_pairs;
+  a.src_div = src_div;
+  return quantize_entry(block_size == 16 ? torch_fp4::launch_nvfp4_exact_values : torch_fp4::launch_mxfp4_exact_values,
+                        device, stream, pdl, a);
 }
 
 TORCH_FP4_CAPI int torch_fp4_mxfp4_quantize(int device, void* stream, int pdl, const void* x, const float* gs,

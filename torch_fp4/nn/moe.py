@@ -69,8 +69,9 @@ class FP4MoE(torch.nn.Module):
     down(silu(gate) * up) over the top_k experts. Experts live in buffers: w1 [E, 2I, H/2]
     ([gate; up] rows) and w2 [E, H, I/2] as FP4 bytes, their 128x4 block scales, and one encode
     global scale per expert (as fp32 bit patterns, so dtype casts never round them).
-    activations="bf16" runs W4A16; "fp4" runs W4A4 with fixed activation global scales
-    (a1 [1] for the input, a2 [E] for the intermediate activation), set by `calibrate` or given.
+    activations="bf16" runs W4A16; "fp4" runs W4A4: NVFP4 experts with fixed activation global
+    scales (a1 [1] for the input, a2 [E] for the intermediate activation), set by `calibrate` or
+    given; MXFP4 experts (fmt="mxfp4") with MXFP4 activations, which need no scales.
     Routing config (top_k, method, renormalize, and for "deepseek_v3" the correction bias
     `routing_bias`, n_group, topk_group, routed_scaling_factor) is that of `torch_fp4.route`.
     Traces with torch.compile(fullgraph=True) and has no host synchronization.
@@ -91,9 +92,6 @@ class FP4MoE(torch.nn.Module):
         _activations("FP4MoE", activations)
         if fmt not in ("nvfp4", "mxfp4"):
             C.fail("FP4MoE", "fmt", "'nvfp4' or 'mxfp4'", repr(fmt))
-        if fmt == "mxfp4" and activations != "bf16":
-            C.fail("FP4MoE", "activations", "'bf16' for MXFP4 experts (W4A16; MXFP4 activations are not "
-                   "supported yet)", repr(activations))
         if activation not in ACTIVATIONS:
             C.fail("FP4MoE", "activation", " or ".join(map(repr, ACTIVATIONS)), repr(activation))
         if bias_dtype not in (torch.bfloat16, torch.float32):
@@ -222,13 +220,14 @@ class FP4MoE(torch.nn.Module):
 
     @classmethod
     def from_gpt_oss(cls, router: torch.nn.Linear, experts, *, top_k: int = 4,
-                     compute_dtype: torch.dtype = torch.bfloat16) -> "FP4MoE":
+                     compute_dtype: torch.dtype = torch.bfloat16, activations: str = "bf16") -> "FP4MoE":
         """gpt-oss's MoE layer: its router (nn.Linear H -> E with bias; top-k on the logits, then
         softmax over the k) and its MXFP4 experts as torch_fp4.gpt_oss_checkpoint loads them
         (MXFP4Experts: [gate; up] halves, 128x4 scales, biases), bytes copied unchanged; biases
-        on both GEMMs and the clamped SwiGLU (alpha 1.702, limit 7)."""
+        on both GEMMs and the clamped SwiGLU (alpha 1.702, limit 7). activations "bf16" (W4A16)
+        or "fp4" (W4A4: MXFP4 activations)."""
         mod = cls._for_router(router, experts.intermediate_size, top_k, "renormalize", False, None, None, None,
-                              1.0, "bf16", compute_dtype, fmt="mxfp4", expert_bias=True,
+                              1.0, activations, compute_dtype, fmt="mxfp4", expert_bias=True,
                               bias_dtype=experts.w1_bias.dtype, activation="clamped_swiglu")
         for name in ("w1", "w1_scale", "w2", "w2_scale", "w1_bias", "w2_bias"):
             src, buf = getattr(experts, name), getattr(mod, name)
@@ -312,7 +311,7 @@ class FP4MoE(torch.nn.Module):
         none is)."""
         if self.fmt != "nvfp4":
             raise ValueError("FP4MoE.calibrate: sets NVFP4 W4A4 activation scales; this module's "
-                             f"{self.fmt.upper()} experts run W4A16 (activations='bf16')")
+                             f"{self.fmt.upper()} experts need none (MXFP4 activations have no global scale)")
         a = self._tokens(x, "calibrate")[0]
         ids = self._route(a)[0]
         a2 = []
@@ -366,10 +365,10 @@ class FP4MoE(torch.nn.Module):
         """fused_moe's keyword arguments of this module's experts (activation scales, format,
         biases, activation)."""
         kw = {}
-        if self.activations == "fp4":
+        if self.activations == "fp4" and self.fmt == "nvfp4":
             kw = dict(a1_global_scale=self.a1_global_scale, a2_global_scale=self.a2_global_scale)
         if self.fmt == "mxfp4":
-            kw["block_size"] = F.MXFP4.block_size
+            kw = dict(block_size=F.MXFP4.block_size, activations=self.activations)
         if "w1_bias" in self._buffers:
             kw.update(w1_bias=self.w1_bias, w2_bias=self.w2_bias)
         if self.activation != "swiglu":

@@ -128,12 +128,13 @@ def _check_expert_weight(name: str, w: torch.Tensor, experts: int, rows: int, k:
 
 
 ACTIVATIONS = ("swiglu", "clamped_swiglu")
+ACTIVATION_MODES = (None, "bf16", "fp4")   # fused_moe's `activations`: None decides by a1_global_scale
 
 
 def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                   topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                   num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
-                  activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0
+                  activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0, activations=None
                   ) -> tuple[torch.dtype, F.Fp4Format, Backend]:
     op = "fused_moe"
     fmt = C.block_size(op, block_size)
@@ -184,12 +185,21 @@ def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scal
                f"shape {tuple(topk_ids.shape)}")
     C.dtype(op, "topk_weights", topk_weights, (torch.float32,))
     C.shape(op, "topk_weights", topk_weights, tuple(topk_ids.shape), "(the shape of topk_ids)")
-    if a1_global_scale is None:
+    if activations not in ACTIVATION_MODES:
+        C.fail(op, "activations", "None, " + " or ".join(map(repr, ACTIVATION_MODES[1:])), repr(activations))
+    if activations == "bf16" and a1_global_scale is not None:
+        C.fail(op, "a1_global_scale", "None for activations='bf16' (W4A16)", "a tensor")
+    if fmt is F.MXFP4:
+        for name_, gs in (("a1_global_scale", a1_global_scale), ("a2_global_scale", a2_global_scale)):
+            if gs is not None:
+                C.fail(op, name_, "None for MXFP4 experts (MXFP4 activations have no global scale: "
+                       "activations='fp4' runs W4A4)", "a tensor")
+    elif a1_global_scale is None:
+        if activations == "fp4":
+            C.fail(op, "a1_global_scale", "a [1] fp32 tensor for activations='fp4' with NVFP4 experts "
+                   "(W4A4 quantizes x with it)", None)
         if a2_global_scale is not None:
             C.fail(op, "a2_global_scale", "None when a1_global_scale is None (W4A16)", "a tensor")
-    elif fmt is F.MXFP4:
-        C.fail(op, "a1_global_scale", "None for MXFP4 experts (W4A16; MXFP4 activations are not "
-               "supported yet)", "a tensor")
     else:
         C.global_scale(op, "a1_global_scale", a1_global_scale, None)
         if a2_global_scale is None:
@@ -215,15 +225,16 @@ def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scal
 def _moe_problem(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                  num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
-                 activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0) -> tuple[MoeProblem, Backend]:
+                 activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0,
+                 activations=None) -> tuple[MoeProblem, Backend]:
     """The validated arguments as one problem object, and the requested backend."""
     out_dtype, fmt, bk = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
                                        topk_ids, topk_weights, a1_global_scale, a2_global_scale,
                                        local_expert_offset, num_local_experts, out_dtype, backend, block_size,
-                                       w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
+                                       w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations)
     return MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
                          local_expert_offset, num_local_experts, out_dtype, fmt, w1_bias, w2_bias, activation,
-                         swiglu_alpha, swiglu_limit), bk
+                         swiglu_alpha, swiglu_limit, activations), bk
 
 
 def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: Optional[torch.Tensor],
@@ -233,31 +244,33 @@ def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glo
                local_expert_offset: int, num_local_experts: Optional[int],
                out_dtype: Optional[torch.dtype], backend: int, block_size: int = 16,
                w1_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
-               activation: str = "swiglu", swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0) -> torch.Tensor:
+               activation: str = "swiglu", swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
+               activations: Optional[str] = None) -> torch.Tensor:
     # Without expert parallelism every id must name an expert of w1: the kernels check it on the
     # device (NaN rows, spec section 6; MoeProblem.strict_ids), so no call reads anything back.
     # Problems with the gpt-oss features (MoeProblem.gpt_oss_features) run on the reference,
-    # triton and cuda backends, whose launchers alone take them (the arguments after strict_ids).
+    # triton and cuda backends, whose launchers alone take them (the arguments after strict_ids;
+    # the last one, w4a4, asks for MXFP4 activations).
     def build(p: MoeProblem) -> tuple:
         launch = (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                   a1_global_scale, a2_global_scale, local_expert_offset, p.out_dtype, p.strict_ids)
         if p.gpt_oss_features is None:
             return launch
-        return (*launch, p.fmt, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit))
+        return (*launch, p.fmt, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit), p.w4a4)
     return run("fused_moe", _moe_problem,
                (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                 a1_global_scale, a2_global_scale, local_expert_offset, num_local_experts, out_dtype, backend,
-                block_size, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit), build)
+                block_size, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations), build)
 
 
 def _fused_moe_fake(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                     topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                     num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
-                    activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0):
+                    activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0, activations=None):
     out_dtype, _, _ = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
                                     topk_ids, topk_weights, a1_global_scale, a2_global_scale,
                                     local_expert_offset, num_local_experts, out_dtype, backend, block_size,
-                                    w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
+                                    w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations)
     return meta.fused_moe(x, out_dtype)
 
 
@@ -274,22 +287,24 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               backend: Backend | str = "auto", block_size: int = 16,
               w1_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
               activation: str = "swiglu", swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0) -> torch.Tensor:
+              swiglu_limit: float = 7.0, activations: Optional[str] = None) -> torch.Tensor:
     """Mixture of FP4 experts: out[t] = sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]).
 
     Each expert is down(act(gate, up)) with w1 [E, 2I, H/2] holding [gate; up] rows and
     w2 [E, H, I/2]; w1_scale/w2_scale are per-expert 128x4 scales [E, Mp, Kp]. block_size 16:
     NVFP4 experts (e4m3 scales) whose weight global scales [E] use the encode convention (GEMM
     alphas are derived inside); block_size 32: MXFP4 experts (e8m0 scales), w1_global_scale and
-    w2_global_scale None. a1_global_scale None runs W4A16 (bf16 activations); given (NVFP4 only),
-    it runs W4A4 and a2_global_scale ([1] or [E]) quantizes the intermediate activation.
+    w2_global_scale None. activations: None runs W4A4 when a1_global_scale is given, else W4A16
+    (bf16 activations); "bf16" asks for W4A16, "fp4" for W4A4: the activations (x and the
+    intermediate) quantized in the experts' format, NVFP4 with a1_global_scale [1] and
+    a2_global_scale ([1] or [E]), MXFP4 with no global scales (a1/a2 None).
     w1_bias [E, 2I] and w2_bias [E, H] (fp32 or bf16), optional, are added to FC1's and FC2's
     fp32 results before their rounding (docs/NUMERICS.md section 6). activation: "swiglu"
     (silu(gate) * up) or "clamped_swiglu" (gpt-oss: gate clamped above at swiglu_limit, up to
     [-swiglu_limit, swiglu_limit], (up + 1) * gate * sigmoid(swiglu_alpha * gate)); swiglu_alpha
     and swiglu_limit are used only by "clamped_swiglu". MXFP4 experts, biases and the clamped
-    SwiGLU run on the reference backend and, W4A16, on triton and cuda; the cute-dsl one says so
-    and `auto` skips it.
+    SwiGLU run on the reference backend, on cuda (W4A4 with them: its grouped Hopper GEMMs) and,
+    W4A16, on triton; the cute-dsl one says so and `auto` skips it.
     Expert parallelism: pass local_expert_offset and num_local_experts (= w1.shape[0]); w1/w2
     hold experts offset .. offset+E-1 and pairs routed elsewhere contribute zero. Without expert
     parallelism (neither given) every id must lie in [0, E): a token with an id outside it gets
@@ -301,13 +316,14 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
         return _fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                           topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                           num_local_experts, out_dtype, backend, block_size, w1_bias, w2_bias, activation,
-                          swiglu_alpha, swiglu_limit)
+                          swiglu_alpha, swiglu_limit, activations)
     C.tensors("fused_moe", x=x, w1=w1, w1_scale=w1_scale, w2=w2, w2_scale=w2_scale, topk_ids=topk_ids,
               topk_weights=topk_weights)
     return fused_moe_op(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                         topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                         num_local_experts, out_dtype, int(Backend.parse(backend, "fused_moe: backend")),
-                        block_size, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit))
+                        block_size, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit),
+                        activations)
 
 
 def fused_moe_tactics(*args, **kwargs) -> list:

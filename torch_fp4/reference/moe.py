@@ -5,7 +5,7 @@ import torch
 
 from .. import formats as F
 from .gemm import mm_fp4
-from .quantize import nvfp4_quantize
+from .quantize import mxfp4_quantize, nvfp4_quantize
 
 INTERMEDIATE_DTYPE = torch.bfloat16
 DEEPSEEK_EPS = 1e-20
@@ -96,32 +96,38 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
               fmt: F.Fp4Format = F.NVFP4, w1_bias: torch.Tensor | None = None,
               w2_bias: torch.Tensor | None = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0) -> torch.Tensor:
+              swiglu_limit: float = 7.0, w4a4: bool = False) -> torch.Tensor:
     """Every local expert runs densely over all tokens (simple, no host sync, capturable); each
     (t, j) then picks the output of its expert, or zero when that expert is not local.
     strict_ids (no expert parallelism): a token with an id outside [offset, offset + E) gets NaN
-    in every column instead. MXFP4 experts (fmt) have no global scales (alphas 1)."""
+    in every column instead. MXFP4 experts (fmt) have no global scales (alphas 1). W4A4 (given
+    a1_global_scale, or w4a4): x and the intermediate quantized in the experts' format, NVFP4
+    with a1 / a2, MXFP4 without global scales."""
     tokens, hidden = x.shape
     lay = F.SfLayout.LAYOUT_128x4
     picked = torch.zeros(tokens, topk_ids.shape[1], hidden, dtype=torch.float32, device=x.device)
-    if a1_global_scale is not None:
-        xq, xs = nvfp4_quantize(x, a1_global_scale, lay)
+    w4a4 = w4a4 or a1_global_scale is not None
+
+    def quantized(v, gs):   # W4A4's activation quantization
+        return nvfp4_quantize(v, gs, lay) if fmt is F.NVFP4 else mxfp4_quantize(v, lay)
+    if w4a4:
+        xq, xs = quantized(x, a1_global_scale)
 
     def alpha(a_gs, w_gs, e):
         return None if w_gs is None else F.nvfp4_alpha(a_gs, w_gs[e:e + 1])
     for e in range(w1.shape[0]):
         b1 = None if w1_bias is None else w1_bias[e]
         b2 = None if w2_bias is None else w2_bias[e]
-        if a1_global_scale is None:
+        if not w4a4:
             h = _gemm(x, None, w1[e], w1_scale[e], alpha(None, w1_global_scale, e), fmt, b1)
         else:
             h = _gemm(xq, xs, w1[e], w1_scale[e], alpha(a1_global_scale, w1_global_scale, e), fmt, b1)
         act = silu_mul(h) if activation == "swiglu" else clamped_swiglu(h, swiglu_alpha, swiglu_limit)
-        if a2_global_scale is None:
+        if not w4a4:
             y = _gemm(act, None, w2[e], w2_scale[e], alpha(None, w2_global_scale, e), fmt, b2)
         else:
-            gs2 = _select(a2_global_scale, e)
-            aq, as_ = nvfp4_quantize(act, gs2, lay)
+            gs2 = None if a2_global_scale is None else _select(a2_global_scale, e)
+            aq, as_ = quantized(act, gs2)
             y = _gemm(aq, as_, w2[e], w2_scale[e], alpha(gs2, w2_global_scale, e), fmt, b2)
         hit = (topk_ids == local_expert_offset + e).unsqueeze(-1)
         picked = torch.where(hit, y.float().unsqueeze(1), picked)

@@ -29,7 +29,8 @@ from typing import Iterable, Optional
 from ...tactics import cache_dir
 
 CSRC = Path(__file__).resolve().parents[2] / "csrc"
-KERNEL_SOURCES = ("quantize.cu", "dequantize.cu", "global_scale.cu", "mm_small_m.cu", "mm_wgmma.cu", "moe_small_m.cu")
+KERNEL_SOURCES = ("quantize.cu", "dequantize.cu", "global_scale.cu", "moe_swiglu.cu", "mm_small_m.cu", "mm_wgmma.cu",
+                  "moe_small_m.cu")
 MM_VARIANTS = 6                                       # kNumMmVariants in csrc/mm_operands.h
 
 # Every unit: IEEE fp32 (no fast math), the half/bfloat16 operator macros that keep conversions
@@ -56,7 +57,7 @@ class Unit:
 
 
 LIBRARIES: dict[str, tuple[Unit, ...]] = {
-    "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu")),
+    "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu"), Unit("moe_swiglu.cu")),
     **{f"small_m{v}": (Unit("mm_small_m.cu", (v,)),) for v in range(MM_VARIANTS)},
     **{f"wgmma{v}": (Unit("mm_wgmma.cu", (v,)),) for v in range(MM_VARIANTS)},
     # fused_moe's decode path (NVFP4, row-major weights) by FC1's activations: bf16, or fp16 (its

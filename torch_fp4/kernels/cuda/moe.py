@@ -13,7 +13,7 @@ up rows of 64 (or 32) columns per CTA and writing RN_bf16(silu(gate) * up) (gate
 RN_bf16(alpha1[e] * acc), the bf16 h of the spec); FC2, writing each row to its pair's row of
 y [T k, H]; the top-k sum in slot order (csrc/moe_route.cuh). Each block's alpha is formed in the
 GEMM from the global scales. W4A4 replaces x by the exact values of its quantization
-(quantize.nvfp4_exact_values: one launch before the call), and FC1's epilogue quantizes its
+(quantize.exact_values: one launch before the call), and FC1's epilogue quantizes its
 output with a2_global_scale and writes the exact dequantized values (16 columns of a row are four
 lanes' chunks: one shuffle pair gives the block amax), the global scales entering through the
 alphas. gpt-oss's features (W4A16; the plan holds them): MXFP4 experts (the moe_small_m4
@@ -27,12 +27,14 @@ inverse permutation, finalize) around the Hopper FP4-weight GEMM of csrc/mm_wgmm
 rows, each block multiplying its expert's FP4 weights (decoded in registers, as mm_fp4) and
 scaled by its expert's alpha in the epilogue; blocks past the used rows cost nothing.
 
-FC1 writes h = RN_bf16(alpha1[e] * acc) [rows, 2I] and moe_grouped.silu_mul forms
+FC1 writes h = RN_bf16(alpha1[e] * acc) [rows, 2I] and swiglu_rows (csrc/moe_swiglu.cu) forms
 RN_bf16(silu(gate) * up) (zeros in the rows of unused blocks, which FC1 skips). W4A16 feeds x's rows (bf16/fp16) to FC1 and the bf16 intermediate to
 FC2 as they are. W4A4 replaces both by the exact values of their NVFP4 quantization without the
-global scales (quantize.nvfp4_exact_values: quantize and dequantize in one launch; every NVFP4
-value times its e4m3 block scale is a bf16 value), the global scales entering through the
-alphas, as mm_fp4's W4A4 does.
+global scales (every NVFP4 value times its e4m3 block scale is a bf16 value), the global scales
+entering through the alphas, as mm_fp4's W4A4 does: x's rows gathered and quantized in one launch
+(quantize.exact_values with the pairs), the intermediate's in swiglu_rows' launch. MXFP4 experts
+take W4A4 (MXFP4 activations, no global scales) the same way, with gpt-oss's biases and clamped
+SwiGLU or without.
 """
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ from ..triton.moe_gemm import GptOss
 from .build import mm_variant
 from .moe_tactics import MOE_SPACE, SmallMMoeTactic, WgmmaMoeTactic
 from .native import DTYPE_CODES, MoeDecodePlan, library, raw_stream
-from .quantize import nvfp4_exact_values, nvfp4_quantize
+from .quantize import exact_values, nvfp4_quantize
 
 LAYOUT = F.SfLayout.LINEAR   # the quantized activations' scales: never read by another backend
 
@@ -84,7 +86,34 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
             w.stride(0), w_scale.stride(0) * w_scale.element_size())
         if status:
             lib.check(status, f"fused_moe grouped GEMM (rows={rows}, N={n}, K={k}, E={experts}) with {tactic}")
-    return moe_grouped.silu_mul(out, block_expert, tactic.block_m) if swiglu else out
+    return swiglu_rows(out, block_expert, tactic.block_m) if swiglu else out
+
+
+def swiglu_rows(h: torch.Tensor, block_expert: torch.Tensor, block_m: int, gpt_oss: Optional[GptOss] = None,
+                exact: Optional[moe_grouped.ActQuant] = None) -> torch.Tensor:
+    """moe_grouped.silu_mul's contract (GroupedGemm.activation) in one launch of
+    csrc/moe_swiglu.cu: h bf16 [rows, 2I] (fp32 with gpt_oss's w1_bias) grouped by expert in
+    blocks of block_m -> bf16 [rows, I], the activation of gpt_oss (default SwiGLU), or with exact
+    its exact quantized values; rows of unused blocks zeros."""
+    rows, inter = h.shape[0], h.shape[1] // 2
+    out = torch.empty((rows, inter), dtype=torch.bfloat16, device=h.device)
+    if rows == 0 or inter == 0:
+        return out
+    go = gpt_oss or GptOss()
+    b1, gs = go.w1_bias, None if exact is None else exact.global_scale
+    if b1 is not None and b1.data_ptr() % 16:   # the kernel reads 16-byte vectors
+        b1 = b1.clone()
+    i = h.get_device()
+    lib = library(i, "core")
+    status = lib.moe_swiglu(
+        i, raw_stream(i), _common.PDL, h.data_ptr(), int(h.dtype == torch.float32), None if b1 is None else b1.data_ptr(),
+        int(b1 is not None and b1.dtype == torch.float32), block_expert.data_ptr(), block_m, rows, inter,
+        int(go.clamped), _f32_bits(go.swiglu_alpha), _f32_bits(go.swiglu_limit),
+        0 if exact is None else exact.fmt.block_size, None if gs is None else gs.data_ptr(),
+        0 if gs is None or gs.numel() == 1 else gs.stride(0), out.data_ptr())
+    if status:
+        lib.check(status, f"fused_moe activation (rows={rows}, I={inter})")
+    return out
 
 
 # Eager calls of the decode path enqueue its four launches as one CUDA graph launch (one per
@@ -218,7 +247,7 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
     if a2 is not None:
         a2 = a2.contiguous()
     if a1 is not None:   # exact bf16 values of x~, the global scales in the alphas
-        a = nvfp4_exact_values(x, a1)
+        a = exact_values(x, a1)
     elif a.data_ptr() % 16:
         a = a.clone()
     g1 = None if w1_global_scale is None else w1_global_scale.contiguous()   # MXFP4: none
@@ -246,13 +275,14 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
               fmt: F.Fp4Format = F.NVFP4, w1_bias: Optional[torch.Tensor] = None,
               w2_bias: Optional[torch.Tensor] = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, tactic: Optional[WgmmaMoeTactic] = None,
+              swiglu_limit: float = 7.0, w4a4: bool = False, tactic: Optional[WgmmaMoeTactic] = None,
               problem: Optional[MoeProblem] = None) -> torch.Tensor:
-    """The reference launcher's arguments (gpt-oss's: fmt .. swiglu_limit, W4A16), plus the tactic
-    and the problem."""
+    """The reference launcher's arguments (gpt-oss's: fmt .. swiglu_limit; w4a4: MXFP4
+    activations), plus the tactic and the problem."""
     p = problem or MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
                                  local_expert_offset, None if strict_ids else w1.shape[0], out_dtype, fmt,
-                                 w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
+                                 w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit,
+                                 "fp4" if w4a4 else None)
     t = tactic_or_default(tactic, MOE_SPACE, p, op="fused_moe")
     if isinstance(t, SmallMMoeTactic):
         return _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
@@ -261,10 +291,10 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, out_dtype=torch.bfloat16, mx=False):
         return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, out_dtype, mx, tactic=t)
     g = moe_grouped.GroupedGemm(gemm=gemm, block_m=t.block_m, quantize=nvfp4_quantize, sf_layout=LAYOUT,
-                                exact=nvfp4_exact_values)
+                                exact=exact_values, activation=swiglu_rows)
     gpt_oss = None
     if p.gpt_oss_features is not None:
         gpt_oss = GptOss.of(fmt, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
     return moe_grouped.fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype,
-                                 strict_ids, g, gpt_oss)
+                                 strict_ids, g, gpt_oss, fmt if p.w4a4 else None)

@@ -69,12 +69,13 @@ def problem_reason(p: MoeProblem) -> Optional[str]:
     return gpt_oss_reason(p, "the decode path")
 
 
-def gpt_oss_reason(p: MoeProblem, family: str) -> Optional[str]:
+def gpt_oss_reason(p: MoeProblem, family: str, w4a4: bool = False) -> Optional[str]:
     """What a cuda fused_moe GEMM family (`family`, named) refuses of gpt-oss's features: W4A4
-    with them, and MXFP4 experts on fp16 activations; else None."""
-    if p.w4a4 and p.gpt_oss_features is not None:
-        return f"{family} runs {p.gpt_oss_features} in W4A16 only"
-    if p.fmt is F.MXFP4 and p.x_dtype != torch.bfloat16:
+    with them (unless `w4a4`: the family takes them), and MXFP4 experts on fp16 activations
+    (W4A16: W4A4 feeds the GEMMs bf16 values); else None."""
+    if p.w4a4 and p.gpt_oss_features is not None and not w4a4:
+        return f"{family} runs {p.gpt_oss_features} in W4A16 only (W4A4: the grouped Hopper GEMMs)"
+    if p.fmt is F.MXFP4 and p.x_dtype != torch.bfloat16 and not p.w4a4:
         return f"{family} runs MXFP4 experts on bf16 activations only"
     return None
 

@@ -17,7 +17,7 @@ from typing import Optional
 from ...backends import Backend
 from ...problems import MoeProblem
 from ...tactics import Tactic, TacticSpace, register_family, valid_unique
-from .._common import MAX_GRID_Z as MAX_QUANTIZE_BATCH, problem_sm_count, smem_reason
+from .._common import problem_sm_count, smem_reason
 from ..triton.moe_align import max_blocks
 from . import mm_wgmma_tactics as wg
 from . import moe_small_m_tactics as small
@@ -76,14 +76,10 @@ def why_not(t: Tactic, p: MoeProblem) -> Optional[str]:
         return small.why_not(t, p)
     if not isinstance(t, WgmmaMoeTactic):
         return f"{t.family} is not a cuda fused_moe tactic"
-    reason = (small.gpt_oss_reason(p, "the grouped Hopper GEMMs") or problem_reason(p)
+    reason = (small.gpt_oss_reason(p, "the grouped Hopper GEMMs", w4a4=True) or problem_reason(p)
               or wg.tile_reason(t.block_m, t.stages, t.ctas_per_sm, BLOCK_MS))
     if reason is not None:
         return reason
-    blocks = max_blocks(p.tokens * p.top_k, p.experts, t.block_m)
-    if p.w4a4 and p.a2_per_expert and blocks > MAX_QUANTIZE_BATCH:
-        return (f"a per-expert a2_global_scale quantizes the intermediate per block of {t.block_m} rows, "
-                f"at most {MAX_QUANTIZE_BATCH} blocks; this problem can use {blocks}")
     return smem_reason(wg.smem_bytes(t.block_m, t.stages, True), wg.smem_limit(p, t.ctas_per_sm))
 
 

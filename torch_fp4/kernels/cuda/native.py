@@ -24,7 +24,8 @@ _QUANTIZE = (_P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _I, _I)
 SIGNATURES = {
     "nvfp4_quantize": (_I, _HEAD + _QUANTIZE),
     "mxfp4_quantize": (_I, _HEAD + _QUANTIZE),
-    "nvfp4_exact_values": (_I, _HEAD + (_P, _P, _L, _P, _L, _L, _L, _I)),
+    "exact_values": (_I, _HEAD + (_P, _P, _L, _P, _L, _L, _L, _I, _I, _P, _L)),
+    "moe_swiglu": (_I, _HEAD + (_P, _I, _P, _I, _P, _L, _L, _L, _I, _L, _L, _I, _P, _L, _P)),
     "dequantize": (_I, _HEAD + (_P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _I, _I, _I)),
     "global_scale": (_I, _HEAD + (_P, _L, _I, _P, _P)),
     "mm_small_m": (_I, _HEAD + _MM + (_I,) * 5),

@@ -55,20 +55,25 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor,
     return _quantize("nvfp4_quantize", x, global_scale, F.NVFP4, sf_layout)
 
 
-def nvfp4_exact_values(x: torch.Tensor, global_scale: torch.Tensor) -> torch.Tensor:
-    """bf16 [..., rows, k]: the values of nvfp4_quantize(x, global_scale) dequantized without the
-    global scale (code * e4m3 block scale, exact in bf16), in one launch: what fp4_dequantize(
-    *nvfp4_quantize(x, gs), None) returns, bit for bit. x is contiguous [rows, k] or [batch, rows,
-    k] (global_scale [1] or [batch]), k a multiple of 16."""
-    out = torch.empty(x.shape, dtype=torch.bfloat16, device=x.device)
-    if x.numel() == 0:
+def exact_values(x: torch.Tensor, global_scale: Optional[torch.Tensor], fmt: F.Fp4Format = F.NVFP4,
+                 src_pairs: Optional[torch.Tensor] = None, top_k: int = 1) -> torch.Tensor:
+    """bf16 [..., rows, k]: the values of x's NVFP4 (with global_scale) or MXFP4 (global_scale
+    None) quantization dequantized without the global scale (code * block scale, exact in bf16),
+    in one launch: what fp4_dequantize(*quantize(x, ...), None) returns, bit for bit. x is
+    contiguous [rows, k] or [batch, rows, k] (global_scale [1] or [batch]), k a multiple of the
+    block size. src_pairs (int32 [rows'], x 2-D): gathered, row m of the [rows', k] result from
+    x's row src_pairs[m] // top_k (fused_moe's rows grouped by expert; every entry in range)."""
+    shape = x.shape if src_pairs is None else (src_pairs.shape[0], x.shape[1])
+    out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
+    if out.numel() == 0:
         return out
     i = x.get_device()
     lib = library(i, "core")
     gs, gs_stride = gs_pointer(global_scale)
-    lib.check(lib.nvfp4_exact_values(i, raw_stream(i), use_pdl(x.device), x.data_ptr(), gs, gs_stride, out.data_ptr(),
-                                     x.shape[0] if x.dim() == 3 else 1, x.shape[-2], x.shape[-1], DTYPE_CODES[x.dtype]),
-              "nvfp4_exact_values")
+    lib.check(lib.exact_values(i, raw_stream(i), use_pdl(x.device), x.data_ptr(), gs, gs_stride, out.data_ptr(),
+                               x.shape[0] if x.dim() == 3 else 1, shape[-2], shape[-1], DTYPE_CODES[x.dtype],
+                               fmt.block_size, None if src_pairs is None else src_pairs.data_ptr(), top_k),
+              "fp4 exact values")
     return out
 
 

@@ -71,12 +71,14 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
               fmt: F.Fp4Format = F.NVFP4, w1_bias: torch.Tensor | None = None,
               w2_bias: torch.Tensor | None = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, config: MoeConfig | None = None, tactic=None,
+              swiglu_limit: float = 7.0, w4a4: bool = False, config: MoeConfig | None = None, tactic=None,
               problem=None) -> torch.Tensor:
     """Launcher with torch_fp4.reference.fused_moe's signature; the tiles: `tactic`
     (moe_tactics.TritonMoeTactic, from the dispatch: the heuristic, the tactic cache or
     `use_tactic`), else `config`, else moe_gemm.default_config. gpt-oss's features (MXFP4 experts,
     biases, the clamped SwiGLU; W4A16) go to the GEMMs as a GptOss."""
+    if w4a4 and a1_global_scale is None:
+        raise RuntimeError("torch_fp4 internal: the triton fused_moe kernels take NVFP4 activations only")
     out = prepare_outputs(meta.fused_moe(x, out_dtype))
     tokens, hidden = x.shape
     experts, two_i = w1.shape[0], w1.shape[1]

@@ -15,7 +15,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from .mm import _decode
-from .numerics import LAYOUT_128x4, e2m1_decode, nvfp4_block_scale, r6, rcp_rn, scale_offsets
+from .numerics import (LAYOUT_128x4, e2m1_decode, e2m1_encode_doubled, mxfp4_block_scale, mxfp4_limit2,
+                       nvfp4_block_scale, r6, rcp_rn, scale_offsets, ue8m0_to_float)
 
 
 def interpreting() -> bool:
@@ -101,6 +102,30 @@ def nvfp4_scale(amax, gs, PORTABLE: tl.constexpr):
     else:
         sbits, o = nvfp4_block_scale(amax, gs)
     return sbits, o
+
+
+@triton.jit
+def exact_values(v, gs, BLOCK: tl.constexpr, PORTABLE: tl.constexpr):
+    """v [R, C] fp32 (C a multiple of BLOCK) -> the values of its quantization along C, dequantized
+    without the global scale (code * block scale, exact in bf16): NVFP4 (BLOCK 16) with global
+    scale gs (a scalar or [R, 1]), or MXFP4 (BLOCK 32, gs unused); the rules of the quantize
+    kernels (a NaN block: every value NaN)."""
+    R: tl.constexpr = v.shape[0]
+    C: tl.constexpr = v.shape[1]
+    v3 = tl.reshape(v, (R, C // BLOCK, BLOCK))
+    amax = tl.max(v3.to(tl.int32, bitcast=True) & 0x7FFFFFFF, axis=2).to(tl.float32, bitcast=True)
+    if BLOCK == 32:
+        sbits, o = mxfp4_block_scale(amax)
+        e = sbits.to(tl.int32)
+        limit2 = mxfp4_limit2(e)
+        sf = ue8m0_to_float(e)
+    else:
+        sbits, o = nvfp4_scale(amax, gs, PORTABLE)
+        limit2 = tl.full(amax.shape, 16.0, tl.float32)
+        sf = e4m3_value(sbits.to(tl.int32))
+    code = e2m1_encode_doubled(v3 * (o * 2.0)[:, :, None], limit2[:, :, None])
+    code = tl.where((o != o)[:, :, None], 7, code)
+    return tl.reshape(e2m1_decode(code) * sf[:, :, None], (R, C))
 
 
 @triton.jit
