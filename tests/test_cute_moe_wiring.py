@@ -49,7 +49,7 @@ def emulated_grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, b
     from torch_fp4.reference.quantize import dequantize_fp32
     lay = F.SfLayout.LAYOUT_128x4
     rows, experts = a.shape[0], w.shape[0]
-    assert block_m == 128 and rows == block_expert.numel() * block_m
+    assert block_m % 128 == 0 and rows == block_expert.numel() * block_m
     assert a_scale.shape[0] == rows and a_scale.dtype == torch.float8_e4m3fn
     assert alpha.dtype == torch.float32 and tuple(alpha.shape) == (experts,)
     assert block_expert.dtype == torch.int32
@@ -60,7 +60,7 @@ def emulated_grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, b
             continue
         assert e < experts
         r = slice(b * block_m, (b + 1) * block_m)
-        # a block of 128 rows is one 128x4 scale tile: the rows [r] of a_scale are its bytes
+        # a block of 128 (256) rows is one (two) 128x4 scale tiles: the rows [r] of a_scale are its bytes
         a_hat = dequantize_fp32(a[r], a_scale[r], None, F.NVFP4, lay)
         w_hat = dequantize_fp32(w[e], w_scale[e], None, F.NVFP4, lay)
         h = ((a_hat.double() @ w_hat.double().T).float() * alpha[e]).to(BF16)
@@ -80,7 +80,7 @@ class Harness:
 
     def __init__(self, MG):
         self.real_align = MG.align
-        self.blocks, self.calls = None, []
+        self.blocks, self.calls, self.tactics = None, [], []
 
     def align(self, ids, experts, lo, block_m, zero_padding=False):
         assert zero_padding, "the shared launches gather through every sorted_pairs entry"
@@ -90,17 +90,21 @@ class Harness:
         self.blocks = b
         return b
 
-    def gemm(self, a, a_scale, w, w_scale, alpha, block_expert, swiglu):
+    def gemm(self, a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=None):
         from torch_fp4.kernels.cute import moe_tactics as MT
         assert block_expert is self.blocks.block_expert
+        if tactic is not None:   # the launcher's tactic: its rows per block group the pairs
+            assert a.shape[0] == block_expert.numel() * tactic.block_m
+            self.tactics.append(tactic)
         n_out = w.shape[1] // 2 if swiglu else w.shape[1]
         if (2 * a.shape[1]) % 32 == 0 and (not swiglu or n_out % 128 == 0):
             for cap in ((10, 0), (10, 3)):
                 reason = MT.why_not(MT.default_for(cap, swiglu, n_out), a, a_scale, w, w_scale,
-                                    alpha, block_expert, swiglu, 128, cap=cap)
+                                    alpha, block_expert, swiglu, 128 if tactic is None else tactic.block_m, cap=cap)
                 assert reason is None, reason
         self.calls.append("fc1" if swiglu else "fc2")
-        out = emulated_grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu)
+        out = emulated_grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu,
+                                    128 if tactic is None else tactic.block_m)
         out[~_holds_pair(self.blocks)] = float("nan")   # padding rows: undefined
         return out
 
@@ -118,13 +122,15 @@ def check_wiring_interpreted():
     harness = Harness(MG)
     MG.align, MF._grouped_gemm = harness.align, harness.gemm
 
-    def same(moe, x, ids, tw, a2, lo=0, weights=None, out_dtype=BF16, what=""):
+    def same(moe, x, ids, tw, a2, lo=0, weights=None, out_dtype=BF16, what="", tactic=None):
         weights = weights if weights is not None else moe.weights()
         a1 = torch_fp4.compute_global_scale(x)
         harness.calls.clear()
-        got = MF.fused_moe(x, *weights, ids, tw, a1, a2, lo, out_dtype)
+        harness.tactics.clear()
+        got = MF.fused_moe(x, *weights, ids, tw, a1, a2, lo, out_dtype, tactic=tactic)
         want = reference.fused_moe(x, *weights, ids, tw, a1, a2, lo, out_dtype)
         assert harness.calls == ["fc1", "fc2"], harness.calls
+        assert harness.tactics == ([] if tactic is None else [tactic, tactic])
         d = (got.float() - want.float()).abs()
         assert got.dtype == want.dtype and torch.equal(got, want), (
             f"{what}: {int((d > 0).sum())} of {d.numel()} differ, max {d.max().item()}")
@@ -152,6 +158,8 @@ def check_wiring_interpreted():
     i40, t40 = _routing(40, big.e, 3, 21)
     same(big, x40, i40, t40, a2_one, what="T=40 k=3 a2[1]")
     same(big, x40, i40, t40, a2_of(8), what="T=40 k=3 a2[E]")
+    from torch_fp4.kernels.cute.moe_tactics import CuteMoeTactic   # 2x1 clusters: blocks of 256 rows
+    same(big, x40, i40, t40, a2_of(8), what="T=40 k=3 a2[E] 2x1 clusters", tactic=CuteMoeTactic(256, 256, 256, 2))
     # several align chunks (150 pairs), E = 5, H = 96, I = 256
     wide = Moe(e=5, h=96, inter=256, seed=30)
     x50 = torch.randn(50, wide.h, generator=_gen(31)).to(BF16)
@@ -193,8 +201,50 @@ def test_wiring_under_interpreter():
     assert res.returncode == 0 and "wiring ok" in res.stdout, res.stdout[-3000:] + res.stderr[-6000:]
 
 
+def test_op_tactic_space(capability):
+    """fused_moe's cute-dsl tactics (CuteMoeTactic) join the tactic system: the default is
+    default_for's tiles without clusters, candidates are every FC1 K tile x FC2 tile x cluster the
+    capability has that both GEMMs of the problem can run, why_not names the GEMM and the reason,
+    keys bucket the pairs."""
+    from torch_fp4.kernels.cute import moe_tactics as MT
+    from torch_fp4.problems import MoeProblem
+
+    def problem(cap, tokens=64, top_k=2, experts=8, hidden=2048, inter=768, **kw):
+        fields = dict(tokens=tokens, hidden=hidden, inter=inter, experts=experts, top_k=top_k, w4a4=True,
+                      a2_per_expert=False, x_dtype=BF16, out_dtype=BF16, local_expert_offset=0, strict_ids=True,
+                      device=torch.device("cuda", 0), capability=cap)
+        return MoeProblem(**{**fields, **kw})
+    p = problem((10, 0))
+    d = MT.op_default(p)
+    assert d == MT.CuteMoeTactic(256, 256, 256, 1) and MT.op_why_not(d, p) is None
+    c = MT.op_candidates(p)
+    assert c[0] == d and len(c) == len(set(c)) == 4        # FC2 tile_n 128 / 256, clusters 1 / 2
+    assert {t.cluster_m for t in c} == {1, 2} and all(t.fc1_tile_k == 256 for t in c)
+    c103 = MT.op_candidates(problem((10, 3)))
+    assert {t.fc1_tile_k for t in c103} == {256, 768} and len(c103) == 16
+    assert MT.op_candidates(problem((9, 0))) == [] or all(MT.op_why_not(t, problem((9, 0))) is None
+                                                           for t in MT.op_candidates(problem((9, 0))))
+    assert "FC1: FC1 needs I" in MT.op_why_not(d, problem((10, 0), inter=64))
+    assert "not a grouped MoE tactic of compute capability 10.0" in MT.op_why_not(
+        MT.CuteMoeTactic(768, 128, 768, 1), p)
+    assert MT.op_why_not(MT.Sm100MoeTactic(), p) == "cute_moe_tcgen05 is not a cute-dsl fused_moe tactic"
+    huge = problem((10, 0), tokens=1_100_000, top_k=8, a2_per_expert=True)
+    assert "at most 65535 blocks" in MT.op_why_not(MT.CuteMoeTactic(cluster_m=1), huge)
+    assert MT.op_key(p) != MT.op_key(problem((10, 0), tokens=128))
+    assert MT.op_key(p) == MT.op_key(problem((10, 0), tokens=60))
+    from torch_fp4 import tactics
+    assert tactics.tactic_from_json(d.to_json()) == d
+    capability((10, 0))
+    pytest.importorskip("triton")
+    if HAVE_CUTLASS:   # the op lists them through the tactic system
+        listed = torch_fp4.fused_moe_tactics(**_fake_args(tokens=64, hidden=2048, inter=768, experts=8),
+                                             backend="cute-dsl")
+        assert listed and all(isinstance(t, MT.CuteMoeTactic) for t in listed)
+
+
 def test_launcher_calls_grouped_gemm_with_its_signature(monkeypatch):
-    """moe_fused._grouped_gemm forwards to moe_blockscaled.grouped_gemm with block_m = 128."""
+    """moe_fused._grouped_gemm forwards to moe_blockscaled.grouped_gemm with block_m = 128, or with
+    the fused_moe tactic's GEMM tactic and rows per block."""
     pytest.importorskip("triton")
     pytest.importorskip("cutlass")
     from torch_fp4.kernels.cute import moe_blockscaled as MB
@@ -207,6 +257,13 @@ def test_launcher_calls_grouped_gemm_with_its_signature(monkeypatch):
     monkeypatch.setattr(MB, "grouped_gemm", record)
     assert MF._grouped_gemm(1, 2, 3, 4, 5, 6, True) == "out"
     assert seen == {"args": (1, 2, 3, 4, 5, 6, True), "kwargs": {"block_m": 128}}
+    from torch_fp4.kernels.cute.moe_tactics import CuteMoeTactic, Sm100MoeTactic
+    t = CuteMoeTactic(256, 256, 256, 2)
+    for swiglu, gemm in ((True, Sm100MoeTactic(256, 256, 2)), (False, Sm100MoeTactic(256, 256, 2))):
+        MF._grouped_gemm(1, 2, 3, 4, 5, 6, swiglu, tactic=t)
+        assert seen["kwargs"] == {"block_m": 256, "tactic": gemm}
+    MF._grouped_gemm(1, 2, 3, 4, 5, 6, False, tactic=CuteMoeTactic(256, 128, 256, 1))
+    assert seen["kwargs"] == {"block_m": 128, "tactic": Sm100MoeTactic(128, 256, 1)}
 
 
 @pytest.mark.parametrize("arch", [100, 103])

@@ -32,7 +32,7 @@ OPS = {
     "fused_moe": "moe_fused:fused_moe",
 }
 # Tactic spaces (module:attribute, cheap to import: no cutlass) of the tunable ops.
-TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE"}
+TACTIC_SPACES = {"mm_fp4": "mm_tactics:MM_SPACE", "fused_moe": "moe_tactics:MOE_OP_SPACE"}
 # mm_fp4 runs on native block-scaled MMA: tcgen05 (10.0, 10.3) and warp mma.sync (12.x).
 _MM_CAPABILITIES = ((10, 0), (10, 3))
 # fused_moe's grouped GEMMs run on tcgen05 only (moe_tactics: SM100 and SM103 tiles).

@@ -23,7 +23,7 @@ from ...problems import MoeProblem
 from ..triton import moe_grouped
 from ..triton.moe_align import max_blocks
 from ..triton.moe_numerics import interpreting
-from .moe_tactics import TILE_M
+from .moe_tactics import TILE_M, CuteMoeTactic
 
 BLOCK_M = TILE_M      # rows per block_expert entry: the 1x1-cluster tactics' grouping
 MAX_QUANTIZE_BATCH = moe_grouped.MAX_QUANTIZE_BATCH
@@ -37,11 +37,16 @@ def _nvfp4_quantize(x: torch.Tensor, gs: torch.Tensor, layout: F.SfLayout):
     return nvfp4_quantize(x, gs, layout)
 
 
-def _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu: bool):
-    """moe_blockscaled.grouped_gemm (imported on first use: it imports cutlass). The CPU tests
-    replace this function by an emulation of the grouped GEMM's contract."""
+def _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu: bool, *,
+                  tactic: Optional[CuteMoeTactic] = None):
+    """moe_blockscaled.grouped_gemm with the GEMM's part of `tactic` (default: the default tiles,
+    no clusters) (imported on first use: it imports cutlass). The CPU tests replace this function
+    by an emulation of the grouped GEMM's contract."""
     from .moe_blockscaled import grouped_gemm
-    return grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=BLOCK_M)
+    if tactic is None:
+        return grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=BLOCK_M)
+    return grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=tactic.block_m,
+                        tactic=tactic.fc1() if swiglu else tactic.fc2())
 
 
 def shape_reason(p: MoeProblem) -> Optional[str]:
@@ -69,13 +74,19 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
-              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False) -> torch.Tensor:
-    """Launcher with torch_fp4.reference.fused_moe's signature (W4A4 only). Launches only; reads
+              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False, *,
+              tactic: Optional[CuteMoeTactic] = None, problem: Optional[MoeProblem] = None) -> torch.Tensor:
+    """Launcher with torch_fp4.reference.fused_moe's signature (W4A4 only), plus the dispatch's
+    tactic (moe_tactics.CuteMoeTactic: both GEMMs' tiles and the cluster, whose rows per block
+    the grouping takes; None: the default tiles, no clusters) and problem. Launches only; reads
     nothing back."""
     if a1_global_scale is None or a2_global_scale is None:
         raise ValueError("cute-dsl fused_moe needs W4A4 (a1_global_scale and a2_global_scale)")
-    g = moe_grouped.GroupedGemm(gemm=_grouped_gemm, block_m=BLOCK_M, quantize=_nvfp4_quantize,
-                                sf_layout=F.SfLayout.LAYOUT_128x4)
+
+    def gemm(*args):   # looked up per call: the CPU tests replace _grouped_gemm
+        return _grouped_gemm(*args, tactic=tactic)
+    g = moe_grouped.GroupedGemm(gemm=gemm, block_m=BLOCK_M if tactic is None else tactic.block_m,
+                                quantize=_nvfp4_quantize, sf_layout=F.SfLayout.LAYOUT_128x4)
     return moe_grouped.fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype,
                                  strict_ids, g)

@@ -10,7 +10,13 @@ columns, and each CTA writes 128 columns of the intermediate.
 Dispatch by compute capability: 10.0 -> SM100_MOE_TACTICS (128x128x256, 128x256x256);
 10.3 -> SM103_MOE_TACTICS (the K-deep 128x128x768, 128x256x768) + SM100_MOE_TACTICS; clusters
 1x1 and 2x1 each. Compiled and SASS-checked in CI, never run (compiled, not run): no Blackwell
-GPU was available. Used by the opt-in cute-dsl fused_moe backend (kernels/cute/moe_fused.py) with the default 1x1-cluster tactics.
+GPU was available.
+
+`CuteMoeTactic` (family "cute_moe") is fused_moe's tactic on the opt-in cute-dsl backend
+(kernels/cute/moe_fused.py): the tiles of its two grouped GEMMs and the cluster both use, checked
+against the fused_moe problem; `MOE_OP_SPACE` puts it in the tactic system (listable with
+torch_fp4.fused_moe_tactics, forcible with use_tactic, autotunable, cached). `MOE_SPACE` checks
+one grouped GEMM's call (moe_blockscaled.grouped_gemm).
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ from typing import ClassVar, Optional
 import torch
 
 from ...backends import Backend
-from ...tactics import Tactic, TacticSpace, register_family
+from ...problems import MoeProblem
+from ...tactics import Tactic, TacticSpace, register_family, valid_unique
 
 TILE_M = 128       # rows per CTA: one block of the expert grouping
 
@@ -126,3 +133,72 @@ def _key(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=128) -> st
 
 
 MOE_SPACE = TacticSpace(candidates=_candidates, default=_default, key=_key, why_not=why_not)
+
+
+@register_family
+@dataclass(frozen=True)
+class CuteMoeTactic(Tactic):
+    """fused_moe on cute-dsl: FC1 (SwiGLU; tile_n 256, 128 gate and 128 up columns) with K tile
+    fc1_tile_k, FC2 with tile fc2_tile_n x fc2_tile_k, both in clusters of cluster_m x 1 (rows
+    grouped by expert in blocks of 128 * cluster_m)."""
+    backend: ClassVar[Backend] = Backend.CUTE_DSL
+    family: ClassVar[str] = "cute_moe"
+    fc1_tile_k: int = 256
+    fc2_tile_n: int = 128
+    fc2_tile_k: int = 256
+    cluster_m: int = 1
+
+    @property
+    def block_m(self) -> int:
+        return TILE_M * self.cluster_m
+
+    def fc1(self) -> Sm100MoeTactic:
+        return T(256, self.fc1_tile_k, self.cluster_m)
+
+    def fc2(self) -> Sm100MoeTactic:
+        return T(self.fc2_tile_n, self.fc2_tile_k, self.cluster_m)
+
+
+def op_why_not(t: Tactic, p: MoeProblem) -> Optional[str]:
+    """None when both grouped GEMMs of fused_moe problem p can run with t (MOE_SPACE's checks on
+    the operands' shapes, as meta tensors), else why not."""
+    from .._common import MAX_GRID_Z
+    from ..triton.moe_align import max_blocks
+    if not isinstance(t, CuteMoeTactic):
+        return f"{t.family} is not a cute-dsl fused_moe tactic"
+    n_blocks = max_blocks(p.tokens * p.top_k, p.experts, t.block_m)
+    if p.a2_per_expert and n_blocks > MAX_GRID_Z:
+        return (f"a per-expert a2_global_scale quantizes the intermediate per block of {t.block_m} rows, at "
+                f"most {MAX_GRID_Z} blocks (grid z); this problem can use {n_blocks}")
+    rows = n_blocks * t.block_m
+    block_expert = torch.empty(n_blocks, dtype=torch.int32, device="meta")
+    for name, k, n_w, gemm in (("FC1", p.hidden, 2 * p.inter, t.fc1()), ("FC2", p.inter, p.hidden, t.fc2())):
+        a = torch.empty((rows, k // 2), dtype=torch.uint8, device="meta")
+        w = torch.empty((p.experts, n_w, k // 2), dtype=torch.uint8, device="meta")
+        reason = why_not(gemm, a, None, w, None, None, block_expert, name == "FC1", t.block_m, cap=p.capability)
+        if reason is not None:
+            return f"{name}: {reason}"
+    return None
+
+
+def op_default(p: MoeProblem) -> CuteMoeTactic:
+    """default_for's tiles for both GEMMs, no clusters."""
+    fc2 = default_for(p.capability, False, p.hidden)
+    return CuteMoeTactic(default_for(p.capability, True, p.inter).tile_k, fc2.tile_n, fc2.tile_k, 1)
+
+
+def op_candidates(p: MoeProblem) -> list[CuteMoeTactic]:
+    """The default, then every FC1 K tile x FC2 tile x cluster of the capability's tiles."""
+    tiles = tactics_for_capability(p.capability)
+    out = [op_default(p)] + [CuteMoeTactic(k1, t2.tile_n, t2.tile_k, cm) for cm in (1, 2)
+                             for k1 in sorted({t.tile_k for t in tiles}) for t2 in tiles if t2.cluster_m == cm]
+    return valid_unique(out, op_why_not, p)
+
+
+def op_key(p: MoeProblem) -> str:
+    pairs = p.tokens * p.top_k
+    bucket = 1 << max(0, (pairs - 1).bit_length())
+    return f"pairs<={bucket},E={p.experts},H={p.hidden},I={p.inter},a2_per_expert={p.a2_per_expert}"
+
+
+MOE_OP_SPACE = TacticSpace(candidates=op_candidates, default=op_default, key=op_key, why_not=op_why_not)
