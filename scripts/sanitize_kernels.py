@@ -104,13 +104,18 @@ def _moe(backend: Backend) -> None:
 def _moe_gpt_oss(backend: Backend) -> None:
     """gpt-oss's features (MXFP4 experts at hidden 96, bf16 biases, the clamped SwiGLU): the cuda
     backend's decode path (twice: its graph is built, then updated) and, at 129 tokens, its grouped
-    Hopper GEMMs; the triton kernels at every size."""
+    Hopper GEMMs; the triton kernels at every size. cuda also W4A4 with MXFP4 activations (the
+    grouped Hopper GEMMs at every size: the gathered exact values and the activation kernel)."""
     for tokens in (1, 1, 33, 129):
         kw = T.gpt_oss_moe_problem(tokens, 96, 64, 4, 2, DEV)
         t4.fused_moe(**kw, backend=backend)
+        if backend is Backend.CUDA:
+            t4.fused_moe(**kw, activations="fp4", backend=backend)
         kw["w2_bias"] = kw["w2_bias"].float()     # fp32 bias on FC2, none on FC1
         kw["w1_bias"] = None
         t4.fused_moe(**kw, backend=backend)
+        if backend is Backend.CUDA:
+            t4.fused_moe(**kw, activations="fp4", backend=backend)
 
 
 def _route(backend: Backend) -> None:

@@ -10,6 +10,7 @@ tensors agree in those (ops._registry._problem_key).
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Optional
 
@@ -201,7 +202,7 @@ class MoeProblem(Problem):
                    activation=activation, swiglu_alpha=float(swiglu_alpha), swiglu_limit=float(swiglu_limit),
                    **_where(x))
 
-    @property
+    @functools.cached_property
     def gpt_oss_features(self) -> Optional[str]:
         """gpt-oss's features of this problem (MXFP4 experts, expert biases, the clamped SwiGLU),
         named, or None: the cute-dsl fused_moe kernels do not run them (the reference, triton and

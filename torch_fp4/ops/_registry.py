@@ -245,8 +245,8 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
     function. Not while torch.compile traces (Dynamo records the op), under a dispatch or
     torch-function mode (FakeTensorMode, FlopCounterMode, `with torch.device(...)`), inside
     functorch transforms or torch.jit.trace, while the autograd profiler records (it names the
-    op), for tensor subclasses or meta tensors, or when autograd could record the call (grad
-    enabled and an input requires grad: the op's backward refuses with INFERENCE_ONLY)."""
+    op), for tensor subclasses or a meta first tensor, or when autograd could record the call
+    (grad enabled and an input requires grad: the op's backward refuses with INFERENCE_ONLY)."""
     if torch.compiler.is_compiling():
         return False
     if (_C._len_torch_dispatch_stack() or _C._is_torch_function_mode_enabled()
@@ -254,9 +254,18 @@ def eager(*tensors: Optional[torch.Tensor]) -> bool:
             or _C._functorch.peek_interpreter_stack() is not None):
         return False
     grad = torch.is_grad_enabled()
+    first = True
     for t in tensors:
-        if t is not None and (t.__class__ not in _PLAIN_TENSORS or t.is_meta or (grad and t.requires_grad)):
+        if t is None:
+            continue
+        if t.__class__ not in _PLAIN_TENSORS or (grad and t.requires_grad):
             return False
+        # meta: the first tensor decides (a meta tensor among non-meta ones fails the op's
+        # same-device check on either path, with the same message)
+        if first:
+            if t.is_meta:
+                return False
+            first = False
     return True
 
 
