@@ -28,6 +28,8 @@ QUICK = {
     "test_random_model_shapes": {"mixtral-w4a16", "qwen3-w4a4"},
     "test_exact_gpt_oss_decode_tactics": {"bf16-fp32-clamped_swiglu", "fp32-bf16-swiglu"},
     "test_exact_mxfp4_activations_every_tactic": {"clamped_swiglu"},
+    "test_swiglu_rows_is_the_reference_activation": {"swiglu-bf16-nvfp4", "clamped_swiglu-fp32-bf16-bias-mxfp4",
+                                                       "swiglu-fp32-fp32-bias-bf16"},
 }
 MODES = ["w4a16", "w4a4"]
 
@@ -355,6 +357,55 @@ def test_small_m_fc1_swiglu_bits_over_a_range_of_gates(qdq):
             assert torch.equal(h[rows].view(torch.int16), want.view(torch.int16)), (t.label(), b, e)
         gates = torch.cat(gates)
         assert gates.min() < -8 and gates.max() > 8, (gates.min(), gates.max())
+
+
+@pytest.mark.parametrize("exact", [0, 16, 32], ids=["bf16", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("h_kind", ["bf16", "fp32-bf16-bias", "fp32-fp32-bias"])
+@pytest.mark.parametrize("activation", ["swiglu", "clamped_swiglu"])
+def test_swiglu_rows_is_the_reference_activation(exact, h_kind, activation):
+    """The grouped path's activation kernel (csrc/moe_swiglu.cu) on random h (gates over about
+    [-24, 24], NaN and +-Inf entries): every used row bit for bit the reference's activation (the
+    bias added in fp32 and rounded to bf16 first), then, in W4A4, its NVFP4 (global scale of the
+    row's expert) or MXFP4 quantization dequantized without the global scale; rows of unused blocks
+    zeros; a misaligned bias is copied, not misread."""
+    from torch_fp4 import formats as F
+    from torch_fp4.kernels.cuda import moe as CM
+    from torch_fp4.kernels.triton.moe_gemm import GptOss
+    from torch_fp4.kernels.triton.moe_grouped import ActQuant
+    from torch_fp4.reference.moe import clamped_swiglu, silu_mul
+    g = torch.Generator(device=DEV).manual_seed(exact + len(h_kind) + len(activation))
+    experts, block_m, inter = 3, 16, 96
+    block_expert = torch.tensor([2, -1, 0, 1, -1, 2], dtype=torch.int32, device=DEV)
+    rows = block_expert.numel() * block_m
+    h = torch.randn(rows, 2 * inter, device=DEV, generator=g) * 8
+    h[3, 5], h[4, inter + 7], h[20, 1] = float("nan"), float("inf"), -float("inf")
+    bias = None
+    if h_kind != "bf16":
+        dtype = torch.float32 if h_kind.endswith("fp32-bias") else BF16
+        raw = torch.randn(experts * 2 * inter + 1, device=DEV, generator=g).to(dtype)
+        bias = raw[1:].view(experts, 2 * inter)     # 2 or 4 bytes past an aligned start
+    else:
+        h = h.to(BF16)
+    gs = torch.tensor([40.0, 900.0, 3.5], device=DEV) if exact == 16 else None
+    go = GptOss(w1_bias=bias, clamped=activation == "clamped_swiglu")
+    act = ActQuant(F.NVFP4 if exact == 16 else F.MXFP4, gs) if exact else None
+    got = CM.swiglu_rows(h, block_expert, block_m, go, act)
+    for b, e in enumerate(block_expert.tolist()):
+        r = slice(b * block_m, (b + 1) * block_m)
+        if e < 0:
+            assert (got[r] == 0).all()
+            continue
+        hb = h[r].float() + (bias[e].float() if bias is not None else 0)
+        hb = hb.to(BF16)
+        want = silu_mul(hb) if activation == "swiglu" else clamped_swiglu(hb, 1.702, 7.0)
+        if exact == 16:
+            q, sc = t4.nvfp4_quantize(want, gs[e:e + 1], sf_layout="linear", backend="reference")
+            want = t4.fp4_dequantize(q, sc, None, out_dtype=BF16, sf_layout="linear", backend="reference")
+        elif exact == 32:
+            q, sc = t4.mxfp4_quantize(want, sf_layout="linear", backend="reference")
+            want = t4.fp4_dequantize(q, sc, None, 32, out_dtype=BF16, sf_layout="linear", backend="reference")
+        same = (got[r].view(torch.int16) == want.view(torch.int16)) | (got[r].isnan() & want.isnan())
+        assert same.all(), (b, e, int((~same).sum()))
 
 
 @pytest.mark.parametrize("activation", ["clamped_swiglu", "swiglu"])
