@@ -481,6 +481,32 @@ def test_exact_mxfp4_activations_every_tactic(activation):
             assert t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)[0].label == "cuda"
 
 
+@pytest.mark.parametrize("activation", ["clamped_swiglu", "swiglu"])
+def test_decode_path_mxfp4_activations_bits(activation):
+    """The decode path's MXFP4-activation mode (plan.act_mx: x's MXFP4 exact values, FC1's epilogue
+    quantizing the intermediate over eight lanes per 32-column block), launched directly on every
+    decode tactic (the family still refuses W4A4 with gpt-oss's features until this passes on a
+    GPU): bit-identical to the reference on grid-exact data, with and without biases, T = 1, 5, 20
+    (hidden 2880: a partial K stage)."""
+    from torch_fp4 import formats as F
+    from torch_fp4.kernels.cuda import moe as CM
+    from torch_fp4.problems import MoeProblem
+    hidden, inter = 2880, 64
+    for tokens in (1, 5, 20):
+        p, b1, b2 = exact_gpt_oss_problem(8, hidden, inter, tokens, seed=80 + tokens, bias_dtype=BF16)
+        ids, tw = random_routing(tokens, 8, 4, seed=81 + tokens)
+        w1, s1, _, w2, s2, _ = p.weights()
+        for biases in ((b1, b2.float()), (None, None)):
+            kw = dict(block_size=32, w1_bias=biases[0], w2_bias=biases[1], activation=activation, activations="fp4")
+            want = t4.fused_moe(p.x, *p.weights(), ids, tw, backend="reference", **kw)
+            prob = MoeProblem.of(p.x, w1, s1, w2, s2, ids, None, None, 0, None, BF16, F.MXFP4, *biases, activation,
+                                 activations="fp4")
+            for t in _small_m_tactics(hidden, inter):
+                got = CM._small_m_moe(p.x, *p.weights(), ids, tw, None, None, BF16, prob, t, w1_bias=biases[0],
+                                      w2_bias=biases[1])
+                assert_same(got, want, f"{activation} T={tokens} {t.label()} biases={biases[0] is not None}")
+
+
 def test_random_gpt_oss_decode_against_the_reference():
     """A random gpt-oss-shaped problem (MXFP4 experts quantized from random bf16, bf16 biases, the
     clamped SwiGLU, hidden 2880) on the decode path and the grouped Hopper GEMMs: within the

@@ -169,6 +169,7 @@ struct GroupedParams : Params {
   int scatter;             // out row of grouped row r: row_index[r] (pair order), else r
   const float* qdq_gs;     // swiglu: NVFP4 intermediates, global scale qdq_gs[e * qdq_gs_stride]
   int qdq_gs_stride;       // (Ctx::nvfp4_qdq), else null
+  int qdq_mx;              // swiglu: MXFP4 intermediates (Ctx::mxfp4_qdq; I % 32 == 0), else 0
   const float* w_gs;       // [experts] the weights' global scales (NVFP4), null for MXFP4 (alpha 1)
   const float* a_gs;       // the activations' global scale a_gs[e * a_gs_stride] (W4A4), or null
   int a_gs_stride;
@@ -784,6 +785,7 @@ TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, in
         // a 16-column block is 4 chunks of consecutive lanes (chunks per row: a multiple of 4), and
         // I % 16 == 0 makes the `continue` above skip whole blocks
         if (p.qdq_gs != nullptr) s = ctx.nvfp4_qdq(s, qdq_gs);
+        if (p.qdq_mx) s = ctx.mxfp4_qdq(s);   // eight lanes' chunks per 32-column block (I % 32 == 0)
       }
       orow = p.scatter ? p.row_index[row0 + m] : row0 + m;
     }

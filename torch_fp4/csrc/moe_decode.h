@@ -23,6 +23,9 @@ struct MoeDecodePlan {
   // for none, come with each call), the activation (0 SwiGLU, 1 the clamped SwiGLU) and its
   // alpha and limit as fp32 bit patterns
   int64_t mx, bias1_dtype, bias2_dtype, activation, swiglu_alpha_bits, swiglu_limit_bits;
+  // W4A4 with MXFP4 activations (MXFP4 experts): x arrives as its MXFP4 exact values and FC1's
+  // epilogue writes the intermediate's (no global scales)
+  int64_t act_mx;
 };
 
 // The workspace of one call, carved from one buffer: the grouping (sorted_pairs [rows],

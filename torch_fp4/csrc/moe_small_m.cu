@@ -32,6 +32,7 @@ struct SmallMMoeArgs : SmallMMmArgs {
   int top_k, gather, swiglu, scatter;
   const float* qdq_gs;
   int qdq_gs_stride;
+  int qdq_mx;              // swiglu: MXFP4 intermediates (no global scale)
   const float* w_gs;
   const float* a_gs;
   int a_gs_stride;
@@ -71,6 +72,7 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   p.scatter = a.scatter;
   p.qdq_gs = a.swiglu ? a.qdq_gs : nullptr;
   p.qdq_gs_stride = a.qdq_gs_stride;
+  p.qdq_mx = a.swiglu ? a.qdq_mx : 0;
   p.w_gs = a.w_gs;
   p.a_gs = a.a_gs;
   p.a_gs_stride = a.a_gs_stride;
@@ -167,6 +169,7 @@ bool decode_plan_ok(const MoeDecodePlan& p) {
   if (p.hidden % moe_route::kSumColumns || p.experts > moe_route::kMaxExperts) return false;
   if (p.block_m != 8 && p.block_m != 16 && p.block_m != 32 && p.block_m != 64) return false;
   if (p.mx != 0 && p.mx != 1) return false;
+  if (p.act_mx != 0 && (p.act_mx != 1 || p.mx != 1 || p.inter % 32)) return false;   // MXFP4 experts only
   for (const int64_t d : {p.bias1_dtype, p.bias2_dtype})
     if (d != kBFloat16 && d != kFloat32) return false;
   if (p.activation != 0 && p.activation != 1) return false;
@@ -184,11 +187,12 @@ TORCH_FP4_CAPI int64_t torch_fp4_moe_decode_workspace_bytes(const torch_fp4::Moe
 }
 
 // out [tokens, hidden] (plan.out_dtype) of fused_moe: x [tokens, hidden] (bf16/fp16, 16-byte
-// aligned; W4A4: the exact bf16 values of its NVFP4 quantization), w1 [E, 2I, H/2] / w2 [E, H, I/2]
+// aligned; W4A4: the exact bf16 values of its NVFP4, or with plan.act_mx MXFP4, quantization),
+// w1 [E, 2I, H/2] / w2 [E, H, I/2]
 // row-major with 128x4 scales, w1_gs / w2_gs [E] contiguous, topk_ids int32 / topk_weights fp32
 // [tokens, top_k] contiguous, a1_gs / a2_gs null (W4A16) or the activations' global scales,
 // workspace torch_fp4_moe_decode_workspace_bytes bytes, 256-byte aligned. Four launches: align,
-// FC1 (gather, SwiGLU; W4A4: the intermediate's NVFP4 exact values), FC2 (rows in pair order),
+// FC1 (gather, SwiGLU; W4A4: the intermediate's NVFP4 / MXFP4 exact values), FC2 (rows in pair order),
 // the top-k sum; none reads anything back. graph: null, or a handle of
 // torch_fp4_moe_decode_graph_create for this plan, through which the four launches are enqueued
 // as one CUDA graph launch (graph_launch.cuh) when the stream is not being captured.
@@ -221,6 +225,7 @@ TORCH_FP4_CAPI int torch_fp4_moe_decode(int device, void* stream, int pdl, const
     fc1.glu_limit = small_m::bits_to_float(static_cast<uint32_t>(p.swiglu_limit_bits));
     fc1.qdq_gs = a2_gs;
     fc1.qdq_gs_stride = static_cast<int>(p.a2_gs_stride);
+    fc1.qdq_mx = static_cast<int>(p.act_mx);
     fc1.a_gs = a1_gs;   // one value: a_gs_stride 0
     bool launched = launch_small_m_moe(fc1, s, use_pdl);
 

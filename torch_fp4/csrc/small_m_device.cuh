@@ -131,6 +131,39 @@ struct DeviceCtx {
     return F4{a[0], a[1], a[2], a[3]};
   }
 
+  // Grouped FC1 with MXFP4 intermediates (W4A4 with MXFP4 activations): v (4 consecutive columns
+  // of one row; lanes 8j..8j+7 hold one 32-column block) -> the values of mxfp4_quantize(RN_bf16(v))
+  // dequantized, code * 2^(e - 127) (exact in bf16), by quantize.cu's rules (clamped to
+  // mxfp4_limit where no product is NaN; a NaN block all NaN).
+  __device__ __forceinline__ F4 mxfp4_qdq(F4 v) const {
+    const unsigned group = 0xFFu << (threadIdx.x & 24u);
+    float a[4] = {v.x, v.y, v.z, v.w};
+    uint32_t amax = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a[i] = __bfloat162float(__float2bfloat16_rn(a[i]));
+      amax = max(amax, __float_as_uint(a[i]) & 0x7FFFFFFFu);
+    }
+    amax = max(amax, __shfl_xor_sync(group, amax, 1));
+    amax = max(amax, __shfl_xor_sync(group, amax, 2));
+    amax = max(amax, __shfl_xor_sync(group, amax, 4));
+    const BlockScale bs = mxfp4_block_scale(__uint_as_float(amax));
+    const bool clamp = block_products_never_nan(__uint_as_float(amax), bs.o);
+    const float limit = mxfp4_limit(bs.byte), sf = ue8m0_to_float(bs.byte);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float q = __fmul_rn(a[i], bs.o);
+      if (clamp) q = fminf(fmaxf(q, -limit), limit);
+      const uint32_t bits = __float_as_uint(q);
+      uint32_t m = __float_as_uint(e2m1_magnitude_biased(q)) - kMagicBits;
+      if (is_nan_bits(bits)) m = 7u;
+      const float mag = m < 4u ? 0.5f * static_cast<float>(m) : (m == 7u ? 6.0f : static_cast<float>(m - 2u));
+      const float code = (bits >> 31) && !is_nan_bits(bits) ? -mag : mag;
+      a[i] = __fmul_rn(code, sf);
+    }
+    return F4{a[0], a[1], a[2], a[3]};
+  }
+
   __device__ __forceinline__ void cluster_sync() const {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::this_cluster().sync();

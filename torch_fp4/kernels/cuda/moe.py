@@ -16,8 +16,9 @@ GEMM from the global scales. W4A4 replaces x by the exact values of its quantiza
 (quantize.exact_values: one launch before the call), and FC1's epilogue quantizes its
 output with a2_global_scale and writes the exact dequantized values (16 columns of a row are four
 lanes' chunks: one shuffle pair gives the block amax), the global scales entering through the
-alphas. gpt-oss's features (W4A16; the plan holds them): MXFP4 experts (the moe_small_m4
-library, alpha 1), w1_bias / w2_bias added to FC1's gate and up sums and to FC2's sums in fp32
+alphas (MXFP4 activations, act_mx: x's MXFP4 exact values, the intermediate's in FC1's epilogue
+over eight lanes per 32-column block, no global scales). gpt-oss's features (the plan holds them):
+MXFP4 experts (the moe_small_m4 library, alpha 1), w1_bias / w2_bias added to FC1's gate and up sums and to FC2's sums in fp32
 before rounding, the clamped SwiGLU in FC1's epilogue (spec section 6). The grouped Hopper GEMMs
 below take them through moe_grouped's gpt_oss (MXFP4 variant, fp32 results where a bias follows).
 
@@ -182,7 +183,8 @@ def _decode(p: MoeProblem, t: SmallMMoeTactic, w1_scale: torch.Tensor, w2_scale:
         w2_s_expert=w2_scale.stride(0) * w2_scale.element_size(), a2_gs_stride=int(p.a2_per_expert),
         mx=int(mx), bias1_dtype=DTYPE_CODES[p.bias_dtypes[0] or torch.bfloat16],
         bias2_dtype=DTYPE_CODES[p.bias_dtypes[1] or torch.bfloat16], activation=int(p.activation != "swiglu"),
-        swiglu_alpha_bits=_f32_bits(p.swiglu_alpha), swiglu_limit_bits=_f32_bits(p.swiglu_limit))
+        swiglu_alpha_bits=_f32_bits(p.swiglu_alpha), swiglu_limit_bits=_f32_bits(p.swiglu_limit),
+        act_mx=int(mx and p.w4a4))
     name = f"moe_small_m{mm_variant(fp16, mx, False)}"
     nbytes = library(p.device.index, name).moe_decode_workspace_bytes(ctypes.addressof(plan))
     if nbytes < 0 or nbytes != workspace_layout(p, t.block_m)[1]:
@@ -248,6 +250,8 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
         a2 = a2.contiguous()
     if a1 is not None:   # exact bf16 values of x~, the global scales in the alphas
         a = exact_values(x, a1)
+    elif p.w4a4:         # MXFP4 activations: x~'s exact values, no global scale
+        a = exact_values(x, None, F.MXFP4)
     elif a.data_ptr() % 16:
         a = a.clone()
     g1 = None if w1_global_scale is None else w1_global_scale.contiguous()   # MXFP4: none
