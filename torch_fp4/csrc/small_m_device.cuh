@@ -102,66 +102,60 @@ struct DeviceCtx {
     }
   }
 
-  // Grouped FC1 with NVFP4 intermediates: v (4 consecutive columns of one row; lanes 4j..4j+3 hold
-  // one 16-column block) -> the values of nvfp4_quantize(RN_bf16(v), gs) dequantized without the
-  // global scale, code * e4m3 block scale (exact in bf16), as quantize.cu then dequantize.cu.
-  __device__ __forceinline__ F4 nvfp4_qdq(F4 v, float gs) const {
-    const unsigned group = 0xFu << (threadIdx.x & 28u);
-    float a[4] = {v.x, v.y, v.z, v.w};
+  // The grouped FC1's quantize-dequantize of its output, 4 consecutive columns of one row per
+  // thread, a block of kLanes * 4 columns over kLanes consecutive lanes: the four values rounded
+  // to bf16 (the intermediate), and the bits of the block's largest magnitude (NaN patterns win).
+  template <int kLanes>
+  __device__ __forceinline__ uint32_t bf16_block_amax(float (&a)[4]) const {
+    const unsigned group = ((1u << kLanes) - 1u) << (threadIdx.x & (32u - kLanes));
     uint32_t amax = 0;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       a[i] = __bfloat162float(__float2bfloat16_rn(a[i]));
       amax = max(amax, __float_as_uint(a[i]) & 0x7FFFFFFFu);
     }
-    amax = max(amax, __shfl_xor_sync(group, amax, 1));
-    amax = max(amax, __shfl_xor_sync(group, amax, 2));
-    const BlockScale bs = nvfp4_block_scale(__uint_as_float(amax), gs, __frcp_rn(gs));
-    const float sf = e4m3_to_float(bs.byte);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float q = __fmul_rn(a[i], bs.o);
-      const uint32_t bits = __float_as_uint(q);
-      uint32_t m = __float_as_uint(e2m1_magnitude_biased(q)) - kMagicBits;
-      if (is_nan_bits(bits)) m = 7u;
-      const float mag = m < 4u ? 0.5f * static_cast<float>(m) : (m == 7u ? 6.0f : static_cast<float>(m - 2u));
-      const float code = (bits >> 31) && !is_nan_bits(bits) ? -mag : mag;
-      a[i] = __fmul_rn(code, sf);
-    }
-    return F4{a[0], a[1], a[2], a[3]};
+    for (int d = 1; d < kLanes; d <<= 1) amax = max(amax, __shfl_xor_sync(group, amax, d));
+    return amax;
   }
 
-  // Grouped FC1 with MXFP4 intermediates (W4A4 with MXFP4 activations): v (4 consecutive columns
-  // of one row; lanes 8j..8j+7 hold one 32-column block) -> the values of mxfp4_quantize(RN_bf16(v))
-  // dequantized, code * 2^(e - 127) (exact in bf16), by quantize.cu's rules (clamped to
-  // mxfp4_limit where no product is NaN; a NaN block all NaN).
-  __device__ __forceinline__ F4 mxfp4_qdq(F4 v) const {
-    const unsigned group = 0xFFu << (threadIdx.x & 24u);
-    float a[4] = {v.x, v.y, v.z, v.w};
-    uint32_t amax = 0;
+  // Each a[i] * o encoded to E2M1 (clamped to +-limit first when `clamp`; NaN to code 7), times
+  // the block scale's value sf: the exact value of the code.
+  __device__ __forceinline__ F4 exact_values4(const float (&a)[4], float o, float sf, bool clamp, float limit) const {
+    float out[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      a[i] = __bfloat162float(__float2bfloat16_rn(a[i]));
-      amax = max(amax, __float_as_uint(a[i]) & 0x7FFFFFFFu);
-    }
-    amax = max(amax, __shfl_xor_sync(group, amax, 1));
-    amax = max(amax, __shfl_xor_sync(group, amax, 2));
-    amax = max(amax, __shfl_xor_sync(group, amax, 4));
-    const BlockScale bs = mxfp4_block_scale(__uint_as_float(amax));
-    const bool clamp = block_products_never_nan(__uint_as_float(amax), bs.o);
-    const float limit = mxfp4_limit(bs.byte), sf = ue8m0_to_float(bs.byte);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float q = __fmul_rn(a[i], bs.o);
+      float q = __fmul_rn(a[i], o);
       if (clamp) q = fminf(fmaxf(q, -limit), limit);
       const uint32_t bits = __float_as_uint(q);
       uint32_t m = __float_as_uint(e2m1_magnitude_biased(q)) - kMagicBits;
       if (is_nan_bits(bits)) m = 7u;
       const float mag = m < 4u ? 0.5f * static_cast<float>(m) : (m == 7u ? 6.0f : static_cast<float>(m - 2u));
       const float code = (bits >> 31) && !is_nan_bits(bits) ? -mag : mag;
-      a[i] = __fmul_rn(code, sf);
+      out[i] = __fmul_rn(code, sf);
     }
-    return F4{a[0], a[1], a[2], a[3]};
+    return F4{out[0], out[1], out[2], out[3]};
+  }
+
+  // NVFP4 intermediates (lanes 4j..4j+3 hold one 16-column block): the values of
+  // nvfp4_quantize(RN_bf16(v), gs) dequantized without the global scale, code * e4m3 block scale
+  // (exact in bf16), as quantize.cu then dequantize.cu.
+  __device__ __forceinline__ F4 nvfp4_qdq(F4 v, float gs) const {
+    float a[4] = {v.x, v.y, v.z, v.w};
+    const uint32_t amax = bf16_block_amax<4>(a);
+    const BlockScale bs = nvfp4_block_scale(__uint_as_float(amax), gs, __frcp_rn(gs));
+    return exact_values4(a, bs.o, e4m3_to_float(bs.byte), false, 0.0f);
+  }
+
+  // MXFP4 intermediates (W4A4 with MXFP4 activations; lanes 8j..8j+7 hold one 32-column block):
+  // the values of mxfp4_quantize(RN_bf16(v)) dequantized, code * 2^(e - 127) (exact in bf16), by
+  // quantize.cu's rules (clamped to mxfp4_limit where no product is NaN; a NaN block all NaN).
+  __device__ __forceinline__ F4 mxfp4_qdq(F4 v) const {
+    float a[4] = {v.x, v.y, v.z, v.w};
+    const uint32_t amax = bf16_block_amax<8>(a);
+    const BlockScale bs = mxfp4_block_scale(__uint_as_float(amax));
+    return exact_values4(a, bs.o, ue8m0_to_float(bs.byte), block_products_never_nan(__uint_as_float(amax), bs.o),
+                         mxfp4_limit(bs.byte));
   }
 
   __device__ __forceinline__ void cluster_sync() const {
