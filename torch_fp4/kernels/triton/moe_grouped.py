@@ -174,10 +174,10 @@ def silu_mul(h: torch.Tensor, block_expert: Optional[torch.Tensor] = None, block
     grouped = block_expert is not None
     if exact is not None and not grouped:
         raise RuntimeError("torch_fp4 internal: silu_mul's exact values need the blocks' experts")
-    gs = exact.global_scale if exact is not None and exact.global_scale is not None else h
+    gs = None if exact is None else exact.global_scale   # NVFP4: [1] or [E]; MXFP4: None
     _silu_mul_kernel[(triton.cdiv(rows, _SWIGLU_ROWS), triton.cdiv(inter, _SWIGLU_COLS))](
-        h, out, block_expert if grouped else h, go.w1_bias if bias else h, gs,
-        gs.stride(0) if gs is not h and gs.numel() > 1 else 0,
+        h, out, block_expert if grouped else h, go.w1_bias if bias else h, h if gs is None else gs,
+        0 if gs is None or gs.numel() == 1 else gs.stride(0),
         rows, inter, go.swiglu_alpha, go.swiglu_limit, BM=block_m, BR=_SWIGLU_ROWS, BC=_SWIGLU_COLS, GROUPED=grouped,
         PORTABLE=interpreting(), USE_GDC=pdl, H_F32=h.dtype == torch.float32, BIAS=bias, CLAMPED=go.clamped,
         EXACT=0 if exact is None else exact.fmt.block_size, launch_pdl=pdl, num_warps=4, enable_fp_fusion=False)
