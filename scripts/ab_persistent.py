@@ -10,8 +10,7 @@ import torch
 import torch_fp4
 from torch_fp4 import ops, tactics
 from torch_fp4.bench.mm import Problem, nvfp4_weight
-from torch_fp4.bench.timing import graph_time_us
-from torch_fp4.bench.tune import time_tactics
+from torch_fp4.bench.tune import interleaved_rounds
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
@@ -32,12 +31,7 @@ for m, n, k in cases:
     bm = 256 if m >= 256 else next(b for b in WT.BLOCK_MS if b >= m)
     pair = [WT.WgmmaMmTactic(bm, WT.max_stages(bm, persistent=True), 1, True),
             WT.WgmmaMmTactic(bm, WT.max_stages(bm), 1, False)]
-    times = {t: [] for t in pair}
-    bf16 = []
-    for r in range(rounds):
-        for t, us in time_tactics(pair if r % 2 == 0 else pair[::-1], launch, args):
-            times[t].append(us)
-        bf16.append(graph_time_us(lambda: torch.matmul(p.a, w16.T), [()], repeats=3, budget_ms=10))
+    times, bf16 = interleaved_rounds(pair, launch, args, rounds, lambda: torch.matmul(p.a, w16.T))
     b = statistics.median(bf16)
     cols = " | ".join(f"{'persistent' if t.persistent else 'one tile'} {statistics.median(v):8.1f} us "
                       f"({min(v):.1f}-{max(v):.1f}) x bf16 {b / statistics.median(v):.3f}" for t, v in times.items())

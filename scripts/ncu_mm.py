@@ -1,5 +1,5 @@
 """One mm_fp4 call (W4A16, NVFP4, heuristic tactic) for profiling: `ncu -k regex:_mm_kernel
-python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K[,PERSISTENT[,CTAS_PER_SM[,STREAM_K]]]]
+python scripts/ncu_mm.py M N K [wgmma | wgmma=BLOCK_M,STAGES,SPLIT_K[,PERSISTENT[,CTAS_PER_SM[,STREAM_K[,K_GROUPS]]]]]
 [sm90] [w4a4]`
 (wgmma: the Hopper GEMM for any M > 16; with values: that tactic; sm90: weights prepacked; w4a4:
 the activations quantized to NVFP4 beforehand, so only the GEMM runs)."""
@@ -22,7 +22,7 @@ for arg in sys.argv[4:]:
         tuning.HOPPER_MM_MS = (17, 1 << 30)
     if arg.startswith("wgmma="):
         v = [int(x) for x in arg[6:].split(",")]
-        fields = dict(zip(("persistent", "ctas_per_sm", "stream_k"), v[3:]))
+        fields = dict(zip(("persistent", "ctas_per_sm", "stream_k", "k_groups"), v[3:]))
         for flag in ("persistent", "stream_k"):
             if flag in fields:
                 fields[flag] = bool(fields[flag])

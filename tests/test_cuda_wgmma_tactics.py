@@ -60,6 +60,11 @@ def test_candidates_valid_unique_default_first():
     (dict(block_m=256, stages=6, split_k=1, persistent=True), "KiB of shared memory"),
     (dict(block_m=128, ctas_per_sm=2), "ctas_per_sm=2 must be 1, or 2 with block_m <= 64"),
     (dict(block_m=64, stages=12, ctas_per_sm=2), "KiB of shared memory"),
+    (dict(block_m=256, stages=6, k_groups=2), "k_groups=2 must be 1, or 2 with ctas_per_sm=1 and block_m <= 128"),
+    (dict(block_m=64, stages=6, ctas_per_sm=2, k_groups=2), "k_groups=2 must be 1, or 2 with ctas_per_sm=1"),
+    (dict(block_m=64, stages=4, k_groups=3), "k_groups=3 must be 1, or 2"),
+    (dict(block_m=64, stages=5, split_k=1, persistent=True, k_groups=2), "k_groups=2 needs stages >= 6"),
+    (dict(block_m=128, stages=10, split_k=1, persistent=True, k_groups=2), "KiB of shared memory"),
 ])
 def test_why_not_names_the_problem(change, msg):
     args = _args(300, k=384)
@@ -97,11 +102,14 @@ def test_smem_mirror_of_the_kernel():
     assert WT.smem_bytes(256, 2) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger
     # Persistent: the stages plus two warpgroups' staging areas [min(32, block_m)][68] fp32.
     assert WT.smem_bytes(256, 2, persistent=True) == 3 * 1024 + 2 * WT.stage_bytes(256) + 2 * 32 * 68 * 4
+    # Two K groups: 16 KiB more for their exchange area (16 fp32 x 128 threads per 64-row group).
+    assert WT.smem_bytes(64, 3, k_groups=2) == WT.smem_bytes(64, 3) + 2 * 16 * 128 * 4
     for bm in WT.BLOCK_MS:
         for persistent in (False, True):
-            most = WT.max_stages(bm, persistent=persistent)
-            assert WT.smem_bytes(bm, most, persistent) <= WT.SM90_SMEM_PER_BLOCK
-            assert most == WT.MAX_STAGES or WT.smem_bytes(bm, most + 1, persistent) > WT.SM90_SMEM_PER_BLOCK
+            for kg in (1, 2):
+                most = WT.max_stages(bm, persistent=persistent, k_groups=kg)
+                assert WT.smem_bytes(bm, most, persistent, kg) <= WT.SM90_SMEM_PER_BLOCK
+                assert most == WT.MAX_STAGES or WT.smem_bytes(bm, most + 1, persistent, kg) > WT.SM90_SMEM_PER_BLOCK
 
 
 def test_joined_space_picks_the_family_by_m():

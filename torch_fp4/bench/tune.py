@@ -37,6 +37,20 @@ def time_tactics(candidates: Sequence, launch: Callable, args: tuple) -> list[tu
     return results
 
 
+def interleaved_rounds(candidates: Sequence, launch: Callable, args: tuple, rounds: int,
+                       peer: Callable) -> tuple[dict, list[float]]:
+    """A/B timing: `rounds` rounds of time_tactics over the candidates (every other round in
+    reverse order, so clock drift hits all alike) with the peer (a function of nothing, e.g. torch
+    bf16 matmul) timed once per round: ({tactic: [us per round]}, [peer us per round])."""
+    times: dict = {t: [] for t in candidates}
+    peer_us = []
+    for r in range(rounds):
+        for t, us in time_tactics(candidates if r % 2 == 0 else candidates[::-1], launch, args):
+            times[t].append(us)
+        peer_us.append(graph_time_us(peer, [()], repeats=3, budget_ms=10))
+    return times, peer_us
+
+
 def fastest(what: str, candidates: Sequence, launch: Callable, args: tuple):
     """The fastest candidate tactic (ties: the earlier one)."""
     log.info("autotuning %s: %d tactics", what, len(candidates))

@@ -54,6 +54,13 @@
 // expert's rows, expert after expert; "sm90" tiles and scale blocks are offset per expert) and
 // alpha[e]; blocks past the used rows (-1, all after the used ones) end a persistent CTA's tile
 // list, or a one-tile CTA (every split of its cluster alike) before any work.
+// Two K groups (Config::kKG = 2; block_m <= 128, one CTA per SM): four MMA warpgroups, two per 64
+// weight rows; K group 0 takes the CTA's even stages and K group 1 its odd ones (each reading its
+// next stage's operands during this one's steps), into accumulators of their own; at a tile's end
+// K group 1 hands its sums to K group 0 through a small exchange area (acc0 + acc1, rounded once
+// each), which alone runs the epilogue, while K group 1 goes on to the next tile. Twice the MMA
+// warps per SM on the same tiles and stage ring, for the M where one CTA's 8 MMA warps leave the
+// SM waiting on their serial chains of reads, decodes and wgmma issues.
 // Numerics are those of mm_small_m (exact products, fp32 accumulation in the tensor core).
 #include <algorithm>
 #include <cstdint>
@@ -97,23 +104,39 @@ __host__ __device__ constexpr int stage_bytes(int bm, int wg) {
 constexpr int kStagePitch = 64 + 4;  // fp32 words per row of a warpgroup's epilogue staging area
 constexpr int kChunkM = 32;          // activation rows per persistent epilogue chunk (block_m >= 32)
 constexpr uint32_t kOutBuffer = kChunkM * 64 * 2;  // bytes of one 16-bit TMA-store epilogue buffer
-__host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages, bool persistent) {
+// With two K groups (Config::kKG), the exchange area of their sums: per 64-row group, a round of
+// 16 accumulators x 128 threads fp32.
+constexpr int kXchgAcc = 16;
+__host__ __device__ constexpr int xchg_bytes(int wg, int kg) { return kg == 1 ? 0 : wg * kXchgAcc * 128 * 4; }
+__host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages, bool persistent, int kg = 1) {
   const int pipe = stages * stage_bytes(bm, wg), tile = bm * (64 * wg + 4) * 4;
-  if (persistent) return 3 * 1024 + pipe + wg * kChunkM * kStagePitch * 4;
-  return 3 * 1024 + (pipe > tile ? pipe : tile);
+  if (persistent) return 3 * 1024 + xchg_bytes(wg, kg) + pipe + wg * kChunkM * kStagePitch * 4;
+  return 3 * 1024 + xchg_bytes(wg, kg) + (pipe > tile ? pipe : tile);
 }
 
-template <int kBM_, bool kFp16_, bool kMx_, bool kPacked_, int kCtas_ = 1>
+template <int kBM_, bool kFp16_, bool kMx_, bool kPacked_, int kCtas_ = 1, int kKG_ = 1>
 struct Config {
   static constexpr int kBM = kBM_;
   static constexpr int kCtas = kCtas_;             // CTAs per SM (launch bounds, register split)
+  // K groups: MMA warpgroups per 64 weight rows. With 2, K group 0 takes the CTA's even stages and
+  // K group 1 its odd ones, into accumulators of their own that meet in shared memory at the
+  // tile's end: twice the MMA warps per SM on the same tile and stage ring.
+  static constexpr int kKG = kKG_;
+  // A registers of k16 steps in flight per MMA warpgroup: four (three wgmmas run on while the
+  // next step decodes), or two for two K groups at block_m 128 (64 accumulators in 104 registers).
+  static constexpr int kFrags = kKG_ == 2 && kBM_ == 128 ? 2 : 4;
   // Registers per thread after setmaxnreg: one CTA per SM gives its MMA threads 232 (the launch
-  // leaves 168 each); two CTAs leave 80 each, so the MMA threads get (80 * 384 - 40 * 128) / 256.
-  static constexpr int kMmaRegs = kCtas_ == 1 ? 232 : 96;
-  static constexpr int kWG = 2;                    // MMA warpgroups, 64 weight rows each
+  // leaves 168 each); two CTAs leave 80 each, so the MMA threads get (80 * 384 - 40 * 128) / 256;
+  // two K groups (640 threads) leave 96 each: (96 * 640 - 40 * 128) / 512 = 110, rounded to 8.
+  static constexpr int kMmaRegs = kCtas_ == 2 ? 96 : kKG_ == 2 ? 104 : 232;
+  static constexpr int kWG = 2;                    // 64-row groups of weight rows
   static constexpr int kRows = 64 * kWG;           // weight rows per CTA
-  static constexpr int kMma = 128 * kWG;           // MMA threads
+  static constexpr int kEpi = 128 * kWG;           // MMA threads of K group 0 (they store the tile)
+  static constexpr int kMma = kEpi * kKG_;         // MMA threads
   static constexpr int kThreads = 128 + kMma;      // producer warpgroup + MMA warpgroups
+  static constexpr int kXchg = xchg_bytes(kWG, kKG_);
+  static_assert(kKG_ == 1 || (kKG_ == 2 && kCtas_ == 1 && kBM_ <= 128),
+                "two K groups: one CTA per SM, block_m <= 128 (104 registers per MMA thread)");
   static constexpr int kPitch = kRows + 4;         // fp32 words per row of the epilogue tile
   static constexpr int kW = w_stage_bytes(kWG);
   static constexpr int kStage = stage_bytes(kBM, kWG);
@@ -397,6 +420,31 @@ __device__ __forceinline__ void sk_gather(const float* partials, const int* flag
     for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = small_m::add_rn(acc[i], __ldcg(slot + 128 * i));
   }
 }
+// Two K groups: K group 1's accumulators join K group 0's (acc0 + acc1, rounded once each) through
+// the exchange area, in rounds of kXchgAcc accumulators; each thread reads what its twin (same
+// 64-row group, same thread of the warpgroup) wrote, so the words are thread-consecutive.
+template <class Cfg>
+__device__ __forceinline__ void pair_sum(float (&acc)[Cfg::kAcc], uint32_t xchg, int rg, int kg, int wct) {
+  const uint32_t base = xchg + static_cast<uint32_t>(rg * kXchgAcc * 128 + wct) * 4u;
+#pragma unroll
+  for (int i = 0; i < Cfg::kAcc; i += kXchgAcc) {
+    if (kg == 1) {
+#pragma unroll
+      for (int e = 0; e < kXchgAcc; ++e)
+        asm volatile("st.shared.f32 [%0], %1;" ::"r"(base + 512u * e), "f"(acc[i + e]) : "memory");
+    }
+    asm volatile("bar.sync %0, 256;" ::"r"(4 + rg) : "memory");
+    if (kg == 0) {
+#pragma unroll
+      for (int e = 0; e < kXchgAcc; ++e) {
+        float v;
+        asm volatile("ld.shared.f32 %0, [%1];" : "=f"(v) : "r"(base + 512u * e) : "memory");
+        acc[i + e] = small_m::add_rn(acc[i + e], v);
+      }
+    }
+    asm volatile("bar.sync %0, 256;" ::"r"(4 + rg) : "memory");
+  }
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The producer warpgroup's loaders, each one thread (lane 0 of its warp) running the CTA's work
@@ -466,7 +514,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + 1024);
   uint64_t* empty = full + stages;
-  char* pipe = smem + 2048;
+  const uint32_t xchg = smem_u32(smem + 2048);  // two K groups' exchange area (kXchg bytes)
+  char* pipe = smem + 2048 + Cfg::kXchg;
   const int tid = static_cast<int>(threadIdx.x);
   const int n_tiles = (p.n + Cfg::kRows - 1) / Cfg::kRows;  // output tiles: sc.total, weight tile fastest
   const int cta = static_cast<int>(blockIdx.x);
@@ -480,7 +529,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
       mbar_init(full + s, kLoaders);  // each loader arrives with its bytes
-      mbar_init(empty + s, Cfg::kWG * 4);  // one arrival per MMA warp
+      mbar_init(empty + s, Cfg::kEpi / 32);  // one arrival per MMA warp of the stage's K group
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -508,27 +557,32 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   }
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(Cfg::kMmaRegs));
-  const int ct = tid - 128;  // MMA threads; warpgroup mwg holds weight rows 64 mwg..
-  const int mwg = ct >> 7;
+  // MMA threads: warpgroup w holds weight rows 64 mwg.. (mwg = w % 2) in K group kg = w / 2; ctl is
+  // the thread's index among its K group's (the twin's in K group 0).
+  const int ct = tid - 128, ctl = Cfg::kKG == 1 ? ct : ct % Cfg::kEpi;
+  // kg broadcast from lane 0: ptxas then knows it is warp-uniform, and keeps the stage addresses
+  // and wgmma descriptors that depend on it in uniform registers.
+  const int mwg = ctl >> 7, kg = Cfg::kKG == 1 ? 0 : __shfl_sync(0xFFFFFFFFu, ct / Cfg::kEpi, 0);
   const int lane = ct & 31, g = lane >> 2, c = lane & 3;
-  const int r0 = (ct >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
-  const FragmentSlot<Cfg> slot(ct, 64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
+  const int r0 = (ctl >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
+  const FragmentSlot<Cfg> slot(ctl, 64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
   const uint32_t lut_addr = smem_u32(lut);
   const bool has_alpha = p.alpha != nullptr;
   float acc[Cfg::kAcc];
   const uint32_t pipe_addr = smem_u32(pipe);
-  uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
+  uint32_t frag[Cfg::kFrags][4];  // the A registers of the k16 steps in flight
   StageOperands ops;
   const uint32_t full_addr = small_m::opaque(smem_u32(full)), empty_addr = small_m::opaque(smem_u32(empty));
   WorkList list(sc, cta);
   Work w{0, 0, 0, 0};
   bool have = list.next(sc, p, n_tiles, kt0, kt1, w);
-  if (have && w.kb < w.ke) {
+  if (Cfg::kKG == 1 && have && w.kb < w.ke) {
     mbar_wait(full_addr, 0);
     load_half<Cfg, 0>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
     load_half<Cfg, 1>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
   }
   int s = 0, phase = 0;  // the ring position runs on across tiles, as in the producer
+  int par = 0;           // two K groups: the parity of the CTA's stages so far
   int chunk = 0;         // the warpgroup's TMA-store epilogue chunks so far (buffer parity)
   while (have) {
     const Work cur = w;
@@ -541,6 +595,59 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
     fence_regs(acc);
     int prev = -1;
+    if constexpr (Cfg::kKG == 2) {
+      // K group kg takes the piece's stages whose parity among all the CTA's stages is kg. The
+      // operands of its next stage in the piece are read during this one's steps, as with one K
+      // group (the piece's first stage: before its steps; past the last: this stage again, whose
+      // wait falls through).
+      int ss = s, sp = phase, kt = cur.kb;
+      if (par != kg) {
+        ++kt;
+        ss = ss + 1 == stages ? 0 : ss + 1;
+        sp ^= ss == 0;
+      }
+      if (kt < cur.ke) {
+        mbar_wait(full_addr + 8 * ss, sp);
+        load_half<Cfg, 0>(ops, pipe_addr + ss * kStage, lut_addr, kt, p.k, slot);
+        load_half<Cfg, 1>(ops, pipe_addr + ss * kStage, lut_addr, kt, p.k, slot);
+      }
+      for (; kt < cur.ke; kt += 2) {
+        const uint32_t st = pipe_addr + ss * kStage;
+        const uint64_t desc = desc_sw128(st);
+        int ns = ss, np = sp;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          ns = ns + 1 == stages ? 0 : ns + 1;
+          np ^= ns == 0;
+        }
+        const bool last = kt + 2 >= cur.ke;
+        const int nkt = last ? kt : kt + 2;
+        const uint32_t nst = pipe_addr + (last ? ss : ns) * kStage;
+        mbar_wait(full_addr + 8 * (last ? ss : ns), last ? sp : np);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          uint32_t (&a)[4] = frag[j % Cfg::kFrags];
+          decode_step<Cfg>(a, ops, j, slot.sel);  // its last reader (kFrags steps back) is done
+          wgmma_fence();
+          WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, a, desc + 2 * j);
+          wgmma_commit();
+          if (j == 1) load_half<Cfg, 0>(ops, nst, lut_addr, nkt, p.k, slot);
+          if (j == 3) load_half<Cfg, 1>(ops, nst, lut_addr, nkt, p.k, slot);
+          wgmma_wait<Cfg::kFrags - 1>();
+          if (j == Cfg::kFrags - 2) {  // only this stage's steps in flight: the previous one is done
+            __syncwarp();
+            release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
+          }
+        }
+        prev = ss;
+        ss = ns;
+        sp = np;
+      }
+      const int n = cur.ke - cur.kb, q = s + n;  // both groups: the ring position after the piece
+      par ^= n & 1;
+      s = q % stages;
+      phase ^= (q / stages) & 1;
+    } else
     for (int kt = cur.kb; kt < cur.ke; prev = s, ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
       const uint32_t st = pipe_addr + s * kStage;
       const uint64_t desc = desc_sw128(st);
@@ -574,11 +681,23 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     }
     wgmma_wait<0>();
     fence_regs(acc);
-
     if (persistent) {
       // The tile's last stage goes back now: the producer refills it during the stores.
       __syncwarp();
       release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
+    }
+    if constexpr (Cfg::kKG == 2) {  // K group 0 holds the tile's sums from here; K group 1 goes on
+      pair_sum<Cfg>(acc, xchg, mwg, kg, ct & 127);
+      if (kg == 1) {
+        if (!persistent && splits > 1) {  // the two cluster barriers of K group 0's epilogue
+          cluster_sync_all();
+          cluster_sync_all();
+        }
+        continue;
+      }
+    }
+
+    if (persistent) {
       if (t >= sc.dp && (cur.kb != 0 || cur.ke != tiles)) {  // a stream-K piece of a tile
         static_assert(stream_k_flags_offset(Cfg::kBM, 1) == int64_t{Cfg::kWG} * Cfg::kAcc * 128 * 4,
                       "the workspace holds each warpgroup's accumulators of every MMA thread");
@@ -619,7 +738,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     constexpr int kPerRow = Cfg::kRows / 4;
     const int rows = min(Cfg::kBM, p.m - m0);
     const int chunks = rows * kPerRow;
-    for (int q = rank * Cfg::kMma + ct; q < chunks; q += splits * Cfg::kMma) {
+    for (int q = rank * Cfg::kEpi + ct; q < chunks; q += splits * Cfg::kEpi) {
       const int m = q / kPerRow, r4 = q % kPerRow;
       if (n0 + 4 * r4 >= p.n) continue;
       const float* local = part + m * Cfg::kPitch + 4 * r4;
@@ -738,7 +857,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
                        encode_2d(&out_map, a.out_dtype == small_m::kOutF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                  a.out, a.m, a.n, a.n * 2, kChunkM, 64, CU_TENSOR_MAP_SWIZZLE_128B);
-  const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages, persistent);
+  const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages, persistent, Cfg::kKG);
   auto kernel = wgmma_mm_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
   reserve_smem(kernel, smem, configured);
@@ -765,6 +884,14 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 
 template <bool kFp16, bool kMx, bool kPacked>
 bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+  if (a.k_groups == 2) {
+    switch (a.block_m) {
+      case 32: return launch_cfg<Config<32, kFp16, kMx, kPacked, 1, 2>>(a, stream, pdl);
+      case 64: return launch_cfg<Config<64, kFp16, kMx, kPacked, 1, 2>>(a, stream, pdl);
+      case 128: return launch_cfg<Config<128, kFp16, kMx, kPacked, 1, 2>>(a, stream, pdl);
+      default: return false;
+    }
+  }
   switch (a.block_m) {
     case 32:
       return a.ctas_per_sm == 2 ? launch_cfg<Config<32, kFp16, kMx, kPacked, 2>>(a, stream, pdl)
@@ -791,8 +918,8 @@ bool launch_variant(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 
 }  // namespace wgmma_mm
 
-int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent) {
-  return wgmma_mm::smem_bytes(block_m, 2, stages, persistent);
+int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent, int k_groups) {
+  return wgmma_mm::smem_bytes(block_m, 2, stages, persistent, k_groups);
 }
 
 int64_t wgmma_mm_workspace_bytes(const WgmmaMmArgs& args) {
@@ -809,6 +936,11 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   if (args.persistent && args.split_k != 1) return false;  // split-K tiles are one per CTA
   if (args.stream_k && !args.persistent) return false;      // stream-K shares a persistent launch's steps
   if (args.ctas_per_sm != 1 && (args.ctas_per_sm != 2 || args.block_m > 64)) return false;
+  // Two K groups: a group waits for its next stage (two ahead) before it releases its previous one,
+  // which needs six stages for the producer to get ahead of both groups.
+  if (args.k_groups != 1 &&
+      (args.k_groups != 2 || args.ctas_per_sm != 1 || args.block_m > 128 || args.stages < 6))
+    return false;
   if (args.k % 32 != 0) return false;
   if (args.block_expert != nullptr) {  // grouped: whole blocks of rows, experts' rows in 32-bit TMA coordinates
     if (args.stream_k || args.m % args.block_m != 0 || args.experts < 1 || args.n * args.experts >= (int64_t{1} << 31))
@@ -831,13 +963,13 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
 }  // namespace torch_fp4
 
 // C entry points (capi.h): the Hopper GEMM on MmOperands (make_mm_operands) with the tactic
-// block_m, stages, split_k, persistent, ctas_per_sm, stream_k; a stream-K launch needs
+// block_m, stages, split_k, persistent, ctas_per_sm, stream_k, k_groups; a stream-K launch needs
 // torch_fp4_mm_wgmma_workspace_bytes (same arguments) of global memory at `workspace`.
 namespace {
 torch_fp4::WgmmaMmArgs wgmma_args(const void* act, const void* w, const void* w_scale, const float* alpha, void* out,
                                   int64_t m, int64_t n, int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype,
                                   int packed, int block_m, int stages, int split_k, int persistent, int ctas_per_sm,
-                                  int stream_k, void* workspace) {
+                                  int stream_k, int k_groups, void* workspace) {
   torch_fp4::WgmmaMmArgs a{};
   static_cast<torch_fp4::MmOperands&>(a) =
       torch_fp4::make_mm_operands(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype, packed);
@@ -847,6 +979,7 @@ torch_fp4::WgmmaMmArgs wgmma_args(const void* act, const void* w, const void* w_
   a.persistent = persistent != 0;
   a.ctas_per_sm = ctas_per_sm;
   a.stream_k = stream_k != 0;
+  a.k_groups = k_groups;
   a.workspace = workspace;
   return a;
 }
@@ -856,11 +989,11 @@ TORCH_FP4_CAPI int torch_fp4_mm_wgmma(int device, void* stream, int pdl, const v
                                       const void* w_scale, const float* alpha, void* out, int64_t m, int64_t n,
                                       int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
                                       int block_m, int stages, int split_k, int persistent, int ctas_per_sm,
-                                      int stream_k, void* workspace) {
+                                      int stream_k, int k_groups, void* workspace) {
   if (const int e = torch_fp4::capi_begin(device)) return e;
   const torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype,
                                               packed, block_m, stages, split_k, persistent, ctas_per_sm, stream_k,
-                                              workspace);
+                                              k_groups, workspace);
   return torch_fp4::capi_end(torch_fp4::launch_wgmma_mm(a, static_cast<cudaStream_t>(stream), pdl != 0));
 }
 
@@ -876,7 +1009,7 @@ TORCH_FP4_CAPI int torch_fp4_mm_wgmma_grouped(int device, void* stream, int pdl,
   if (const int e = torch_fp4::capi_begin(device)) return e;
   if (block_expert == nullptr) return torch_fp4::kNotCompiled;
   torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype, packed,
-                                        block_m, stages, split_k, persistent, ctas_per_sm, 0, nullptr);
+                                        block_m, stages, split_k, persistent, ctas_per_sm, 0, 1, nullptr);
   a.block_expert = block_expert;
   a.experts = experts;
   a.w_expert = w_expert;
@@ -890,9 +1023,9 @@ TORCH_FP4_CAPI int64_t torch_fp4_mm_wgmma_workspace_bytes(int device, const void
                                                           int64_t m, int64_t n, int64_t k, int64_t kp, int act_fp16,
                                                           int mx, int out_dtype, int packed, int block_m, int stages,
                                                           int split_k, int persistent, int ctas_per_sm,
-                                                          int stream_k) {
+                                                          int stream_k, int k_groups) {
   if (const int e = torch_fp4::capi_begin(device)) return -e;
   return torch_fp4::wgmma_mm_workspace_bytes(wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx,
                                                         out_dtype, packed, block_m, stages, split_k, persistent,
-                                                        ctas_per_sm, stream_k, nullptr));
+                                                        ctas_per_sm, stream_k, k_groups, nullptr));
 }

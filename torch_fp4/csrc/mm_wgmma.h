@@ -24,6 +24,7 @@ struct WgmmaMmArgs : MmOperands {
   bool persistent;
   int ctas_per_sm;  // 1, or 2 with block_m <= 64 (96 registers per MMA thread)
   bool stream_k;
+  int k_groups;     // 1, or 2 (ctas_per_sm 1, block_m <= 128): two MMA warpgroups per 64 weight rows
   void* workspace;  // wgmma_mm_workspace_bytes(args) bytes of global memory, 16-byte aligned
 };
 
@@ -32,7 +33,7 @@ struct WgmmaMmArgs : MmOperands {
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl);
 
 // Dynamic shared memory of a launch (mirror of smem_bytes in kernels/cuda/mm_tactics.py).
-int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent);
+int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent, int k_groups = 1);
 
 // Global memory a stream-K launch needs for its partial sums and flags (0: none; the launcher
 // clears the flags).

@@ -74,8 +74,9 @@ __device__ __forceinline__ void cluster_sync_all() {
   asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
+// The MMA threads that store a tile (K group 0's; all of them with one K group).
 template <class Cfg>
-__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(Cfg::kMma) : "memory"); }
+__device__ __forceinline__ void consumer_sync() { asm volatile("bar.sync 1, %0;" ::"n"(Cfg::kEpi) : "memory"); }
 
 // wgmma shared-memory descriptor of a K-major tile with 128-byte rows in the 128-byte swizzle
 // (8-row groups 1024 bytes apart), starting at `addr`; the tile 32 j bytes further (K 16 j..) has

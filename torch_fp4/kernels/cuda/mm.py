@@ -51,7 +51,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     variant = mm_variant(fp16, mx, p.packed)
     if isinstance(t, WgmmaMmTactic):
         lib = library(i, f"wgmma{variant}")
-        tactic_args = (t.block_m, t.stages, t.split_k, int(t.persistent), t.ctas_per_sm, int(t.stream_k))
+        tactic_args = (t.block_m, t.stages, t.split_k, int(t.persistent), t.ctas_per_sm, int(t.stream_k),
+                       t.k_groups)
         workspace = None
         if t.stream_k:
             size = lib.mm_wgmma_workspace_bytes(i, *ops, *tactic_args)

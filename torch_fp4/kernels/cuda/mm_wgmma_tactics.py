@@ -13,8 +13,11 @@ added in rank order through distributed shared memory (deterministic), and persi
 only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
 the next tile loads while this one is stored through a small per-warpgroup staging area (no
 whole-tile epilogue over the stages; 16-bit outputs with N % 8 == 0 leave it by TMA tensor stores
-that overlap the next chunk and tile). (Four MMA warpgroups of 256 rows per CTA were slower at
-every M measured and are not compiled.)
+that overlap the next chunk and tile), and k_groups (2 at block_m <= 128, one CTA per SM: two MMA
+warpgroups per 64 weight rows, K group 0 taking the first two of every stage's four k16 steps and
+K group 1 the last two, into accumulators of their own that meet in shared memory at the tile's
+end; 104 registers per MMA thread; twice the MMA warps on the same tile and stages). (Four MMA
+warpgroups of 256 rows per CTA were slower at every M measured and are not compiled.)
 """
 from __future__ import annotations
 
@@ -35,6 +38,9 @@ BLOCK_K = 64                  # K elements per stage
 MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
 TWO_CTA_MAX_BLOCK_M = 64      # 96 registers per MMA thread hold block_m <= 64 accumulators
+K_GROUPS_MAX_BLOCK_M = 128    # 104 registers per MMA thread (two K groups) hold block_m <= 128
+K_GROUPS_MIN_STAGES = 6       # a K group waits for its next stage (two ahead) before releasing its last
+XCHG_BYTES = 2 * 16 * 128 * 4  # two K groups' exchange area: per 64-row group 16 fp32 x 128 threads
 
 
 @register_family
@@ -46,6 +52,7 @@ class WgmmaMmTactic(Tactic):
     persistent: bool = False  # one CTA per SM over all tiles (split_k 1)
     ctas_per_sm: int = 1     # 2: two CTAs share an SM (block_m <= 64; half the shared memory each)
     stream_k: bool = False   # persistent only: every CTA slot runs; the last waves' K steps shared out
+    k_groups: int = 1        # 2: two MMA warpgroups per 64 weight rows, each half of every stage's K
 
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
@@ -69,18 +76,21 @@ def staging_bytes(block_m: int) -> int:
     return 2 * STAGING_ROWS * (64 + 4) * 4
 
 
-def smem_bytes(block_m: int, stages: int, persistent: bool = False) -> int:
+def smem_bytes(block_m: int, stages: int, persistent: bool = False, k_groups: int = 1) -> int:
     """Dynamic shared memory of a launch (mirror of smem_bytes in mm_wgmma.cu): 1 KiB of alignment
-    slack, the scale table, the barriers, then the stages and the epilogue staging (persistent) or
-    the larger of the stages and the fp32 epilogue tile (one tile per CTA)."""
+    slack, the scale table, the barriers, two K groups' exchange area, then the stages and the
+    epilogue staging (persistent) or the larger of the stages and the fp32 epilogue tile (one tile
+    per CTA)."""
     pipe = stages * stage_bytes(block_m)
+    head = 3 * 1024 + (XCHG_BYTES if k_groups == 2 else 0)
     if persistent:
-        return 3 * 1024 + pipe + staging_bytes(block_m)
-    return 3 * 1024 + max(pipe, block_m * (ROWS + 4) * 4)
+        return head + pipe + staging_bytes(block_m)
+    return head + max(pipe, block_m * (ROWS + 4) * 4)
 
 
-def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK, persistent: bool = False) -> int:
-    extra = staging_bytes(block_m) if persistent else 0
+def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK, persistent: bool = False,
+               k_groups: int = 1) -> int:
+    extra = (staging_bytes(block_m) if persistent else 0) + (XCHG_BYTES if k_groups == 2 else 0)
     return min(MAX_STAGES, (limit - 3 * 1024 - extra) // stage_bytes(block_m))
 
 
@@ -118,9 +128,10 @@ def smem_limit(p: Problem, ctas_per_sm: int = 1) -> int:
     return min(per_block, (problem_smem_per_sm(p, SM90_SMEM_PER_SM) - ctas_per_sm * 1024) // ctas_per_sm)
 
 
-def tile_reason(block_m: int, stages: int, ctas_per_sm: int, block_ms: tuple = BLOCK_MS) -> Optional[str]:
-    """Why a launch of this tile (block_m in `block_ms`, stages, CTAs per SM) is not compiled, or
-    None (shared memory is checked apart)."""
+def tile_reason(block_m: int, stages: int, ctas_per_sm: int, block_ms: tuple = BLOCK_MS,
+                k_groups: int = 1) -> Optional[str]:
+    """Why a launch of this tile (block_m in `block_ms`, stages, CTAs per SM, K groups) is not
+    compiled, or None (shared memory is checked apart)."""
     if block_m not in block_ms:
         return f"block_m={block_m} must be one of {block_ms}"
     if not MIN_STAGES <= stages <= MAX_STAGES:
@@ -128,13 +139,18 @@ def tile_reason(block_m: int, stages: int, ctas_per_sm: int, block_ms: tuple = B
     if ctas_per_sm not in (1, 2) or (ctas_per_sm == 2 and block_m > TWO_CTA_MAX_BLOCK_M):
         return (f"ctas_per_sm={ctas_per_sm} must be 1, or 2 with block_m <= {TWO_CTA_MAX_BLOCK_M} "
                 f"(got block_m={block_m})")
+    if k_groups not in (1, 2) or (k_groups == 2 and (ctas_per_sm != 1 or block_m > K_GROUPS_MAX_BLOCK_M)):
+        return (f"k_groups={k_groups} must be 1, or 2 with ctas_per_sm=1 and block_m <= "
+                f"{K_GROUPS_MAX_BLOCK_M} (got ctas_per_sm={ctas_per_sm}, block_m={block_m})")
+    if k_groups == 2 and stages < K_GROUPS_MIN_STAGES:
+        return f"k_groups=2 needs stages >= {K_GROUPS_MIN_STAGES}, got stages={stages}"
     return None
 
 
 def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
     if not isinstance(t, WgmmaMmTactic):
         return f"{t.family} is not a cuda Hopper-GEMM tactic"
-    reason = problem_reason(p) or tile_reason(t.block_m, t.stages, t.ctas_per_sm)
+    reason = problem_reason(p) or tile_reason(t.block_m, t.stages, t.ctas_per_sm, k_groups=t.k_groups)
     if reason is not None:
         return reason
     if not 1 <= t.split_k <= MAX_SPLIT:
@@ -147,7 +163,7 @@ def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
     steps = _steps(p.k)
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={p.k}"
-    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent), smem_limit(p, t.ctas_per_sm))
+    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent, t.k_groups), smem_limit(p, t.ctas_per_sm))
 
 
 def _split_for(ctas: int, k: int, sms: int) -> int:
@@ -164,7 +180,10 @@ def default(p: MmProblem) -> Tactic:
     per SM at block_m <= 64 once the tiles outnumber the SMs (H100, N = 28672, K = 8192, sm90
     weights: M = 32 79.2 -> 68.1 us, M = 64 86.5 -> 77.1 us; with fewer tiles the split-K
     launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2);
-    stream-K where stream_k_pays."""
+    stream-K where stream_k_pays; two K groups for the split-K launches at block_m <= 64 (H200,
+    sm90 weights, against one K group in the same rounds: N x K = 8192 x 28672 M = 32 65.7 ->
+    61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128 the
+    accumulators spill: 97.6 -> 105.7 us)."""
     m, n, k = p.m, p.n, p.k
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
     tiles = -(-m // bm) * -(-n // ROWS)
@@ -172,9 +191,10 @@ def default(p: MmProblem) -> Tactic:
     split = _split_for(tiles, k, sms)
     persistent = split == 1
     ctas = 2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1
-    stages = max_stages(bm, smem_limit(p, ctas), persistent)
+    kg = 2 if bm <= TWO_CTA_MAX_BLOCK_M and not persistent else 1
+    stages = max_stages(bm, smem_limit(p, ctas), persistent, kg)
     sk = persistent and stream_k_pays(tiles, ctas * sms, -(-n // ROWS), bm, k)
-    return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk)
+    return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk, kg)
 
 
 SK_MIN_IDLE = 0.10                 # idle share of the last wave's CTA slots that stream-K wins back
@@ -215,6 +235,11 @@ def candidates(p: MmProblem) -> list[Tactic]:
                 out.append(WgmmaMmTactic(bm, stages, split))
         for sk in (False, True):
             out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), True), 1, True, stream_k=sk))
+        if bm <= K_GROUPS_MAX_BLOCK_M:
+            for split in sorted({1, base}):
+                persistent = split == 1
+                out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), persistent, 2), split, persistent,
+                                         k_groups=2))
         if bm <= TWO_CTA_MAX_BLOCK_M:
             two = smem_limit(p, 2)
             base2 = _split_for(tiles, k, 2 * sms)
