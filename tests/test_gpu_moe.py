@@ -39,6 +39,7 @@ QUICK = {
     "test_exact_empty_experts_one_expert_and_tiny": {"w4a4-triton", "w4a16-cuda"},
     "test_exact_default_tiles": {"1-8-2-w4a4", "100-8-4-w4a16", "300-8-2-w4a4"},
     "test_random_model_shapes": {"qwen3-T3-w4a16", "deepseek-T2-w4a4", "qwen3-T200-w4a16"},
+    "test_exact_mxfp4_activations_every_tile": {"0-clamped_swiglu", "3-swiglu"},
     "test_exact_gpt_oss_features_every_tile": {"0-bf16-bias-clamped_swiglu", "1-fp32-bias-swiglu",
                                                "2-bf16-bias-clamped_swiglu", "3-fp32-bias-clamped_swiglu"},
 }
@@ -603,3 +604,29 @@ def test_exact_gpt_oss_features_every_tile(cfg_id, bias_dtype, activation):
             assert_same(t4.fused_moe(p.x, *p.weights(), ids, tw, backend=backend, **kw), want,
                         f"gpt-oss features through the op, backend={backend}")
         assert "triton" in [b.label for b in t4.supported_backends("fused_moe", p.x, *p.weights(), ids, tw, **kw)]
+
+
+@pytest.mark.parametrize("activation", ["clamped_swiglu", "swiglu"])
+@pytest.mark.parametrize("cfg_id", range(4))
+def test_exact_mxfp4_activations_every_tile(cfg_id, activation):
+    """W4A4 with MXFP4 activations (activations="fp4") through the Triton launcher on every tile
+    shape (W4A16 on the MXFP4 values of x and of the intermediate), with gpt-oss's biases and
+    without, and through the op with backend="triton": bit-identical to the reference on
+    grid-exact data."""
+    from torch_fp4.kernels.triton import moe_fused as MF, moe_gemm as MG
+    tiles = [None, MG.MoeConfig(16, True, MG.GemmTile(64, 128), MG.GemmTile(64, 128), 4),
+             MG.MoeConfig(128, False, MG.GemmTile(64, 64, 8), MG.GemmTile(128, 64, 8)),
+             MG.MoeConfig(16, True, MG.GemmTile(64, 128), MG.GemmTile(64, 128), 2, fused_finalize=False)]
+    p, b1, b2 = exact_gpt_oss_problem(8, 2880, 64, 40, seed=80 + cfg_id, bias_dtype=BF16)
+    ids, tw = random_routing(40, 8, 4, seed=81 + cfg_id)
+    for biases in ((b1, b2.float()), (None, None)):
+        kw = dict(block_size=32, w1_bias=biases[0], w2_bias=biases[1], activation=activation, activations="fp4")
+        want = t4.fused_moe(p.x, *p.weights(), ids, tw, backend="reference", **kw)
+        w4a16 = t4.fused_moe(p.x, *p.weights(), ids, tw, backend="reference", **{**kw, "activations": None})
+        assert not torch.equal(want, w4a16), "the activations' quantization changed nothing: a weak test"
+        got = MF.fused_moe(p.x, *p.weights(), ids, tw, None, None, 0, BF16, True, F.MXFP4, *biases, activation,
+                           1.702, 7.0, True, config=tiles[cfg_id])
+        assert_same(got, want, f"{activation} tiles {tiles[cfg_id]} biases={biases[0] is not None}")
+        if cfg_id == 0:
+            assert_same(t4.fused_moe(p.x, *p.weights(), ids, tw, backend="triton", **kw), want,
+                        f"{activation} through the op, biases={biases[0] is not None}")

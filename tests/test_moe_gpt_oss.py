@@ -180,8 +180,9 @@ def test_nvfp4_experts_with_biases_and_clamped_swiglu():
 
 
 def test_gpu_backends_say_what_they_do_not_run_yet():
-    """cute-dsl refuses gpt-oss's features naming them; triton runs them in W4A16 only and cuda
-    on its decode path (on a CPU both refuse for the device); triton refuses W4A4 with biases."""
+    """cute-dsl refuses gpt-oss's features naming them; triton and cuda run them, in W4A16 and
+    in W4A4 with MXFP4 activations (on a CPU both refuse for the device); triton refuses NVFP4 W4A4
+    with biases."""
     experts = load_gpt_oss_experts(_checkpoint(2, 64, 32), PREFIX)
     x = torch.randn(3, 64).to(BF16)
     ids, weights = _routing(3, 2, 1, 0)
@@ -191,13 +192,15 @@ def test_gpu_backends_say_what_they_do_not_run_yet():
     reason = t4.unsupported_reason("fused_moe", "cute-dsl", *args, **kw)
     if "failed to import" not in reason:
         assert "MXFP4 experts, expert biases, the clamped SwiGLU" in reason, reason
-    for backend in ("triton", "cuda"):   # both run them on a GPU (cuda: on its decode path)
-        reason = t4.unsupported_reason("fused_moe", backend, *args, **kw)
-        assert "needs CUDA tensors" in reason or "failed to import" in reason, (backend, reason)
+    for backend in ("triton", "cuda"):   # both run them on a GPU, W4A16 and W4A4
+        for activations in (None, "fp4"):
+            reason = t4.unsupported_reason("fused_moe", backend, *args, **kw, activations=activations)
+            assert "needs CUDA tensors" in reason or "failed to import" in reason, (backend, activations, reason)
     assert t4.supported_backends("fused_moe", *args, **kw) == [t4.Backend.REFERENCE]
     nv = T.moe_problem(3, 64, 32, 2, 2, w4a4=True)
     reason = t4.unsupported_reason("fused_moe", "triton", **nv, w1_bias=experts.w1_bias)
-    assert "the triton fused_moe kernels run expert biases in W4A16 only" in reason, reason
+    assert "the triton fused_moe kernels run expert biases in W4A16, or in W4A4 with MXFP4 experts only" in reason, \
+        reason
 
 
 @pytest.mark.parametrize("change,arg,needle", [

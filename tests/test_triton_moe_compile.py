@@ -495,8 +495,9 @@ def check_fused_moe_gpt_oss_interpreted():
     """gpt-oss's features in the Triton MoE kernels (portable forms) bit for bit against the
     reference: MXFP4 experts (hidden 96: 3 scale blocks, not a multiple of 128), bf16 and fp32
     biases on both GEMMs, the clamped SwiGLU, over every tile shape (split-K FC2, whose bias joins
-    in the finalize; the separate finalize kernel), with expert parallelism, and NVFP4 experts
-    with the same features."""
+    in the finalize; the separate finalize kernel), with expert parallelism, W4A4 with MXFP4
+    activations (x and the intermediate replaced by their MXFP4 values), and NVFP4 experts with the
+    same features."""
     from torch_fp4 import formats as F, reference, testing as T
     from torch_fp4.kernels import _common
     _common.POISON_OUTPUTS = True
@@ -523,6 +524,12 @@ def check_fused_moe_gpt_oss_interpreted():
     for what, extra in cases:
         for cfg in tiles:
             same(g["x"], w, g["topk_ids"], g["topk_weights"], extra, what=what, cfg=cfg)
+    # W4A4: MXFP4 activations (the launchers' last argument), every tile shape
+    for cfg in tiles:
+        same(g["x"], w, g["topk_ids"], g["topk_weights"], (*cases[0][1], True), what="mxfp4 w4a4", cfg=cfg)
+    a16, a4 = (MF.fused_moe(g["x"], *w, g["topk_ids"], g["topk_weights"], None, None, 0, bf16, True,
+                            *cases[0][1], w4a4) for w4a4 in (False, True))
+    assert not torch.equal(a16, a4), "MXFP4 activations must change the result"   # they are quantized
     # expert parallelism: experts 1 and 2 of 4 local, their biases
     local = (g["w1"][1:3], g["w1_scale"][1:3], None, g["w2"][1:3], g["w2_scale"][1:3], None)
     for cfg in tiles[:2]:

@@ -206,7 +206,8 @@ class MoeProblem(Problem):
     def gpt_oss_features(self) -> Optional[str]:
         """gpt-oss's features of this problem (MXFP4 experts, expert biases, the clamped SwiGLU),
         named, or None: the cute-dsl fused_moe kernels do not run them (the reference, triton and
-        cuda ones do; W4A4 with them: the reference and cuda's grouped Hopper GEMMs)."""
+        cuda ones do; W4A4 with them: the reference and cuda's grouped Hopper GEMMs, and triton with
+        MXFP4 experts)."""
         wanted = [what for what, on in (("MXFP4 experts", self.fmt is not F.NVFP4), ("expert biases", self.bias),
                                         ("the clamped SwiGLU", self.activation != "swiglu")) if on]
         return ", ".join(wanted) if wanted else None

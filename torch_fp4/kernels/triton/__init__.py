@@ -27,10 +27,11 @@ ROUTE_MAX_EXPERTS = 512
 
 def requirement(op: str, p: Problem) -> Optional[str]:
     # fp32 -> e4m3 conversion instructions need sm_89+.
-    if op == "fused_moe" and p.gpt_oss_features is not None and p.w4a4:
-        # moe_gemm.GptOss: the W4A16 kernels only (FC1's W4A4 epilogue quantizes instead)
-        return (f"the triton fused_moe kernels run {p.gpt_oss_features} in W4A16 only (the reference "
-                "backend runs W4A4 with them)")
+    if op == "fused_moe" and p.gpt_oss_features is not None and p.w4a4 and p.fmt is not F.MXFP4:
+        # moe_gemm.GptOss: the W4A16 kernels only (FC1's NVFP4 W4A4 epilogue quantizes instead);
+        # MXFP4 activations run as W4A16 on their exact values (moe_fused._mx_values)
+        return (f"the triton fused_moe kernels run {p.gpt_oss_features} in W4A16, or in W4A4 with MXFP4 "
+                "experts only (NVFP4 W4A4 with them: the reference and cuda backends)")
     reason = cuda_requirement(p, "triton", (8, 9))
     if reason is None and op == "mm_fp4" and p.weight_layout is not F.WeightLayout.ROW:
         return "the triton GEMMs read row-major weights only ('sm90' weights: the cuda backend on sm_90)"

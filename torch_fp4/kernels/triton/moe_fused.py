@@ -64,6 +64,17 @@ def _quantize_x(x: torch.Tensor, gs: torch.Tensor, portable: bool):
     return nvfp4_quantize(x, gs, F.SfLayout.LAYOUT_128x4)
 
 
+def _mx_values(v: torch.Tensor, portable: bool) -> torch.Tensor:
+    """v's MXFP4 values (spec section 3, blocks of 32 along each row) as bf16, which holds every
+    MXFP4 value exactly: W4A4 with MXFP4 activations is W4A16 on these."""
+    if portable:
+        from ...reference.quantize import fp4_dequantize, mxfp4_quantize
+    else:
+        from .quantize import fp4_dequantize, mxfp4_quantize
+    q, s = mxfp4_quantize(v, F.SfLayout.LINEAR)
+    return fp4_dequantize(q, s, None, F.MXFP4, F.SfLayout.LINEAR, torch.bfloat16)
+
+
 def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: torch.Tensor,
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
@@ -76,9 +87,12 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     """Launcher with torch_fp4.reference.fused_moe's signature; the tiles: `tactic`
     (moe_tactics.TritonMoeTactic, from the dispatch: the heuristic, the tactic cache or
     `use_tactic`), else `config`, else moe_gemm.default_config. gpt-oss's features (MXFP4 experts,
-    biases, the clamped SwiGLU; W4A16) go to the GEMMs as a GptOss."""
-    if w4a4 and a1_global_scale is None:
-        raise RuntimeError("torch_fp4 internal: the triton fused_moe kernels take NVFP4 activations only")
+    biases, the clamped SwiGLU) go to the GEMMs as a GptOss, in W4A16, or with MXFP4 experts in W4A4
+    (`w4a4`: MXFP4 activations, spec section 6) as W4A16 on the exact MXFP4 values of x and of
+    the intermediate (one quantize and one dequantize launch each)."""
+    mx_acts = w4a4 and fmt is F.MXFP4
+    if w4a4 and not mx_acts and a1_global_scale is None:
+        raise RuntimeError("torch_fp4 internal: the triton fused_moe kernels take NVFP4 or MXFP4 activations only")
     out = prepare_outputs(meta.fused_moe(x, out_dtype))
     tokens, hidden = x.shape
     experts, two_i = w1.shape[0], w1.shape[1]
@@ -99,7 +113,11 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     blocks = align(ids, experts, local_expert_offset, config.block_m, zero=counters)
     gpt_oss = GptOss.of(fmt, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit)
     w4a4 = a1_global_scale is not None
-    if w4a4:
+    if mx_acts:
+        inter = fc1(_mx_values(x, portable), None, w1, w1_scale, w1_global_scale, None, None, blocks, top_k,
+                    config, portable, gpt_oss)
+        inter = _mx_values(inter, portable)
+    elif w4a4:
         xq, xs = _quantize_x(x, a1_global_scale, portable)
         inter = fc1(xq, xs, w1, w1_scale, w1_global_scale, a1_global_scale, a2_global_scale,
                     blocks, top_k, config, portable)
