@@ -1,7 +1,7 @@
 """The Hopper wgmma GEMM (torch_fp4/csrc/mm_wgmma.cu) compiles for sm_90a without a GPU, with
 HGMMA reading the decoded weights from registers (A) and the TMA activation tile from shared
-memory (B), for every wgmma N and both 16-bit types, no register spills, and no ptxas
-serialization of the wgmmas (warning C7513). It compiles to a stub for sm_100a (wgmma is Hopper-only). Skipped
+memory (B), for every wgmma N and both 16-bit types, one or two K groups, no register spills, and
+no ptxas serialization of the wgmmas (warning C7513). It compiles to a stub for sm_100a (wgmma is Hopper-only). Skipped
 without nvcc or a disassembler."""
 import re
 import subprocess
@@ -43,6 +43,9 @@ def test_sm90a_register_a_hgmma_no_spills_no_serialization(tmp_path):
     waits = re.findall(r"WARPGROUP\.DEPBAR\.LE gsb0, (0x[0-9a-f]+)", sass)
     assert waits and set(waits) <= {"0x3", "0x0"} and waits.count("0x3") >= 4 * waits.count("0x0"), waits
     assert "UTMALDG" in sass and "UBLKCP" in sass   # TMA tiles and the bulk scale copy
+    # Two K groups (Config<..., kCtas 1, kKG 2>) at block_m 32 and 64 only, 640 threads' registers.
+    two = set(re.findall(r"ConfigILi(\d+)ELb\dELb\dELb\dELi1ELi2E", sass))
+    assert two == {"32", "64"}, two
     # The persistent epilogue of 16-bit outputs: transposed stmatrix into the swizzled buffer, then
     # a TMA tensor store.
     assert re.search(r"STSM\.16\.MT88\.4", sass) and "UTMASTG" in sass

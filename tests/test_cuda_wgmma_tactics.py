@@ -13,11 +13,30 @@ from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
 
 
-def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4):
+def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4, layout=F.WeightLayout.ROW):
     a = torch.empty(m, k, dtype=a_dtype)
     b = torch.empty(n, k // 2, dtype=torch.uint8).T
     bs = torch.empty((-(-n // 128) * 128, -(-k // fmt.block_size // 4) * 4), dtype=torch.uint8).T
-    return MmProblem.of(a, b, None, bs, None, torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4)
+    return MmProblem.of(a, b, None, bs, None, torch.bfloat16, fmt, F.SfLayout.LAYOUT_128x4, layout)
+
+
+@pytest.mark.parametrize("m,n,want", [(17, 8192, 2), (64, 8192, 2), (65, 8192, 1), (64, 28672, 1),
+                                      (32, 28672, 1), (256, 8192, 1)])
+def test_two_k_groups_for_sm90_split_k_at_block_m_64(m, n, want):
+    """Two K groups where the heuristic takes split-K at block_m <= 64 on "sm90" weights (the
+    two-CTA persistent launches keep one), never on row-major weights, which they refuse."""
+    sm90 = _args(m, n, layout=F.WeightLayout.SM90)
+    t = WT.default(sm90)
+    assert t.k_groups == want, t
+    assert t.k_groups == 1 or (t.split_k > 1 and t.ctas_per_sm == 1 and t.stages >= WT.K_GROUPS_MIN_STAGES)
+    assert WT.why_not(t, sm90) is None
+    row = _args(m, n)
+    assert WT.default(row).k_groups == 1
+    assert all(c.k_groups == 1 for c in WT.candidates(row))
+    assert any(c.k_groups == 2 for c in WT.candidates(sm90))   # block_m 32 and 64 are always candidates
+    two = WT.WgmmaMmTactic(64, 6, 2, False, 1, False, 2)
+    assert WT.why_not(two, sm90) is None
+    assert "k_groups=2 reads 'sm90' weights only" in WT.why_not(two, row)
 
 
 @pytest.mark.parametrize("m,n,want", [(17, 8192, (32, 2)), (32, 8192, (32, 2)), (33, 8192, (64, 2)),
@@ -60,11 +79,10 @@ def test_candidates_valid_unique_default_first():
     (dict(block_m=256, stages=6, split_k=1, persistent=True), "KiB of shared memory"),
     (dict(block_m=128, ctas_per_sm=2), "ctas_per_sm=2 must be 1, or 2 with block_m <= 64"),
     (dict(block_m=64, stages=12, ctas_per_sm=2), "KiB of shared memory"),
-    (dict(block_m=256, stages=6, k_groups=2), "k_groups=2 must be 1, or 2 with ctas_per_sm=1 and block_m <= 128"),
+    (dict(block_m=128, stages=6, k_groups=2), "k_groups=2 must be 1, or 2 with ctas_per_sm=1 and block_m <= 64"),
     (dict(block_m=64, stages=6, ctas_per_sm=2, k_groups=2), "k_groups=2 must be 1, or 2 with ctas_per_sm=1"),
     (dict(block_m=64, stages=4, k_groups=3), "k_groups=3 must be 1, or 2"),
     (dict(block_m=64, stages=5, split_k=1, persistent=True, k_groups=2), "k_groups=2 needs stages >= 6"),
-    (dict(block_m=128, stages=10, split_k=1, persistent=True, k_groups=2), "KiB of shared memory"),
 ])
 def test_why_not_names_the_problem(change, msg):
     args = _args(300, k=384)

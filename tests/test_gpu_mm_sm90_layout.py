@@ -3,7 +3,11 @@ at M <= 16), sm_90 only: every compiled tile of both gives the bits of the row-m
 (exact on grid-exact operands), at M = 1, 16, 33, 129, 4097, NVFP4 and MXFP4, bf16, fp16 and FP4
 activations; auto picks the small-M kernel up to M = 16 and the Hopper GEMM above; CUDA graph
 replay; prepack_weight on the GPU writes the CPU's bytes; FP4Linear with "sm90" weights equals the
-row-major module bit for bit."""
+row-major module bit for bit. The Hopper GEMM's two K groups (which read "sm90" weights only) are
+exact on grid-exact operands, in every output dtype, with split-K, persistent, stream-K and many
+tiles per CTA, and give the bits of one K group's tactic where the sums are exact."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -59,6 +63,9 @@ def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
     tactics = [WT.WgmmaMmTactic(bm, stages, split, persistent) for bm in WT.BLOCK_MS
                for split, persistent in ((1, False), (1, True), (3, False))
                for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent))]
+    two = [WT.WgmmaMmTactic(bm, stages, split, split == 1, stream_k=sk, k_groups=2)
+           for bm in (32, 64) for split, sk in ((1, False), (1, True), (3, False))
+           for stages in (WT.K_GROUPS_MIN_STAGES, WT.max_stages(bm, persistent=split == 1, k_groups=2))]
     if m <= MT.PACKED_MAX_M:
         tactics += [MT.CudaMmTactic(w, r, bk, stages, split) for w, r, bk in MT.TILE_SHAPES
                     for stages, split in ((2, 1), (4, 3))]
@@ -73,6 +80,37 @@ def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
         assert torch.equal(got, want), (t.label(), (got - want).abs().max().item())
         assert torch.equal(got, row), t.label()
     assert count >= 10
+    for t in two:   # "sm90" weights only: exact (so equal to every one-K-group tactic above)
+        assert mm_space.why_not(t, problem) is None, t.label()
+        with t4.use_tactic(t):
+            got = _mm(a, packed, as_, ws, fmt, "sm90")
+            half = _mm(a, packed, as_, ws, fmt, "sm90", torch.bfloat16, torch.tensor([0.5], device="cuda"))
+        assert torch.equal(got, want), (t.label(), (got - want).abs().max().item())
+        assert torch.equal(half, (want * 0.5).to(torch.bfloat16)), t.label()
+
+
+@pytest.mark.parametrize("n", [1024, 1064])
+def test_two_k_groups_many_tiles_per_cta(n):
+    """Persistent two-K-group launches with several tiles per CTA (K group 1 runs on into the next
+    tile while K group 0 stores this one; the stage parity carries across tiles of odd and even
+    step counts), with and without stream-K, every output dtype: exact, and equal to one K group."""
+    fmt = F.NVFP4
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for k in (704, 768):   # 11 and 12 K steps per tile
+        for bm in (32, 64):
+            m = 3 * sms * bm // -(-n // WT.ROWS) + 5
+            a, wd, as_, ws, ahat, what = _operands(m, n, k, fmt, "bf16", seed=bm + k)
+            packed = t4.prepack_weight(wd)
+            want = (ahat.double() @ what.double().T).float()
+            for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
+                with t4.use_tactic(WT.WgmmaMmTactic(bm, 4, 1, True)):
+                    one = _mm(a, packed, as_, ws, fmt, "sm90", out_dtype)
+                assert torch.equal(one, want.to(out_dtype)), (bm, k, out_dtype)
+                for sk in (False, True):
+                    t = WT.WgmmaMmTactic(bm, WT.K_GROUPS_MIN_STAGES, 1, True, stream_k=sk, k_groups=2)
+                    with t4.use_tactic(t):
+                        assert torch.equal(_mm(a, packed, as_, ws, fmt, "sm90", out_dtype), one), (t.label(), k,
+                                                                                                  out_dtype)
 
 
 def test_random_bits_equal_row_major_auto_picks_by_m_and_graph_replay():
@@ -84,10 +122,18 @@ def test_random_bits_equal_row_major_auto_picks_by_m_and_graph_replay():
         a = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
         ts = t4.mm_fp4_tactics(a, packed.T, None, ws.T, weight_layout="sm90")
         assert isinstance(ts[0], MT.CudaMmTactic if m <= 16 else WT.WgmmaMmTactic), (m, ts[0])
-        with t4.use_tactic(ts[0]):
+        # Row-major weights run one K group: the same tactic otherwise, the same bits.
+        one = dataclasses.replace(ts[0], k_groups=1) if isinstance(ts[0], WT.WgmmaMmTactic) else ts[0]
+        with t4.use_tactic(one):
             row = t4.mm_fp4(a, wd.T, None, ws.T, alpha)
+            same = t4.mm_fp4(a, packed.T, None, ws.T, alpha, weight_layout="sm90")
+        assert torch.equal(same, row), m
         got = t4.mm_fp4(a, packed.T, None, ws.T, alpha, weight_layout="sm90")
-        assert torch.equal(got, row), m
+        if one == ts[0]:
+            assert torch.equal(got, row), m
+        else:   # two K groups: the even and odd stages summed apart, within the bound
+            what = t4.fp4_dequantize(wd, ws, None, out_dtype=torch.float32)
+            T.assert_mm_within_bound(got, a.float(), what, alpha)
         assert torch.equal(got, t4.mm_fp4(a, packed.T, None, ws.T, alpha, weight_layout="sm90"))
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
@@ -103,7 +149,7 @@ def test_fp4linear_sm90_equals_row(acts):
     lin = torch.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16)
     row = t4.FP4Linear.from_linear(lin, "nvfp4", acts, weight_layout="row")
     sm90 = t4.FP4Linear.from_linear(lin, "nvfp4", acts, weight_layout="sm90")
-    for m in (1, 16, 40, 300):   # the same kernel and tactic for both layouts: the same bits
+    for m in (1, 16, 129, 300):   # the same kernel and tactic for both layouts: the same bits
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
         assert torch.equal(row(x), sm90(x)), m
     assert torch.equal(sm90.state_dict()["weight"], row.weight)

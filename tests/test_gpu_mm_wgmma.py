@@ -1,7 +1,7 @@
 """The cuda backend's Hopper wgmma GEMM (csrc/mm_wgmma.cu) against the spec, on sm_90 only.
 
 Every compiled tile (block_m 32/64/128/256) with and without split-K, persistent (with and without
-stream-K) or one tile per CTA, one or two K groups, few and many stages: exact on
+stream-K) or one tile per CTA, few and many stages: exact on
 grid-exact operands, within the spec's bound on random quantized data; M = 1, 33, 129, 4097; N
 and K not multiples of the tiles (K a multiple of 32); NVFP4 and MXFP4; bf16, fp16 and FP4
 activations; outputs NaN-poisoned at allocation; identical bits run to run; CUDA-graph replay.
@@ -59,11 +59,10 @@ def _tactics(args, fmt):
                 t = WT.WgmmaMmTactic(bm, stages, split, persistent)
                 if WT.why_not(t, problem) is None:
                     out.append(t)
-            for ctas, sk, kg in ((2, False, 1), (1, True, 1), (2, True, 1), (1, False, 2), (1, True, 2)):
+            for ctas, sk in ((2, False), (1, True), (2, True)):
                 if sk and not persistent:
                     continue
-                stages = WT.MIN_STAGES if kg == 1 else WT.K_GROUPS_MIN_STAGES
-                t = WT.WgmmaMmTactic(bm, stages, split, persistent, ctas_per_sm=ctas, stream_k=sk, k_groups=kg)
+                t = WT.WgmmaMmTactic(bm, WT.MIN_STAGES, split, persistent, ctas_per_sm=ctas, stream_k=sk)
                 if WT.why_not(t, problem) is None:
                     out.append(t)
     return out
@@ -144,8 +143,8 @@ def test_persistent_ctas_take_many_tiles(n):
     tiles: exact, in every output dtype, and bit-identical to one tile per CTA. 16-bit outputs
     leave by TMA tensor stores when N % 8 == 0 (N = 1064: the last tile's second warpgroup lies
     wholly past N); an odd N takes the staged stores, with single outputs at the row ends. With
-    stream-K the last waves' tiles are shared out by K steps (owners adding up to three partials);
-    with two K groups their sums meet in shared memory at every tile's end."""
+    stream-K the last waves' tiles are shared out by K steps (owners adding up to three partials).
+    (Two K groups read "sm90" weights: tests/test_gpu_mm_sm90_layout.py.)"""
     fmt, k = F.NVFP4, 704
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for bm in WT.BLOCK_MS:
@@ -154,17 +153,15 @@ def test_persistent_ctas_take_many_tiles(n):
         want = (ahat.double() @ what.double().T).float()
         for out_dtype in (torch.float32, torch.bfloat16, torch.float16):
             got = {}
-            for persistent, ctas, sk, kg in ((True, 1, False, 1), (False, 1, False, 1), (True, 2, False, 1),
-                                             (True, 1, True, 1), (True, 2, True, 1), (True, 1, False, 2),
-                                             (True, 1, True, 2)):
-                if (ctas == 2 and bm > WT.TWO_CTA_MAX_BLOCK_M) or (kg == 2 and bm > WT.K_GROUPS_MAX_BLOCK_M):
+            for persistent, ctas, sk in ((True, 1, False), (False, 1, False), (True, 2, False), (True, 1, True),
+                                         (True, 2, True)):
+                if ctas == 2 and bm > WT.TWO_CTA_MAX_BLOCK_M:
                     continue
-                stages = 4 if kg == 1 else WT.K_GROUPS_MIN_STAGES
-                with t4.use_tactic(WT.WgmmaMmTactic(bm, stages, 1, persistent, ctas, stream_k=sk, k_groups=kg)):
-                    got[persistent, ctas, sk, kg] = _call(args, fmt, out_dtype)
-            assert torch.equal(got[True, 1, False, 1], want.to(out_dtype)), (bm, out_dtype)
+                with t4.use_tactic(WT.WgmmaMmTactic(bm, 4, 1, persistent, ctas, stream_k=sk)):
+                    got[persistent, ctas, sk] = _call(args, fmt, out_dtype)
+            assert torch.equal(got[True, 1, False], want.to(out_dtype)), (bm, out_dtype)
             for key, value in got.items():
-                assert torch.equal(value, got[True, 1, False, 1]), (bm, out_dtype, key)
+                assert torch.equal(value, got[True, 1, False]), (bm, out_dtype, key)
 
 
 def test_stream_k_under_cuda_graph_replay():

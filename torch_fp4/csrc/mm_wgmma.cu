@@ -54,7 +54,7 @@
 // expert's rows, expert after expert; "sm90" tiles and scale blocks are offset per expert) and
 // alpha[e]; blocks past the used rows (-1, all after the used ones) end a persistent CTA's tile
 // list, or a one-tile CTA (every split of its cluster alike) before any work.
-// Two K groups (Config::kKG = 2; block_m <= 128, one CTA per SM): four MMA warpgroups, two per 64
+// Two K groups (Config::kKG = 2; "sm90" weights, block_m <= 64, one CTA per SM): four MMA warpgroups, two per 64
 // weight rows; K group 0 takes the CTA's even stages and K group 1 its odd ones (each reading its
 // next stage's operands during this one's steps), into accumulators of their own; at a tile's end
 // K group 1 hands its sums to K group 0 through a small exchange area (acc0 + acc1, rounded once
@@ -122,9 +122,6 @@ struct Config {
   // K group 1 its odd ones, into accumulators of their own that meet in shared memory at the
   // tile's end: twice the MMA warps per SM on the same tile and stage ring.
   static constexpr int kKG = kKG_;
-  // A registers of k16 steps in flight per MMA warpgroup: four (three wgmmas run on while the
-  // next step decodes), or two for two K groups at block_m 128 (64 accumulators in 104 registers).
-  static constexpr int kFrags = kKG_ == 2 && kBM_ == 128 ? 2 : 4;
   // Registers per thread after setmaxnreg: one CTA per SM gives its MMA threads 232 (the launch
   // leaves 168 each); two CTAs leave 80 each, so the MMA threads get (80 * 384 - 40 * 128) / 256;
   // two K groups (640 threads) leave 96 each: (96 * 640 - 40 * 128) / 512 = 110, rounded to 8.
@@ -135,8 +132,9 @@ struct Config {
   static constexpr int kMma = kEpi * kKG_;         // MMA threads
   static constexpr int kThreads = 128 + kMma;      // producer warpgroup + MMA warpgroups
   static constexpr int kXchg = xchg_bytes(kWG, kKG_);
-  static_assert(kKG_ == 1 || (kKG_ == 2 && kCtas_ == 1 && kBM_ <= 128),
-                "two K groups: one CTA per SM, block_m <= 128 (104 registers per MMA thread)");
+  static_assert(kKG_ == 1 || (kKG_ == 2 && kCtas_ == 1 && kBM_ <= 64 && kPacked_),
+                "two K groups: one CTA per SM, block_m <= 64, \"sm90\" weights (104 registers per MMA "
+                "thread; row-major weights' stage operands would spill)");
   static constexpr int kPitch = kRows + 4;         // fp32 words per row of the epilogue tile
   static constexpr int kW = w_stage_bytes(kWG);
   static constexpr int kStage = stage_bytes(kBM, kWG);
@@ -570,7 +568,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   const bool has_alpha = p.alpha != nullptr;
   float acc[Cfg::kAcc];
   const uint32_t pipe_addr = smem_u32(pipe);
-  uint32_t frag[Cfg::kFrags][4];  // the A registers of the k16 steps in flight
+  uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
   StageOperands ops;
   const uint32_t full_addr = small_m::opaque(smem_u32(full)), empty_addr = small_m::opaque(smem_u32(empty));
   WorkList list(sc, cta);
@@ -626,15 +624,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
         mbar_wait(full_addr + 8 * (last ? ss : ns), last ? sp : np);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          uint32_t (&a)[4] = frag[j % Cfg::kFrags];
-          decode_step<Cfg>(a, ops, j, slot.sel);  // its last reader (kFrags steps back) is done
+          decode_step<Cfg>(frag[j], ops, j, slot.sel);  // frag[j]'s last reader (4 steps back) is done
           wgmma_fence();
-          WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, a, desc + 2 * j);
+          WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, frag[j], desc + 2 * j);
           wgmma_commit();
           if (j == 1) load_half<Cfg, 0>(ops, nst, lut_addr, nkt, p.k, slot);
           if (j == 3) load_half<Cfg, 1>(ops, nst, lut_addr, nkt, p.k, slot);
-          wgmma_wait<Cfg::kFrags - 1>();
-          if (j == Cfg::kFrags - 2) {  // only this stage's steps in flight: the previous one is done
+          wgmma_wait<3>();
+          if (j == 2) {  // only this stage's steps in flight: the previous one is done
             __syncwarp();
             release_stage(empty_addr + 8 * prev, prev >= 0 && lane == 0);
           }
@@ -885,10 +882,10 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 template <bool kFp16, bool kMx, bool kPacked>
 bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (a.k_groups == 2) {
-    switch (a.block_m) {
+    if constexpr (!kPacked) return false;
+    else switch (a.block_m) {
       case 32: return launch_cfg<Config<32, kFp16, kMx, kPacked, 1, 2>>(a, stream, pdl);
       case 64: return launch_cfg<Config<64, kFp16, kMx, kPacked, 1, 2>>(a, stream, pdl);
-      case 128: return launch_cfg<Config<128, kFp16, kMx, kPacked, 1, 2>>(a, stream, pdl);
       default: return false;
     }
   }
@@ -939,7 +936,7 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
   // Two K groups: a group waits for its next stage (two ahead) before it releases its previous one,
   // which needs six stages for the producer to get ahead of both groups.
   if (args.k_groups != 1 &&
-      (args.k_groups != 2 || args.ctas_per_sm != 1 || args.block_m > 128 || args.stages < 6))
+      (args.k_groups != 2 || !args.packed || args.ctas_per_sm != 1 || args.block_m > 64 || args.stages < 6))
     return false;
   if (args.k % 32 != 0) return false;
   if (args.block_expert != nullptr) {  // grouped: whole blocks of rows, experts' rows in 32-bit TMA coordinates

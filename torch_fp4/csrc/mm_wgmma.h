@@ -24,7 +24,8 @@ struct WgmmaMmArgs : MmOperands {
   bool persistent;
   int ctas_per_sm;  // 1, or 2 with block_m <= 64 (96 registers per MMA thread)
   bool stream_k;
-  int k_groups;     // 1, or 2 (ctas_per_sm 1, block_m <= 128): two MMA warpgroups per 64 weight rows
+  int k_groups;     // 1, or 2 ("sm90" weights, ctas_per_sm 1, block_m <= 64, stages >= 6): two MMA
+                    // warpgroups per 64 weight rows
   void* workspace;  // wgmma_mm_workspace_bytes(args) bytes of global memory, 16-byte aligned
 };
 

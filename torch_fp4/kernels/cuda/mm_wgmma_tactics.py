@@ -13,7 +13,7 @@ added in rank order through distributed shared memory (deterministic), and persi
 only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
 the next tile loads while this one is stored through a small per-warpgroup staging area (no
 whole-tile epilogue over the stages; 16-bit outputs with N % 8 == 0 leave it by TMA tensor stores
-that overlap the next chunk and tile), and k_groups (2 at block_m <= 128, one CTA per SM: two MMA
+that overlap the next chunk and tile), and k_groups (2 for "sm90" weights at block_m <= 64, one CTA per SM: two MMA
 warpgroups per 64 weight rows, K group 0 taking the first two of every stage's four k16 steps and
 K group 1 the last two, into accumulators of their own that meet in shared memory at the tile's
 end; 104 registers per MMA thread; twice the MMA warps on the same tile and stages). (Four MMA
@@ -38,7 +38,7 @@ BLOCK_K = 64                  # K elements per stage
 MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
 TWO_CTA_MAX_BLOCK_M = 64      # 96 registers per MMA thread hold block_m <= 64 accumulators
-K_GROUPS_MAX_BLOCK_M = 128    # 104 registers per MMA thread (two K groups) hold block_m <= 128
+K_GROUPS_MAX_BLOCK_M = 64     # 104 registers per MMA thread (two K groups) hold block_m <= 64 unspilled
 K_GROUPS_MIN_STAGES = 6       # a K group waits for its next stage (two ahead) before releasing its last
 XCHG_BYTES = 2 * 16 * 128 * 4  # two K groups' exchange area: per 64-row group 16 fp32 x 128 threads
 
@@ -159,6 +159,9 @@ def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
         return f"persistent=True needs split_k=1 (split-K CTAs take one tile each), got split_k={t.split_k}"
     if t.stream_k and not t.persistent:
         return "stream_k=True needs persistent=True (it shares out a persistent launch's K steps)"
+    if t.k_groups == 2 and p.weight_layout is not F.WeightLayout.SM90:
+        return ("k_groups=2 reads 'sm90' weights only (row-major weights' stage operands spill from the 104 "
+                "registers of its MMA threads)")
 
     steps = _steps(p.k)
     if empty_k_slice(t.split_k, steps):
@@ -180,10 +183,11 @@ def default(p: MmProblem) -> Tactic:
     per SM at block_m <= 64 once the tiles outnumber the SMs (H100, N = 28672, K = 8192, sm90
     weights: M = 32 79.2 -> 68.1 us, M = 64 86.5 -> 77.1 us; with fewer tiles the split-K
     launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2);
-    stream-K where stream_k_pays; two K groups for the split-K launches at block_m <= 64 (H200,
+    stream-K where stream_k_pays; two K groups for the split-K launches at block_m <= 64 on "sm90"
+    weights (H200,
     sm90 weights, against one K group in the same rounds: N x K = 8192 x 28672 M = 32 65.7 ->
-    61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128 the
-    accumulators spill: 97.6 -> 105.7 us)."""
+    61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128, not
+    compiled, the accumulators spilled: 97.6 -> 105.7 us)."""
     m, n, k = p.m, p.n, p.k
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
     tiles = -(-m // bm) * -(-n // ROWS)
@@ -191,7 +195,7 @@ def default(p: MmProblem) -> Tactic:
     split = _split_for(tiles, k, sms)
     persistent = split == 1
     ctas = 2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1
-    kg = 2 if bm <= TWO_CTA_MAX_BLOCK_M and not persistent else 1
+    kg = 2 if p.weight_layout is F.WeightLayout.SM90 and bm <= K_GROUPS_MAX_BLOCK_M and not persistent else 1
     stages = max_stages(bm, smem_limit(p, ctas), persistent, kg)
     sk = persistent and stream_k_pays(tiles, ctas * sms, -(-n // ROWS), bm, k)
     return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk, kg)
@@ -235,7 +239,7 @@ def candidates(p: MmProblem) -> list[Tactic]:
                 out.append(WgmmaMmTactic(bm, stages, split))
         for sk in (False, True):
             out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), True), 1, True, stream_k=sk))
-        if bm <= K_GROUPS_MAX_BLOCK_M:
+        if bm <= K_GROUPS_MAX_BLOCK_M and p.weight_layout is F.WeightLayout.SM90:
             for split in sorted({1, base}):
                 persistent = split == 1
                 out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), persistent, 2), split, persistent,
