@@ -98,7 +98,8 @@ def progress(total: int, desc: str = ""):
 def accuracy(out: torch.Tensor, ref: torch.Tensor) -> tuple[float, float, float]:
     """(cosine, KL(ref || out), top-1 agreement) of logits [..., V], averaged over positions."""
     o, r = out.float().flatten(0, -2), ref.float().flatten(0, -2)
-    cos = Fn.cosine_similarity(o, r, dim=-1).mean().item()
+    # In fp64 and clamped: a cosine is at most 1, which fp32 rounding can overshoot by an ulp.
+    cos = Fn.cosine_similarity(o.double(), r.double(), dim=-1).clamp(-1.0, 1.0).mean().item()
     log_p, log_q = r.log_softmax(-1), o.log_softmax(-1)
     kl = (log_p.exp() * (log_p - log_q)).sum(-1).mean().item()
     top1 = (o.argmax(-1) == r.argmax(-1)).float().mean().item()
