@@ -6,11 +6,13 @@ Compiled (one interpreter per architecture, CUTE_DSL_ARCH), a representative sub
 the file near 30 s (about 2-4 s per kernel):
 - sm_100a: FC2 128x128x256 (cluster 1x1), FC2 128x256x256 (2x1), FC1 SwiGLU 128x256x256 (1x1
   and 2x1);
-- sm_103a: FC2 128x128x768 (1x1), FC2 128x256x768 (2x1), FC1 SwiGLU 128x256x768 (1x1).
+- sm_103a: FC2 128x128x768 (1x1), FC2 128x256x768 (2x1), FC1 SwiGLU 128x256x768 (1x1);
+- MXFP4 operands (MXFP4 experts with MXFP4 activations: e8m0 scales per 32, `.block32`): FC1
+  SwiGLU 128x256x256 and FC2 128x128x256 on sm_100a, FC1 SwiGLU 128x256x768 on sm_103a.
 Not compiled here: the remaining cluster variants of the same tile shapes (the cluster changes
 the multicast masks only; tests/test_cute_mm_compile.py covers those on the dense kernel).
 Checked, as the dense mm test: PTX `.target`, `tcgen05.mma.cta_group::1.kind::mxf4nvf4
-.block_scale.block16`, SASS `UTCOMMA` with tensor-memory accumulator and scale-factor operands
+.block_scale.block16` (MXFP4: `.block32`), SASS `UTCOMMA` with tensor-memory accumulator and scale-factor operands
 and `UTCCP`. FC1 also: the gate/up B box is a 5-D TMA (row, gate/up half, N tile, expert over
 K), silu's exp is libdevice expf (`ex2.approx.ftz.f32`, SASS `MUFU.EX2`), its division is
 `div.rn.f32` with no approximate division or reciprocal (`div.full`, `div.approx`,
@@ -45,12 +47,12 @@ from torch_fp4.kernels.cute import moe_tactics as T
 from torch_fp4.tactics import tactic_from_json
 arch = sys.argv[1]
 out = []
-for t, swiglu in json.loads(sys.argv[3]):
+for t, swiglu, nvfp4 in json.loads(sys.argv[3]):
     tactic = tactic_from_json(t)
-    fn = M.compile_only(M.MoeKey(tactic, swiglu, 128 * tactic.cluster_m, arch))
+    fn = M.compile_only(M.MoeKey(tactic, swiglu, 128 * tactic.cluster_m, arch, nvfp4))
     ptx, cubin = fn.__ptx__, fn.__cubin__
     sass = disassemble(cubin) if have_disassembler() else ""
-    out.append({"tactic": tactic.label(), "swiglu": swiglu,
+    out.append({"tactic": tactic.label(), "swiglu": swiglu, "nvfp4": nvfp4,
                 "target": re.search(r"\.target\s+(\S+)", ptx).group(1),
                 "ptx_mma": sorted(set(re.findall(r"tcgen05\.mma[\w.:]*", ptx))),
                 "tma": sorted(set(re.findall(r"cp\.async\.bulk\.tensor\.(\dd)", ptx))),
@@ -85,10 +87,11 @@ _TCGEN05_SASS = re.compile(r"UTCOMMA(\.4X|\.BLOCK16)?\s+gdesc\[\w+\], gdesc\[\w+
                            r"tmem\[\w+\], tmem\[\w+\], idesc\[\w+\], tmem\[\w+\]")
 
 S = T.Sm100MoeTactic
-COMPILED = {
-    "sm_100a": [(S(128, 256, 1), False), (S(256, 256, 2), False), (S(256, 256, 1), True),
-                (S(256, 256, 2), True)],
-    "sm_103a": [(S(128, 768, 1), False), (S(256, 768, 2), False), (S(256, 768, 1), True)],
+COMPILED = {   # (tactic, FC1 with SwiGLU, NVFP4 operands; else MXFP4, kind::mxf4nvf4 .block32)
+    "sm_100a": [(S(128, 256, 1), False, True), (S(256, 256, 2), False, True), (S(256, 256, 1), True, True),
+                (S(256, 256, 2), True, True), (S(256, 256, 1), True, False), (S(128, 256, 1), False, False)],
+    "sm_103a": [(S(128, 768, 1), False, True), (S(256, 768, 2), False, True), (S(256, 768, 1), True, True),
+                (S(256, 768, 1), True, False)],
 }
 
 
@@ -97,7 +100,7 @@ COMPILED = {
 def test_moe_kernels_compile_with_block_scaled_mma(arch, tmp_path):
     env = dict(os.environ, CUTE_DSL_ARCH=arch, CUTE_DSL_DUMP_DIR=str(tmp_path),
                PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    keys = [(t.to_json(), swiglu) for t, swiglu in COMPILED[arch]]
+    keys = [(t.to_json(), swiglu, nvfp4) for t, swiglu, nvfp4 in COMPILED[arch]]
     script = tmp_path / "compile_moe.py"     # a file: CuTe DSL reads the source of sf_view
     script.write_text(_SCRIPT)
     proc = subprocess.run([sys.executable, str(script), arch, str(ROOT / "tests"),
@@ -111,7 +114,8 @@ def test_moe_kernels_compile_with_block_scaled_mma(arch, tmp_path):
     for r in results:
         assert r["target"] == arch, r
         ptx = " ".join(r["ptx_mma"])
-        assert "tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale.block16" in ptx, r
+        block = ".block16" if r["nvfp4"] else ".block32"   # e4m3 / 16 or e8m0 / 32 scales
+        assert "tcgen05.mma.cta_group::1.kind::mxf4nvf4.block_scale" + block in ptx, r
         ops = r["ptx_ops"]
         if r["swiglu"]:
             assert "5d" in r["tma"], r      # the gate/up B box spans two gmem dimensions

@@ -44,13 +44,15 @@ BF16 = torch.bfloat16
 # ---------------------------------------------------------------------------------------------
 # The grouped GEMM's contract, in PyTorch
 # ---------------------------------------------------------------------------------------------
-def emulated_grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=128):
+def emulated_grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=128, mx=False):
     from torch_fp4.reference.moe import silu_mul
     from torch_fp4.reference.quantize import dequantize_fp32
     lay = F.SfLayout.LAYOUT_128x4
+    fmt = F.MXFP4 if mx else F.NVFP4
     rows, experts = a.shape[0], w.shape[0]
     assert block_m % 128 == 0 and rows == block_expert.numel() * block_m
-    assert a_scale.shape[0] == rows and a_scale.dtype == torch.float8_e4m3fn
+    sf = torch.float8_e8m0fnu if mx else torch.float8_e4m3fn
+    assert a_scale.shape[0] == rows and a_scale.dtype == sf and F.as_uint8(w_scale).shape[0] == experts
     assert alpha.dtype == torch.float32 and tuple(alpha.shape) == (experts,)
     assert block_expert.dtype == torch.int32
     n_out = w.shape[1] // 2 if swiglu else w.shape[1]
@@ -61,8 +63,8 @@ def emulated_grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, b
         assert e < experts
         r = slice(b * block_m, (b + 1) * block_m)
         # a block of 128 (256) rows is one (two) 128x4 scale tiles: the rows [r] of a_scale are its bytes
-        a_hat = dequantize_fp32(a[r], a_scale[r], None, F.NVFP4, lay)
-        w_hat = dequantize_fp32(w[e], w_scale[e], None, F.NVFP4, lay)
+        a_hat = dequantize_fp32(a[r], a_scale[r], None, fmt, lay)
+        w_hat = dequantize_fp32(w[e], w_scale[e], None, fmt, lay)
         h = ((a_hat.double() @ w_hat.double().T).float() * alpha[e]).to(BF16)
         out[r] = silu_mul(h) if swiglu else h
     return out
@@ -90,7 +92,7 @@ class Harness:
         self.blocks = b
         return b
 
-    def gemm(self, a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=None):
+    def gemm(self, a, a_scale, w, w_scale, alpha, block_expert, swiglu, tactic=None, mx=False):
         from torch_fp4.kernels.cute import moe_tactics as MT
         assert block_expert is self.blocks.block_expert
         if tactic is not None:   # the launcher's tactic: its rows per block group the pairs
@@ -104,7 +106,7 @@ class Harness:
                 assert reason is None, reason
         self.calls.append("fc1" if swiglu else "fc2")
         out = emulated_grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu,
-                                    128 if tactic is None else tactic.block_m)
+                                    128 if tactic is None else tactic.block_m, mx)
         out[~_holds_pair(self.blocks)] = float("nan")   # padding rows: undefined
         return out
 
@@ -189,6 +191,29 @@ def check_wiring_interpreted():
     empty = torch.empty(0, moe.h, dtype=BF16)
     assert MF.fused_moe(empty, *moe.weights(), torch.empty(0, 2, dtype=torch.int32),
                         torch.empty(0, 2), a2_one, a2_one, 0, BF16).shape == (0, moe.h)
+    # MXFP4 experts with MXFP4 activations (kind::mxf4; no global scales, alphas 1): T = 40, k = 3,
+    # and expert parallelism, against the reference's W4A4 with MXFP4 activations
+    from torch_fp4 import testing as T
+    g = T.gpt_oss_moe_problem(tokens=40, hidden=96, inter=128, experts=6, top_k=3)
+    mxw = (g["w1"], g["w1_scale"], None, g["w2"], g["w2_scale"], None)
+    tail = (F.MXFP4, None, None, "swiglu", 1.702, 7.0, True)
+    for lo, weights in ((0, mxw), (2, tuple(t[2:5] if t is not None else None for t in mxw))):
+        harness.calls.clear()
+        got = MF.fused_moe(g["x"], *weights, g["topk_ids"], g["topk_weights"], None, None, lo, BF16, lo == 0, *tail)
+        want = reference.fused_moe(g["x"], *weights, g["topk_ids"], g["topk_weights"], None, None, lo, BF16,
+                                   lo == 0, *tail)
+        assert harness.calls == ["fc1", "fc2"], harness.calls
+        d = (got.float() - want.float()).abs()
+        assert torch.equal(got, want), f"MXFP4 lo={lo}: {int((d > 0).sum())} of {d.numel()} differ"
+        w4a16 = reference.fused_moe(g["x"], *weights, g["topk_ids"], g["topk_weights"], None, None, lo, BF16,
+                                    lo == 0, *tail[:-1], False)
+        assert not torch.equal(want, w4a16), "MXFP4 activations must change the result"
+    try:
+        MF.fused_moe(g["x"], *mxw, g["topk_ids"], g["topk_weights"], None, None, 0, BF16, True,
+                     F.MXFP4, g["w1_bias"], None, "swiglu", 1.702, 7.0, True)
+        raise AssertionError("biases must be refused")
+    except ValueError as exc:
+        assert "without biases" in str(exc)
 
 
 def test_wiring_under_interpreter():
@@ -256,14 +281,16 @@ def test_launcher_calls_grouped_gemm_with_its_signature(monkeypatch):
         return "out"
     monkeypatch.setattr(MB, "grouped_gemm", record)
     assert MF._grouped_gemm(1, 2, 3, 4, 5, 6, True) == "out"
-    assert seen == {"args": (1, 2, 3, 4, 5, 6, True), "kwargs": {"block_m": 128}}
+    assert seen == {"args": (1, 2, 3, 4, 5, 6, True), "kwargs": {"block_m": 128, "mx": False}}
+    MF._grouped_gemm(1, 2, 3, 4, 5, 6, True, mx=True)
+    assert seen["kwargs"] == {"block_m": 128, "mx": True}
     from torch_fp4.kernels.cute.moe_tactics import CuteMoeTactic, Sm100MoeTactic
     t = CuteMoeTactic(256, 256, 256, 2)
     for swiglu, gemm in ((True, Sm100MoeTactic(256, 256, 2)), (False, Sm100MoeTactic(256, 256, 2))):
         MF._grouped_gemm(1, 2, 3, 4, 5, 6, swiglu, tactic=t)
-        assert seen["kwargs"] == {"block_m": 256, "tactic": gemm}
+        assert seen["kwargs"] == {"block_m": 256, "tactic": gemm, "mx": False}
     MF._grouped_gemm(1, 2, 3, 4, 5, 6, False, tactic=CuteMoeTactic(256, 128, 256, 1))
-    assert seen["kwargs"] == {"block_m": 128, "tactic": Sm100MoeTactic(128, 256, 1)}
+    assert seen["kwargs"] == {"block_m": 128, "tactic": Sm100MoeTactic(128, 256, 1), "mx": False}
 
 
 @pytest.mark.parametrize("arch", [100, 103])
@@ -328,12 +355,20 @@ def test_requirement_on_cpu():
     kw = T.moe_problem(tokens=3, hidden=64, inter=128, experts=2, top_k=1)
     assert _reason(kw) == "needs CUDA tensors (got cpu)"
     w4a16 = dict(kw, a1_global_scale=None, a2_global_scale=None)
-    assert _reason(w4a16).startswith("cute-dsl fused_moe needs W4A4 (a1_global_scale)")
+    assert _reason(w4a16).startswith("cute-dsl fused_moe needs W4A4 (a1_global_scale, or activations='fp4' with MXFP4")
     with pytest.raises(ValueError, match="fused_moe: backend: 'cute-dsl' cannot run here: "
                                          "needs CUDA tensors"):
         torch_fp4.fused_moe(**kw, backend="cute-dsl")
     # opt-in only: "auto" never considers it
     assert Backend.CUTE_DSL not in supported_backends("fused_moe", **kw)
+    # MXFP4 experts: W4A4 with MXFP4 activations and no biases reaches the device check; biases,
+    # the clamped SwiGLU or W4A16 are refused, named
+    g = T.gpt_oss_moe_problem(tokens=3, hidden=64, inter=128, experts=2, top_k=1)
+    plain = dict(g, w1_bias=None, w2_bias=None, activation="swiglu")
+    assert _reason(dict(plain, activations="fp4")) == "needs CUDA tensors (got cpu)"
+    assert "MXFP4 experts, expert biases, the clamped SwiGLU" in _reason(dict(g, activations="fp4"))
+    assert "the clamped SwiGLU" in _reason(dict(plain, activation="clamped_swiglu", activations="fp4"))
+    assert _reason(plain).startswith("cute-dsl fused_moe needs W4A4")
 
 
 @pytest.fixture

@@ -205,9 +205,9 @@ class MoeProblem(Problem):
     @functools.cached_property
     def gpt_oss_features(self) -> Optional[str]:
         """gpt-oss's features of this problem (MXFP4 experts, expert biases, the clamped SwiGLU),
-        named, or None: the cute-dsl fused_moe kernels do not run them (the reference, triton and
-        cuda ones do; W4A4 with them: the reference and cuda's grouped Hopper GEMMs, and triton with
-        MXFP4 experts)."""
+        named, or None: the reference, triton and cuda fused_moe kernels run them (W4A4 with them:
+        the reference and cuda's grouped Hopper GEMMs, and triton with MXFP4 experts); the cute-dsl
+        ones only MXFP4 experts alone, in W4A4."""
         wanted = [what for what, on in (("MXFP4 experts", self.fmt is not F.NVFP4), ("expert biases", self.bias),
                                         ("the clamped SwiGLU", self.activation != "swiglu")) if on]
         return ", ".join(wanted) if wanted else None

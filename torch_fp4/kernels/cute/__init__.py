@@ -74,8 +74,8 @@ def _mm_requirement(p: MmProblem) -> Optional[str]:
 
 def _moe_requirement(p: MoeProblem) -> Optional[str]:
     if not p.w4a4:
-        return ("cute-dsl fused_moe needs W4A4 (a1_global_scale); W4A16 is served by the "
-                "triton backend")
+        return ("cute-dsl fused_moe needs W4A4 (a1_global_scale, or activations='fp4' with MXFP4 experts); "
+                "W4A16 is served by the triton backend")
     if not p.is_cuda:
         return f"needs CUDA tensors (got {p.device})"
     cap = p.capability
@@ -94,7 +94,9 @@ def requirement(op: str, p: Problem) -> Optional[str]:
     if op == "mm_fp4":
         return _mm_requirement(p)
     if op == "fused_moe":
-        if p.gpt_oss_features is not None:
+        # MXFP4 experts alone run in W4A4 (MXFP4 activations, kind::mxf4); biases and the clamped
+        # SwiGLU need epilogues the grouped GEMMs do not have
+        if p.gpt_oss_features not in (None, "MXFP4 experts"):
             return f"the cute-dsl fused_moe kernels do not run {p.gpt_oss_features} yet (the reference backend does)"
         return _moe_requirement(p)
     # The kernels use sm_90 instructions (max.u16x2, e4m3 conversions, TMA).

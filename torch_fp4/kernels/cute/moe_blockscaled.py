@@ -1,4 +1,6 @@
-"""Grouped NVFP4 x NVFP4 (W4A4) block-scaled GEMMs of the fused MoE on tcgen05, in CuTe DSL.
+"""Grouped NVFP4 x NVFP4 (W4A4) block-scaled GEMMs of the fused MoE on tcgen05, in CuTe DSL, and
+their MXFP4 x MXFP4 twins (MoeKey.nvfp4 False: e8m0 scales per 32 elements, `.block32`; MXFP4
+experts with MXFP4 activations).
 
 Status: compiled and SASS-checked in CI for sm_100a and sm_103a (tests/test_cute_moe_compile.py),
 never run (compiled, not run): no Blackwell GPU was available. Treat every result as unverified
@@ -99,9 +101,9 @@ def gate_up_sf_layout(inter, k, experts, sf_vec: int) -> cute.Layout:
 class GroupedBlockScaledGemmSm100(BlockScaledGemmSm100):
     """Grouped MoE GEMM (FC1 with SwiGLU, or FC2): one instance per (tactic, swiglu, block_m)."""
 
-    def __init__(self, tactic: Sm100MoeTactic, swiglu: bool, block_m: int):
+    def __init__(self, tactic: Sm100MoeTactic, swiglu: bool, block_m: int, nvfp4: bool = True):
         dense = Sm100MmTactic(TILE_M, tactic.tile_n, tactic.tile_k, tactic.cluster_m, 1)
-        super().__init__(dense, nvfp4=True, out="bf16", has_alpha=True)
+        super().__init__(dense, nvfp4=nvfp4, out="bf16", has_alpha=True)
         self.swiglu = swiglu
         self.blocks_per_id = block_m // TILE_M
 
@@ -189,13 +191,14 @@ class MoeKey:
     swiglu: bool      # FC1 (SwiGLU epilogue) or FC2 (plain)
     block_m: int      # rows per block_expert entry (128, or 256 for cluster_m = 2)
     arch: str         # "sm_100a" / "sm_103a"
+    nvfp4: bool = True  # NVFP4 operands (e4m3 / 16, kind::mxf4nvf4), else MXFP4 (e8m0 / 32, kind::mxf4)
 
     def build(self):
-        return GroupedBlockScaledGemmSm100(self.tactic, self.swiglu, self.block_m)
+        return GroupedBlockScaledGemmSm100(self.tactic, self.swiglu, self.block_m, self.nvfp4)
 
 
-def _args(a, sfa, w, sfw, out, alpha, ids, rows, n_out, k, experts, stream):
-    f4, sf = cutlass.Float4E2M1FN, cutlass.Float8E4M3FN
+def _args(a, sfa, w, sfw, out, alpha, ids, rows, n_out, k, experts, stream, nvfp4=True):
+    f4, sf = cutlass.Float4E2M1FN, (cutlass.Float8E4M3FN if nvfp4 else cutlass.Float8E8M0FNU)
     return (_ptr(f4, a), _ptr(f4, w), _ptr(sf, sfa), _ptr(sf, sfw), _ptr(cutlass.BFloat16, out),
             _ptr(cutlass.Float32, alpha, 4), _ptr(cutlass.Int32, ids, 4), Int32(rows),
             Int32(n_out), Int32(k), Int32(experts), stream)
@@ -204,16 +207,17 @@ def _args(a, sfa, w, sfw, out, alpha, ids, rows, n_out, k, experts, stream):
 def compile_only(key: MoeKey):
     """Compile `key` with placeholder pointers (no GPU; target = CUTE_DSL_ARCH) and return the
     compiled function with its __ptx__ and __cubin__."""
-    args = _args(None, None, None, None, None, None, None, 512, 256, 512, 8, make_fake_stream())
+    args = _args(None, None, None, None, None, None, None, 512, 256, 512, 8, make_fake_stream(), key.nvfp4)
     return cute.compile(key.build(), *args, options="--keep-ptx --keep-cubin")
 
 
 def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scale: torch.Tensor,
                  alpha: torch.Tensor, block_expert: torch.Tensor, swiglu: bool,
-                 block_m: int = 128, tactic: Optional[Sm100MoeTactic] = None) -> torch.Tensor:
+                 block_m: int = 128, tactic: Optional[Sm100MoeTactic] = None, mx: bool = False) -> torch.Tensor:
     """Grouped W4A4 GEMM over expert-grouped rows (compiled, not run).
 
-    a: NVFP4 [rows, K/2] (uint8 or float4 packed), rows = block_expert.numel() * block_m, with
+    a: NVFP4 [rows, K/2] (MXFP4 with mx: both operands, e8m0 scales per 32 elements, kind::mxf4;
+    uint8 or float4 packed), rows = block_expert.numel() * block_m, with
     128x4 scales a_scale [rows, Kp]; w: [E, N, K/2] with scales w_scale [E, Np, Kp] (128x4 per
     expert); alpha: fp32 [E]; block_expert: int32 [rows / block_m], -1 for unused blocks.
     swiglu=True (FC1, w = w1 with [gate; up] rows, N = 2I): returns bf16 [rows, I] =
@@ -229,11 +233,11 @@ def grouped_gemm(a: torch.Tensor, a_scale: torch.Tensor, w: torch.Tensor, w_scal
     experts, n_w = w.shape[0], w.shape[1]
     n_out = n_w // 2 if swiglu else n_w
     out = torch.empty((rows, n_out), dtype=torch.bfloat16, device=a.device)
-    key = MoeKey(tactic, swiglu, block_m, _arch(a.device))
+    key = MoeKey(tactic, swiglu, block_m, _arch(a.device), not mx)
     stream = cuda.CUstream(torch.cuda.current_stream(a.device).cuda_stream)
     call = _args(_aligned(F.as_uint8(a)), _aligned(F.as_uint8(a_scale)), _aligned(F.as_uint8(w)),
                  _aligned(F.as_uint8(w_scale)), out, _aligned(alpha.float().reshape(-1)),
-                 _aligned(block_expert.int()), rows, n_out, k, experts, stream)
+                 _aligned(block_expert.int()), rows, n_out, k, experts, stream, not mx)
     fn = compile_mm(key, *call)
     with torch.cuda.device(a.device):
         fn(*call)

@@ -1,4 +1,5 @@
-"""The `cute-dsl` fused_moe backend (opt-in, W4A4 only): the grouped tcgen05 GEMMs of
+"""The `cute-dsl` fused_moe backend (opt-in, W4A4 only: NVFP4, or MXFP4 experts with MXFP4
+activations): the grouped tcgen05 GEMMs of
 moe_blockscaled.py in the shared grouped-GEMM MoE launches (kernels/triton/moe_grouped.py: align,
 gather, quantizations, alphas, inverse permutation, finalize), with SwiGLU fused into FC1's GEMM
 and activations quantized by the Triton quantize kernel in the 128x4 layout, whose 128-row scale
@@ -21,6 +22,7 @@ import torch
 from ... import formats as F
 from ...problems import MoeProblem
 from ..triton import moe_grouped
+from ..triton.moe_gemm import GptOss
 from ..triton.moe_align import max_blocks
 from ..triton.moe_numerics import interpreting
 from .moe_tactics import TILE_M, CuteMoeTactic
@@ -29,24 +31,25 @@ BLOCK_M = TILE_M      # rows per block_expert entry: the 1x1-cluster tactics' gr
 MAX_QUANTIZE_BATCH = moe_grouped.MAX_QUANTIZE_BATCH
 
 
-def _nvfp4_quantize(x: torch.Tensor, gs: torch.Tensor, layout: F.SfLayout):
+def _quantize(x: torch.Tensor, gs: Optional[torch.Tensor], layout: F.SfLayout):
+    """NVFP4 with the global scale gs, or MXFP4 when gs is None (MXFP4 activations)."""
     if interpreting():
-        from ...reference.quantize import nvfp4_quantize
+        from ...reference.quantize import mxfp4_quantize, nvfp4_quantize
     else:
-        from ..triton.quantize import nvfp4_quantize
-    return nvfp4_quantize(x, gs, layout)
+        from ..triton.quantize import mxfp4_quantize, nvfp4_quantize
+    return mxfp4_quantize(x, layout) if gs is None else nvfp4_quantize(x, gs, layout)
 
 
 def _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu: bool, *,
-                  tactic: Optional[CuteMoeTactic] = None):
+                  tactic: Optional[CuteMoeTactic] = None, mx: bool = False):
     """moe_blockscaled.grouped_gemm with the GEMM's part of `tactic` (default: the default tiles,
-    no clusters) (imported on first use: it imports cutlass). The CPU tests replace this function
-    by an emulation of the grouped GEMM's contract."""
+    no clusters) (imported on first use: it imports cutlass); mx: MXFP4 operands. The CPU tests
+    replace this function by an emulation of the grouped GEMM's contract."""
     from .moe_blockscaled import grouped_gemm
     if tactic is None:
-        return grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=BLOCK_M)
+        return grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=BLOCK_M, mx=mx)
     return grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=tactic.block_m,
-                        tactic=tactic.fc1() if swiglu else tactic.fc2())
+                        tactic=tactic.fc1() if swiglu else tactic.fc2(), mx=mx)
 
 
 def shape_reason(p: MoeProblem) -> Optional[str]:
@@ -74,19 +77,28 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               w2: torch.Tensor, w2_scale: torch.Tensor, w2_global_scale: torch.Tensor,
               topk_ids: torch.Tensor, topk_weights: torch.Tensor,
               a1_global_scale: Optional[torch.Tensor], a2_global_scale: Optional[torch.Tensor],
-              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False, *,
+              local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
+              fmt: F.Fp4Format = F.NVFP4, w1_bias: Optional[torch.Tensor] = None,
+              w2_bias: Optional[torch.Tensor] = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
+              swiglu_limit: float = 7.0, w4a4: bool = False, *,
               tactic: Optional[CuteMoeTactic] = None, problem: Optional[MoeProblem] = None) -> torch.Tensor:
-    """Launcher with torch_fp4.reference.fused_moe's signature (W4A4 only), plus the dispatch's
-    tactic (moe_tactics.CuteMoeTactic: both GEMMs' tiles and the cluster, whose rows per block
-    the grouping takes; None: the default tiles, no clusters) and problem. Launches only; reads
-    nothing back."""
-    if a1_global_scale is None or a2_global_scale is None:
+    """Launcher with torch_fp4.reference.fused_moe's signature (W4A4 only: NVFP4 experts with
+    a1/a2_global_scale, or MXFP4 experts with MXFP4 activations, `w4a4`, no biases, SwiGLU),
+    plus the dispatch's tactic (moe_tactics.CuteMoeTactic: both GEMMs' tiles and the cluster, whose
+    rows per block the grouping takes; None: the default tiles, no clusters) and problem.
+    Launches only; reads nothing back."""
+    mx = fmt.block_size == 32
+    if mx and not (w4a4 and w1_bias is None and w2_bias is None and activation == "swiglu"):
+        raise ValueError("cute-dsl fused_moe runs MXFP4 experts in W4A4 (MXFP4 activations), without biases, "
+                         "with the SwiGLU")
+    if not mx and (a1_global_scale is None or a2_global_scale is None):
         raise ValueError("cute-dsl fused_moe needs W4A4 (a1_global_scale and a2_global_scale)")
 
-    def gemm(*args):   # looked up per call: the CPU tests replace _grouped_gemm
-        return _grouped_gemm(*args, tactic=tactic)
+    def gemm(*args, mx: bool = False):   # looked up per call: the CPU tests replace _grouped_gemm
+        return _grouped_gemm(*args, tactic=tactic, mx=mx)
     g = moe_grouped.GroupedGemm(gemm=gemm, block_m=BLOCK_M if tactic is None else tactic.block_m,
-                                quantize=_nvfp4_quantize, sf_layout=F.SfLayout.LAYOUT_128x4)
+                                quantize=_quantize, sf_layout=F.SfLayout.LAYOUT_128x4)
+    gpt_oss = GptOss.of(fmt, None, None, activation, swiglu_alpha, swiglu_limit) if mx else None
     return moe_grouped.fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset, out_dtype,
-                                 strict_ids, g)
+                                 strict_ids, g, gpt_oss, F.MXFP4 if mx else None)

@@ -128,8 +128,9 @@ def _default(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=128) -
 def _key(a, a_scale, w, w_scale, alpha, block_expert, swiglu, block_m=128) -> str:
     rows = a.shape[0]
     bucket = 1 << max(0, (rows - 1).bit_length())
+    mx = any(s is not None and s.dtype == torch.float8_e8m0fnu for s in (a_scale, w_scale))
     return (f"rows<={bucket},E={w.shape[0]},N={w.shape[1]},K={2 * a.shape[1]},"
-            f"{'fc1_swiglu' if swiglu else 'fc2'},block_m={block_m}")
+            f"{'fc1_swiglu' if swiglu else 'fc2'},block_m={block_m}{',mxfp4' if mx else ''}")
 
 
 MOE_SPACE = TacticSpace(candidates=_candidates, default=_default, key=_key, why_not=why_not)
@@ -198,7 +199,8 @@ def op_candidates(p: MoeProblem) -> list[CuteMoeTactic]:
 def op_key(p: MoeProblem) -> str:
     pairs = p.tokens * p.top_k
     bucket = 1 << max(0, (pairs - 1).bit_length())
-    return f"pairs<={bucket},E={p.experts},H={p.hidden},I={p.inter},a2_per_expert={p.a2_per_expert}"
+    fmt = "" if p.fmt.block_size == 16 else f",{p.fmt.name}"
+    return f"pairs<={bucket},E={p.experts},H={p.hidden},I={p.inter},a2_per_expert={p.a2_per_expert}{fmt}"
 
 
 MOE_OP_SPACE = TacticSpace(candidates=op_candidates, default=op_default, key=op_key, why_not=op_why_not)

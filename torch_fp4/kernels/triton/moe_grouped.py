@@ -81,7 +81,8 @@ class GroupedGemm:
     with swiglu): a is [rows, k] 16-bit (a_scale None) or NVFP4 [rows, k/2] with its block scales
     in `sf_layout`; rows are blocks of `block_m` rows, block b multiplying expert block_expert[b]
     (-1: an unused block, whose rows may hold anything).
-    quantize(x, gs, sf_layout) -> (data, scale): NVFP4 with a [1] or per-batch-entry global scale.
+    quantize(x, gs, sf_layout) -> (data, scale): NVFP4 with a [1] or per-batch-entry global scale,
+    or MXFP4 with gs None (W4A4 with MXFP4 activations, where the backend has no `exact`).
     exact(x, gs, fmt, src_pairs, top_k) -> bf16 [rows, k] (optional): row m holds the values of
     x[src_pairs[m] // top_k]'s quantization (fmt; NVFP4 with gs) dequantized without gs (exact in
     bf16), gathered and quantized in one launch. Given, W4A4 feeds gemm 16-bit activations
@@ -219,8 +220,8 @@ def add_bias_rows(y: torch.Tensor, bias: torch.Tensor, block_expert: torch.Tenso
 def quantize_intermediate(h: torch.Tensor, a2_gs: torch.Tensor, block_expert: torch.Tensor,
                            g: GroupedGemm):
     """NVFP4 codes and scales of FC1's output [rows, I] with a2 [1] (one launch) or a2 [E] (per
-    block of rows)."""
-    if a2_gs.numel() == 1:
+    block of rows); MXFP4 (a2 None: MXFP4 activations) in one launch."""
+    if a2_gs is None or a2_gs.numel() == 1:
         return g.quantize(h, a2_gs, g.sf_layout)
     rows, inter = h.shape
     per_block = a2_gs.index_select(0, block_expert.clamp(min=0))
@@ -239,8 +240,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     only, nothing read back. gpt_oss: MXFP4 experts (gemm(..., mx=True), alphas 1), FC1 and FC2
     biases (the GEMM's fp32 results, gemm(..., out_dtype=torch.float32), then silu_mul /
     add_bias_rows add them and round), the clamped SwiGLU (silu_mul). act_fmt: W4A4's
-    activation format (default NVFP4 when a1_global_scale is given, else W4A16); MXFP4 needs
-    `g.exact`."""
+    activation format (default NVFP4 when a1_global_scale is given, else W4A16); MXFP4 goes
+    through `g.exact` when the backend has it, else through g.quantize (gs None)."""
     go = gpt_oss or GptOss()
     out = prepare_outputs(meta.fused_moe(x, out_dtype))
     tokens = x.shape[0]
