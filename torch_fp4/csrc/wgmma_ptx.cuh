@@ -1,10 +1,13 @@
-// Hopper (sm_90a) PTX wrappers of the wgmma GEMM (mm_wgmma.cu): shared-memory addresses, mbarriers,
-// TMA and bulk copies, wgmma fences and waits, cluster barriers, the 128-byte-swizzle descriptor.
+// Hopper (sm_90a) PTX wrappers of the wgmma GEMM (mm_wgmma.cu): shared-memory addresses and loads,
+// mbarriers, TMA and bulk copies, wgmma fences and waits, cluster barriers, the 128-byte-swizzle
+// descriptor.
 #pragma once
 
 #include <cstdint>
 
 #include <cuda.h>
+
+#include "small_m_ops.cuh"
 
 namespace torch_fp4 {
 namespace wgmma_mm {
@@ -55,6 +58,21 @@ __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
+}
+
+// Shared-memory loads at shared-memory addresses: 16, 8 and 4 bytes.
+__device__ __forceinline__ small_m::U128 lds128(uint32_t addr) {
+  small_m::U128 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void lds64(uint32_t addr, uint32_t& x, uint32_t& y) {
+  asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x), "=r"(y) : "r"(addr));
+}
+__device__ __forceinline__ uint32_t lds32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+  return v;
 }
 
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }

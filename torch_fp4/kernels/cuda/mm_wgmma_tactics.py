@@ -13,10 +13,10 @@ added in rank order through distributed shared memory (deterministic), and persi
 only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
 the next tile loads while this one is stored through a small per-warpgroup staging area (no
 whole-tile epilogue over the stages; 16-bit outputs with N % 8 == 0 leave it by TMA tensor stores
-that overlap the next chunk and tile), and k_groups (2 for "sm90" weights at block_m <= 64, one CTA per SM: two MMA
-warpgroups per 64 weight rows, K group 0 taking the first two of every stage's four k16 steps and
-K group 1 the last two, into accumulators of their own that meet in shared memory at the tile's
-end; 104 registers per MMA thread; twice the MMA warps on the same tile and stages). (Four MMA
+that overlap the next chunk and tile), and k_groups (2 for "sm90" weights at block_m <= 64, one
+CTA per SM, at least 6 stages: two MMA warpgroups per 64 weight rows, K group 0 taking the CTA's
+even stages and K group 1 its odd ones, into accumulators of their own that meet in shared memory
+at the tile's end; 104 registers per MMA thread; twice the MMA warps on the same tile and stages). (Four MMA
 warpgroups of 256 rows per CTA were slower at every M measured and are not compiled.)
 """
 from __future__ import annotations
@@ -52,7 +52,7 @@ class WgmmaMmTactic(Tactic):
     persistent: bool = False  # one CTA per SM over all tiles (split_k 1)
     ctas_per_sm: int = 1     # 2: two CTAs share an SM (block_m <= 64; half the shared memory each)
     stream_k: bool = False   # persistent only: every CTA slot runs; the last waves' K steps shared out
-    k_groups: int = 1        # 2: two MMA warpgroups per 64 weight rows, each half of every stage's K
+    k_groups: int = 1        # 2: two MMA warpgroups per 64 weight rows, on alternate stages
 
     backend = Backend.CUDA
     family = "cuda_mm_wgmma"
@@ -184,8 +184,7 @@ def default(p: MmProblem) -> Tactic:
     weights: M = 32 79.2 -> 68.1 us, M = 64 86.5 -> 77.1 us; with fewer tiles the split-K
     launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2);
     stream-K where stream_k_pays; two K groups for the split-K launches at block_m <= 64 on "sm90"
-    weights (H200,
-    sm90 weights, against one K group in the same rounds: N x K = 8192 x 28672 M = 32 65.7 ->
+    weights (H200, against one K group in the same rounds: N x K = 8192 x 28672 M = 32 65.7 ->
     61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128, not
     compiled, the accumulators spilled: 97.6 -> 105.7 us)."""
     m, n, k = p.m, p.n, p.k
