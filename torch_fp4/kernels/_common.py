@@ -28,6 +28,24 @@ def use_pdl(device: torch.device) -> bool:
 POISON_OUTPUTS = False
 
 
+try:  # the allocator inductor's generated code calls: no argument parsing (torch >= 2.3)
+    from torch._C._dynamo.guards import _empty_strided_cuda
+except ImportError:  # pragma: no cover
+    _empty_strided_cuda = None
+_current_device = getattr(torch._C, "_cuda_getDevice", None)   # absent from CPU builds
+if _current_device is None:
+    _empty_strided_cuda = None
+
+
+def cuda_empty(shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor) -> torch.Tensor:
+    """An uninitialized contiguous 1-D or 2-D tensor on `like`'s CUDA device: from the caching
+    allocator's direct entry point when `like` is on the current device (about a third of
+    torch.empty's host time), else by torch.empty."""
+    if _empty_strided_cuda is not None and like.get_device() == _current_device():
+        return _empty_strided_cuda(shape, (shape[1], 1) if len(shape) == 2 else (1,), dtype)
+    return torch.empty(shape, dtype=dtype, device=like.device)
+
+
 def prepare_outputs(*tensors: torch.Tensor):
     """Outputs allocated by a launcher (from torch_fp4.meta); poisoned when POISON_OUTPUTS."""
     if POISON_OUTPUTS:

@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 
 from ... import formats as F
-from ... import meta
 from ...problems import MmProblem
 from .. import _common
-from .._common import prepare_outputs, tactic_or_default
+from .._common import cuda_empty, prepare_outputs, tactic_or_default
 from .build import mm_variant
 from .mm_space import MM_SPACE
 from .mm_tactics import CudaMmTactic
@@ -31,14 +30,14 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
            problem: MmProblem | None = None) -> torch.Tensor:
     p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
     t = tactic_or_default(tactic, MM_SPACE, p)
-    out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
     m, n, k = p.m, p.n, p.k
+    out = prepare_outputs(cuda_empty((m, n), out_dtype, a))
     if m == 0 or n == 0:
         return out
     i = a.get_device()
     stream, pdl = raw_stream(i), _common.PDL and p.capability >= (9, 0)   # use_pdl, from the problem
     if a_scale is not None:
-        act = dequantize_into(torch.empty((m, k), dtype=torch.bfloat16, device=a.device), a, a_scale, None, fmt,
+        act = dequantize_into(cuda_empty((m, k), torch.bfloat16, a), a, a_scale, None, fmt,
                               layout)
     else:
         act = a
@@ -59,7 +58,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
             if size < 0:
                 lib.check(-size, "mm_fp4 stream-K workspace size")
             if size > 0:
-                workspace = torch.empty(size, dtype=torch.uint8, device=a.device)
+                workspace = cuda_empty((size,), torch.uint8, a)
         status = lib.mm_wgmma(i, stream, pdl, *ops, *tactic_args,
                               None if workspace is None else workspace.data_ptr())
     else:

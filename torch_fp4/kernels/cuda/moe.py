@@ -51,7 +51,6 @@ from ... import formats as F
 from ...problems import MoeProblem
 from .. import _common
 from .._common import tactic_or_default
-from ... import meta
 from ..triton import moe_grouped
 from ..triton.moe_align import max_blocks
 from ..triton.moe_gemm import GptOss
@@ -66,23 +65,24 @@ LAYOUT = F.SfLayout.LINEAR   # the quantized activations' scales: never read by 
 def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Tensor, w_scale: torch.Tensor,
                   alpha: torch.Tensor, block_expert: torch.Tensor, swiglu: bool,
                   out_dtype: torch.dtype = torch.bfloat16, mx: bool = False, *,
-                  tactic: WgmmaMoeTactic) -> torch.Tensor:
+                  tactic: WgmmaMoeTactic, packed: bool = False) -> torch.Tensor:
     """moe_grouped.GroupedGemm's gemm: out_dtype bf16, or fp32 (RN(alpha * acc), for the biases);
-    mx: MXFP4 experts (bf16 activations)."""
+    mx: MXFP4 experts (bf16 activations); packed: w holds every expert in the "sm90" layout
+    (each expert's [N, K/2] prepacked, N % 128 == 0 and K % 64 == 0)."""
     rows, k = a.shape[0], w.shape[2] * 2
     experts, n = w.shape[0], w.shape[1]
     if a_scale is not None:   # W4A4 arrives as exact 16-bit values (GroupedGemm.exact)
         raise RuntimeError("torch_fp4 internal: the cuda grouped GEMM takes 16-bit activations only")
-    out = torch.empty((rows, n), dtype=out_dtype, device=a.device)
+    out = _common.cuda_empty((rows, n), out_dtype, a)
     if rows:
         i = a.get_device()
         fp16 = a.dtype == torch.float16
         kp = w_scale.shape[2]
-        lib = library(i, f"wgmma{mm_variant(fp16, mx, False)}")
+        lib = library(i, f"wgmma{mm_variant(fp16, mx, packed)}")
         pdl = _common.PDL
         status = lib.mm_wgmma_grouped(
             i, raw_stream(i), pdl, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(), alpha.data_ptr(),
-            out.data_ptr(), rows, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], 0,
+            out.data_ptr(), rows, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], int(packed),
             tactic.block_m, tactic.stages, 1, 1, tactic.ctas_per_sm, block_expert.data_ptr(), experts,
             w.stride(0), w_scale.stride(0) * w_scale.element_size())
         if status:
@@ -97,7 +97,7 @@ def swiglu_rows(h: torch.Tensor, block_expert: torch.Tensor, block_m: int, gpt_o
     blocks of block_m -> bf16 [rows, I], the activation of gpt_oss (default SwiGLU), or with exact
     its exact quantized values; rows of unused blocks zeros."""
     rows, inter = h.shape[0], h.shape[1] // 2
-    out = torch.empty((rows, inter), dtype=torch.bfloat16, device=h.device)
+    out = _common.cuda_empty((rows, inter), torch.bfloat16, h)
     if rows == 0 or inter == 0:
         return out
     go = gpt_oss or GptOss()
@@ -236,11 +236,11 @@ def _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale
     """The decode path: one C call (csrc/moe_small_m.cu torch_fp4_moe_decode) on the plan of
     (p, t), which holds the experts' format, the biases' dtypes and the activation (p's);
     `keep_workspace` (tests) receives the call's workspace."""
-    out = _common.prepare_outputs(meta.fused_moe(x, out_dtype))
+    out = _common.prepare_outputs(_common.cuda_empty((p.tokens, p.hidden), out_dtype, x))
     if p.tokens == 0 or p.top_k == 0:
         return out.zero_() if p.tokens else out
     d = _decode(p, t, w1_scale, w2_scale)
-    workspace = torch.empty(d.workspace_bytes, dtype=torch.uint8, device=x.device)
+    workspace = _common.cuda_empty((d.workspace_bytes,), torch.uint8, x)
     if keep_workspace is not None:
         keep_workspace.append((d, workspace))
     # every tensor the call reads stays referenced until it is enqueued: a temporary freed before
