@@ -20,7 +20,7 @@ _MODULES = {"compute_global_scale": quantize, "nvfp4_quantize": quantize, "mxfp4
             "fp4_dequantize": quantize, "mm_fp4": gemm, "route": moe, "fused_moe": moe}
 _MOE_KEYWORDS = ("a1_global_scale", "a2_global_scale", "local_expert_offset", "num_local_experts",
                  "out_dtype", "backend", "block_size", "w1_bias", "w2_bias", "activation", "swiglu_alpha",
-                 "swiglu_limit")
+                 "swiglu_limit", "activations", "weight_layout")
 
 
 def _public_call(name, args):

@@ -4,6 +4,7 @@ prepacked weights equal to row-major ones bit for bit, and the errors."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -13,6 +14,9 @@ from hypothesis import strategies as st
 import torch_fp4 as t4
 from torch_fp4 import formats as F
 from torch_fp4 import testing as T
+from torch_fp4.kernels import cute as cute_backend
+from torch_fp4.kernels import triton as triton_backend
+from torch_fp4.ops import moe as moe_ops
 
 SETTINGS = settings(max_examples=25, deadline=None)
 # Spec table: (row half h, K half hk, element e) -> (lowest magnitude bit, sign bit) of the code.
@@ -105,8 +109,10 @@ def test_errors_name_the_argument():
         t4.prepack_weight(torch.zeros(128, 32))
     with pytest.raises(ValueError, match="prepack_weight: layout: expected one of 'row', 'sm90', got 'sm80'"):
         t4.prepack_weight(torch.zeros(128, 32, dtype=torch.uint8), "sm80")
-    with pytest.raises(ValueError, match="unprepack_weight: w: expected a 2-D"):
-        t4.unprepack_weight(torch.zeros(2, 128, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="unprepack_weight: w: expected a 2-D .* or a 3-D"):
+        t4.unprepack_weight(torch.zeros(2, 2, 128, 32, dtype=torch.uint8))
+    with pytest.raises(ValueError, match=r"prepack_weight: w: .*N=136, K=64"):
+        t4.prepack_weight(torch.zeros(2, 136, 32, dtype=torch.uint8))
     wq, ws, _ = T.quantized_weight(136, 64)
     with pytest.raises(ValueError, match=r"mm_fp4: weight_layout: expected 'row' .*N=136"):
         t4.mm_fp4(torch.randn(2, 64), wq.T, None, ws.T, weight_layout="sm90")
@@ -186,3 +192,67 @@ def test_auto_layout_follows_the_device(monkeypatch):
         t4.FP4Linear(64, 128, weight_layout="x")
     with pytest.raises(ValueError, match="QuantConfig: weight_layout: expected one of 'auto'"):
         t4.quantize_model(torch.nn.Sequential(torch.nn.Linear(64, 128)), t4.QuantConfig(weight_layout="y"))
+
+
+@SETTINGS
+@given(experts=st.integers(1, 3), tiles_n=st.integers(1, 2), tiles_k=st.integers(1, 2), seed=st.integers(0, 2**31 - 1))
+def test_expert_stack_packs_each_expert_alone(experts, tiles_n, tiles_k, seed):
+    n, k = 128 * tiles_n, 64 * tiles_k
+    w = torch.randint(0, 256, (experts, n, k // 2), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
+    packed = t4.prepack_weight(w)
+    assert packed.shape == w.shape
+    for e in range(experts):
+        assert torch.equal(packed[e], t4.prepack_weight(w[e]))
+    assert torch.equal(t4.unprepack_weight(packed), w)
+
+
+@pytest.mark.parametrize("mode", ["w4a16", "w4a4", "mxfp4", "mxfp4_fp4", "gpt_oss"])
+def test_reference_fused_moe_sm90_equals_row(mode):
+    """fused_moe with every expert of w1 and w2 prepacked ("sm90") gives the row-major bits; on the
+    CPU only the reference reads them (triton and cute-dsl refuse, named)."""
+    if mode == "gpt_oss":
+        kw = T.gpt_oss_moe_problem(hidden=128, inter=64)
+    elif mode.startswith("mxfp4"):
+        kw = T.moe_problem(tokens=7, hidden=128, inter=64, experts=3, w4a4=False)
+        gen = torch.Generator().manual_seed(5)
+        w1q, w1s = t4.mxfp4_quantize(torch.randn(3, 128, 128, generator=gen))
+        w2q, w2s = t4.mxfp4_quantize(torch.randn(3, 128, 64, generator=gen))
+        kw = dict(x=kw["x"], w1=w1q, w1_scale=w1s, w1_global_scale=None, w2=w2q, w2_scale=w2s, w2_global_scale=None,
+                  topk_ids=kw["topk_ids"], topk_weights=kw["topk_weights"], block_size=32)
+        if mode == "mxfp4_fp4":
+            kw["activations"] = "fp4"
+    else:
+        kw = T.moe_problem(tokens=7, hidden=128, inter=64, experts=3, w4a4=mode == "w4a4")
+    row = t4.fused_moe(**kw)
+    packed = dict(kw, w1=t4.prepack_weight(kw["w1"]), w2=t4.prepack_weight(kw["w2"]), weight_layout="sm90")
+    assert torch.equal(t4.fused_moe(**packed), row)
+    assert torch.equal(torch.ops.torch_fp4.fused_moe(*_moe_schema_args(packed)), row)
+    assert t4.supported_backends("fused_moe", **packed) == [t4.Backend.REFERENCE]
+    # on an sm_90 / sm_100 GPU, the triton and cute-dsl kernels would refuse the layout by name
+    p, _ = moe_ops._moe_problem(*_moe_schema_args(packed))
+    for backend, capability in ((triton_backend, (9, 0)), (cute_backend, (10, 0))):
+        on_gpu = dataclasses.replace(p, device=torch.device("cuda", 0), capability=capability)
+        reason = backend.requirement("fused_moe", on_gpu)
+        if mode == "gpt_oss" and backend is cute_backend:   # refused first for gpt-oss's features
+            assert "do not run" in reason, reason
+        else:
+            assert "read row-major" in reason, reason
+
+
+def _moe_schema_args(kw: dict) -> tuple:
+    """fused_moe's keyword arguments in the custom op's order (reference backend)."""
+    import inspect
+    bound = inspect.signature(t4.fused_moe).bind(**kw)
+    bound.apply_defaults()
+    a = dict(bound.arguments)
+    a["backend"] = int(t4.Backend.REFERENCE)
+    return tuple(a.values())
+
+
+def test_fused_moe_sm90_errors_name_the_argument():
+    kw = T.moe_problem(tokens=3, hidden=64, inter=32, experts=2, w4a4=False)
+    with pytest.raises(ValueError, match=r"fused_moe: weight_layout: expected 'row' for w1 of shape \(2, 64, 32\) .*"
+                                         r"N % 128 == 0 and K % 64 == 0, got N=64, K=64"):
+        t4.fused_moe(**kw, weight_layout="sm90")
+    with pytest.raises(ValueError, match="fused_moe: weight_layout: expected one of 'row', 'sm90', got 'tiled'"):
+        t4.fused_moe(**kw, weight_layout="tiled")

@@ -206,15 +206,18 @@ def to_weight_layout(w: torch.Tensor, layout: WeightLayout | str) -> torch.Tenso
     """A row-major FP4 weight [N, K/2] (uint8 or float4_e2m1fn_x2) in `layout`, as uint8 [N, K/2].
     "sm90": the weight is cut into 128-row x 64-K tiles stored one after another (row tiles
     outer, 4096 bytes each); inside a tile, MMA thread t (0..255) owns the 16 bytes at 16 t, four
-    little-endian 32-bit words, word j holding the eight codes of its K step j (spec section 4b)."""
+    little-endian 32-bit words, word j holding the eight codes of its K step j (spec section 4b).
+    A stack of weights [..., N, K/2] (fused_moe's experts [E, N, K/2]): each [N, K/2] alone."""
     layout = WeightLayout.parse(layout)
     raw = as_uint8(w)
     if layout is WeightLayout.ROW:
         return raw.contiguous()
-    n, half_k = raw.shape
+    *lead, n, half_k = raw.shape
     reason = sm90_layout_reason(n, 2 * half_k)
     if reason is not None:
         raise ValueError(f"to_weight_layout: w: {reason}")
+    if lead:   # N % 128 == 0: the stack's rows are whole tiles of one matrix each
+        return to_weight_layout(raw.reshape(-1, half_k), layout).view(raw.shape)
     codes = _sm90_codes_view(unpack_e2m1(raw.contiguous())).to(torch.int64)
     word = torch.zeros(codes.shape[:-3], dtype=torch.int64, device=raw.device)
     for h in range(2):
@@ -228,15 +231,17 @@ def to_weight_layout(w: torch.Tensor, layout: WeightLayout | str) -> torch.Tenso
 
 
 def from_weight_layout(w: torch.Tensor, layout: WeightLayout | str) -> torch.Tensor:
-    """Inverse of `to_weight_layout`: an FP4 weight [N, K/2] in `layout` -> row-major uint8."""
+    """Inverse of `to_weight_layout`: an FP4 weight [..., N, K/2] in `layout` -> row-major uint8."""
     layout = WeightLayout.parse(layout)
     raw = as_uint8(w)
     if layout is WeightLayout.ROW:
         return raw
-    n, half_k = raw.shape
+    *lead, n, half_k = raw.shape
     reason = sm90_layout_reason(n, 2 * half_k)
     if reason is not None:
         raise ValueError(f"from_weight_layout: w: {reason}")
+    if lead:
+        return from_weight_layout(raw.reshape(-1, half_k), layout).view(raw.shape)
     word = raw.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
     word = word.view(n // 128, half_k // 32, 2, 4, 8, 4, 4)
     codes = torch.empty(*word.shape, 2, 2, 2, dtype=torch.uint8, device=raw.device)

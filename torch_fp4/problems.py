@@ -181,6 +181,12 @@ class MoeProblem(Problem):
     activation: str = "swiglu"      # or "clamped_swiglu" (gpt-oss) with:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
+    weight_layout: F.WeightLayout = F.WeightLayout.ROW   # the byte order of every expert of w1 and w2
+
+    @property
+    def packed(self) -> bool:
+        """w1 and w2 hold their experts in the "sm90" byte order (torch_fp4.prepack_weight)."""
+        return self.weight_layout is F.WeightLayout.SM90
 
     @property
     def bias(self) -> bool:
@@ -191,7 +197,8 @@ class MoeProblem(Problem):
     def of(cls, x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
            local_expert_offset, num_local_experts, out_dtype, fmt: F.Fp4Format = F.NVFP4,
            w1_bias=None, w2_bias=None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
-           swiglu_limit: float = 7.0, activations: Optional[str] = None) -> "MoeProblem":
+           swiglu_limit: float = 7.0, activations: Optional[str] = None,
+           weight_layout: F.WeightLayout = F.WeightLayout.ROW) -> "MoeProblem":
         return cls(tokens=x.shape[0], hidden=x.shape[1], inter=w1.shape[1] // 2, experts=w1.shape[0],
                    top_k=topk_ids.shape[1], w4a4=a1_global_scale is not None or activations == "fp4",
                    a2_per_expert=a2_global_scale is not None and a2_global_scale.numel() > 1,
@@ -200,7 +207,7 @@ class MoeProblem(Problem):
                    weight_align=min(alignment(t) for t in (w1, w1_scale, w2, w2_scale)), fmt=fmt,
                    bias_dtypes=tuple(None if b is None else b.dtype for b in (w1_bias, w2_bias)),
                    activation=activation, swiglu_alpha=float(swiglu_alpha), swiglu_limit=float(swiglu_limit),
-                   **_where(x))
+                   weight_layout=weight_layout, **_where(x))
 
     @functools.cached_property
     def gpt_oss_features(self) -> Optional[str]:

@@ -162,6 +162,12 @@ def op_samples() -> list[tuple[str, str, tuple]]:
                 (g["x"], g["w1"], g["w1_scale"], None, g["w2"], g["w2_scale"], None, g["topk_ids"],
                  g["topk_weights"], None, None, 0, None, None, REF, 32, g["w1_bias"], g["w2_bias"],
                  "clamped_swiglu", 1.702, 7.0)))
+    kw = moe_problem(tokens=5, hidden=128, inter=64, experts=2, w4a4=False)
+    out.append(("moe_sm90", "fused_moe",
+                (kw["x"], ops.prepack_weight(kw["w1"]), kw["w1_scale"], kw["w1_global_scale"],
+                 ops.prepack_weight(kw["w2"]), kw["w2_scale"], kw["w2_global_scale"], kw["topk_ids"],
+                 kw["topk_weights"], None, None, 0, None, None, REF, 16, None, None, "swiglu", 1.702, 7.0, None,
+                 "sm90")))
     return out
 
 

@@ -134,8 +134,8 @@ ACTIVATION_MODES = (None, "bf16", "fp4")   # fused_moe's `activations`: None dec
 def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                   topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                   num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
-                  activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0, activations=None
-                  ) -> tuple[torch.dtype, F.Fp4Format, Backend]:
+                  activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0, activations=None,
+                  weight_layout="row") -> tuple[torch.dtype, F.Fp4Format, Backend, F.WeightLayout]:
     op = "fused_moe"
     fmt = C.block_size(op, block_size)
     C.dtype(op, "x", x, C.HALF_DTYPES)
@@ -215,26 +215,34 @@ def _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scal
         C.fail(op, "num_local_experts", f"None or w1.shape[0] = {experts}", num_local_experts)
     out_dtype = x.dtype if out_dtype is None else out_dtype
     C.dtype_arg(op, "out_dtype", out_dtype, C.OUT_DTYPES)
+    wlayout = F.WeightLayout.parse(weight_layout, f"{op}: weight_layout")
+    if wlayout is not F.WeightLayout.ROW:
+        for name_, w, n, k in (("w1", w1, two_i, hidden), ("w2", w2, hidden, inter)):
+            reason = F.sm90_layout_reason(n, k)
+            if reason is not None:
+                C.fail(op, "weight_layout", f"'row' for {name_} of shape {tuple(w.shape)} (each expert "
+                       f"[N, K/2] in the {wlayout.value!r} layout: {reason})", repr(wlayout.value))
     C.same_device(op, x=x, w1=w1, w1_scale=w1_scale, w1_global_scale=w1_global_scale, w2=w2,
                   w2_scale=w2_scale, w2_global_scale=w2_global_scale, topk_ids=topk_ids,
                   topk_weights=topk_weights, a1_global_scale=a1_global_scale,
                   a2_global_scale=a2_global_scale, w1_bias=w1_bias, w2_bias=w2_bias)
-    return out_dtype, fmt, Backend.parse(backend, f"{op}: backend")
+    return out_dtype, fmt, Backend.parse(backend, f"{op}: backend"), wlayout
 
 
 def _moe_problem(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                  topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                  num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
                  activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0,
-                 activations=None) -> tuple[MoeProblem, Backend]:
+                 activations=None, weight_layout="row") -> tuple[MoeProblem, Backend]:
     """The validated arguments as one problem object, and the requested backend."""
-    out_dtype, fmt, bk = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
-                                       topk_ids, topk_weights, a1_global_scale, a2_global_scale,
-                                       local_expert_offset, num_local_experts, out_dtype, backend, block_size,
-                                       w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations)
+    out_dtype, fmt, bk, wl = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
+                                           topk_ids, topk_weights, a1_global_scale, a2_global_scale,
+                                           local_expert_offset, num_local_experts, out_dtype, backend, block_size,
+                                           w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations,
+                                           weight_layout)
     return MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
                          local_expert_offset, num_local_experts, out_dtype, fmt, w1_bias, w2_bias, activation,
-                         swiglu_alpha, swiglu_limit, activations), bk
+                         swiglu_alpha, swiglu_limit, activations, wl), bk
 
 
 def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_global_scale: Optional[torch.Tensor],
@@ -245,32 +253,37 @@ def _fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glo
                out_dtype: Optional[torch.dtype], backend: int, block_size: int = 16,
                w1_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
                activation: str = "swiglu", swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
-               activations: Optional[str] = None) -> torch.Tensor:
+               activations: Optional[str] = None, weight_layout: str = "row") -> torch.Tensor:
     # Without expert parallelism every id must name an expert of w1: the kernels check it on the
     # device (NaN rows, spec section 6; MoeProblem.strict_ids), so no call reads anything back.
     # Problems with the gpt-oss features (MoeProblem.gpt_oss_features) run on the reference,
     # triton and cuda backends, whose launchers alone take them (the arguments after strict_ids;
-    # the last one, w4a4, asks for MXFP4 activations).
+    # w4a4 asks for MXFP4 activations); "sm90" experts (MoeProblem.packed) run on the reference and
+    # cuda backends, whose launchers take the layout after those.
     def build(p: MoeProblem) -> tuple:
         launch = (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                   a1_global_scale, a2_global_scale, local_expert_offset, p.out_dtype, p.strict_ids)
-        if p.gpt_oss_features is None:
+        if p.gpt_oss_features is None and not p.packed:
             return launch
-        return (*launch, p.fmt, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit), p.w4a4)
+        launch = (*launch, p.fmt, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit), p.w4a4)
+        return launch if not p.packed else (*launch, p.weight_layout)
     return run("fused_moe", _moe_problem,
                (x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                 a1_global_scale, a2_global_scale, local_expert_offset, num_local_experts, out_dtype, backend,
-                block_size, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations), build)
+                block_size, w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations, weight_layout),
+               build)
 
 
 def _fused_moe_fake(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                     topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                     num_local_experts, out_dtype, backend, block_size=16, w1_bias=None, w2_bias=None,
-                    activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0, activations=None):
-    out_dtype, _, _ = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
-                                    topk_ids, topk_weights, a1_global_scale, a2_global_scale,
-                                    local_expert_offset, num_local_experts, out_dtype, backend, block_size,
-                                    w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations)
+                    activation="swiglu", swiglu_alpha=1.702, swiglu_limit=7.0, activations=None,
+                    weight_layout="row"):
+    out_dtype, _, _, _ = _validate_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale,
+                                       topk_ids, topk_weights, a1_global_scale, a2_global_scale,
+                                       local_expert_offset, num_local_experts, out_dtype, backend, block_size,
+                                       w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit, activations,
+                                       weight_layout)
     return meta.fused_moe(x, out_dtype)
 
 
@@ -287,7 +300,8 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               backend: Backend | str = "auto", block_size: int = 16,
               w1_bias: Optional[torch.Tensor] = None, w2_bias: Optional[torch.Tensor] = None,
               activation: str = "swiglu", swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, activations: Optional[str] = None) -> torch.Tensor:
+              swiglu_limit: float = 7.0, activations: Optional[str] = None,
+              weight_layout: F.WeightLayout | str = "row") -> torch.Tensor:
     """Mixture of FP4 experts: out[t] = sum_j topk_weights[t, j] * expert_{ids[t, j]}(x[t]).
 
     Each expert is down(act(gate, up)) with w1 [E, 2I, H/2] holding [gate; up] rows and
@@ -310,20 +324,24 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
     parallelism (neither given) every id must lie in [0, E): a token with an id outside it gets
     NaN in every output column (checked on the device, so the call never synchronizes, eager,
     compiled or captured alike).
+    weight_layout: the byte order of every expert of w1 and w2: "row" (as quantized) or "sm90"
+    (`prepack_weight(w1)`, `prepack_weight(w2)`: each expert in the Hopper GEMM's register order,
+    docs/NUMERICS.md section 4b; 2I and H multiples of 128, H and I multiples of 64), read by the
+    cuda backend on sm_90 and by the reference; the scales keep their 128x4 layout.
     """
     if eager(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
              a1_global_scale, a2_global_scale, w1_bias, w2_bias):
         return _fused_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                           topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                           num_local_experts, out_dtype, backend, block_size, w1_bias, w2_bias, activation,
-                          swiglu_alpha, swiglu_limit, activations)
+                          swiglu_alpha, swiglu_limit, activations, weight_layout)
     C.tensors("fused_moe", x=x, w1=w1, w1_scale=w1_scale, w2=w2, w2_scale=w2_scale, topk_ids=topk_ids,
               topk_weights=topk_weights)
     return fused_moe_op(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids,
                         topk_weights, a1_global_scale, a2_global_scale, local_expert_offset,
                         num_local_experts, out_dtype, int(Backend.parse(backend, "fused_moe: backend")),
                         block_size, w1_bias, w2_bias, activation, float(swiglu_alpha), float(swiglu_limit),
-                        activations)
+                        activations, F.WeightLayout.parse(weight_layout, "fused_moe: weight_layout").value)
 
 
 def fused_moe_tactics(*args, **kwargs) -> list:

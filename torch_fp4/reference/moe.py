@@ -96,13 +96,15 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
               fmt: F.Fp4Format = F.NVFP4, w1_bias: torch.Tensor | None = None,
               w2_bias: torch.Tensor | None = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, w4a4: bool = False) -> torch.Tensor:
+              swiglu_limit: float = 7.0, w4a4: bool = False,
+              weight_layout: F.WeightLayout = F.WeightLayout.ROW) -> torch.Tensor:
     """Every local expert runs densely over all tokens (simple, no host sync, capturable); each
     (t, j) then picks the output of its expert, or zero when that expert is not local.
     strict_ids (no expert parallelism): a token with an id outside [offset, offset + E) gets NaN
     in every column instead. MXFP4 experts (fmt) have no global scales (alphas 1). W4A4 (given
     a1_global_scale, or w4a4): x and the intermediate quantized in the experts' format, NVFP4
-    with a1 / a2, MXFP4 without global scales."""
+    with a1 / a2, MXFP4 without global scales. w1 and w2 hold their experts in weight_layout."""
+    w1, w2 = F.from_weight_layout(w1, weight_layout), F.from_weight_layout(w2, weight_layout)
     tokens, hidden = x.shape
     lay = F.SfLayout.LAYOUT_128x4
     picked = torch.zeros(tokens, topk_ids.shape[1], hidden, dtype=torch.float32, device=x.device)

@@ -279,21 +279,24 @@ def fused_moe(x: torch.Tensor, w1: torch.Tensor, w1_scale: torch.Tensor, w1_glob
               local_expert_offset: int, out_dtype: torch.dtype, strict_ids: bool = False,
               fmt: F.Fp4Format = F.NVFP4, w1_bias: Optional[torch.Tensor] = None,
               w2_bias: Optional[torch.Tensor] = None, activation: str = "swiglu", swiglu_alpha: float = 1.702,
-              swiglu_limit: float = 7.0, w4a4: bool = False, tactic: Optional[WgmmaMoeTactic] = None,
+              swiglu_limit: float = 7.0, w4a4: bool = False,
+              weight_layout: F.WeightLayout = F.WeightLayout.ROW, tactic: Optional[WgmmaMoeTactic] = None,
               problem: Optional[MoeProblem] = None) -> torch.Tensor:
     """The reference launcher's arguments (gpt-oss's: fmt .. swiglu_limit; w4a4: MXFP4
-    activations), plus the tactic and the problem."""
+    activations; weight_layout: "sm90" experts, the grouped Hopper GEMMs only), plus the tactic
+    and the problem."""
     p = problem or MoeProblem.of(x, w1, w1_scale, w2, w2_scale, topk_ids, a1_global_scale, a2_global_scale,
                                  local_expert_offset, None if strict_ids else w1.shape[0], out_dtype, fmt,
                                  w1_bias, w2_bias, activation, swiglu_alpha, swiglu_limit,
-                                 "fp4" if w4a4 else None)
+                                 "fp4" if w4a4 else None, weight_layout)
     t = tactic_or_default(tactic, MOE_SPACE, p, op="fused_moe")
     if isinstance(t, SmallMMoeTactic):
         return _small_m_moe(x, w1, w1_scale, w1_global_scale, w2, w2_scale, w2_global_scale, topk_ids, topk_weights,
                             a1_global_scale, a2_global_scale, out_dtype, p, t, w1_bias=w1_bias, w2_bias=w2_bias)
 
     def gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, out_dtype=torch.bfloat16, mx=False):
-        return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, out_dtype, mx, tactic=t)
+        return _grouped_gemm(a, a_scale, w, w_scale, alpha, block_expert, swiglu, out_dtype, mx, tactic=t,
+                             packed=p.packed)
     g = moe_grouped.GroupedGemm(gemm=gemm, block_m=t.block_m, quantize=nvfp4_quantize, sf_layout=LAYOUT,
                                 exact=exact_values, activation=swiglu_rows)
     gpt_oss = None

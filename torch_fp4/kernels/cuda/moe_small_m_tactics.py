@@ -66,6 +66,8 @@ def problem_reason(p: MoeProblem) -> Optional[str]:
         return "one expert's weights are beyond 2^31 bytes (32-bit offsets)"
     if p.weight_align < 8:
         return "w1 and w2 must be 8-byte aligned, their scales 4-byte aligned"
+    if p.packed:
+        return "the decode path reads row-major experts ('sm90' experts: the grouped Hopper GEMMs)"
     return gpt_oss_reason(p, "the decode path")
 
 

@@ -124,7 +124,8 @@ def key(p: MoeProblem) -> str:
     bucket = 1 << max(0, (pairs - 1).bit_length())
     a_kind = "w4a4" if p.w4a4 else str(p.x_dtype).removeprefix("torch.")
     extra = f",{p.gpt_oss_features}" if p.gpt_oss_features is not None else ""   # MXFP4, biases, clamp
-    return f"pairs<={bucket},E={p.experts},H={p.hidden},I={p.inter},{a_kind}{extra}"
+    w_kind = ",w:sm90" if p.packed else ""
+    return f"pairs<={bucket},E={p.experts},H={p.hidden},I={p.inter},{a_kind}{extra}{w_kind}"
 
 
 MOE_SPACE = TacticSpace(candidates=candidates, default=default, key=key, why_not=why_not)

@@ -98,6 +98,8 @@ def requirement(op: str, p: Problem) -> Optional[str]:
         # SwiGLU need epilogues the grouped GEMMs do not have
         if p.gpt_oss_features not in (None, "MXFP4 experts"):
             return f"the cute-dsl fused_moe kernels do not run {p.gpt_oss_features} yet (the reference backend does)"
+        if p.packed:
+            return "the cute-dsl grouped GEMMs read row-major experts only ('sm90' experts: the cuda backend on sm_90)"
         return _moe_requirement(p)
     # The kernels use sm_90 instructions (max.u16x2, e4m3 conversions, TMA).
     reason = cuda_requirement(p, "cutlass", (9, 0))

@@ -33,7 +33,7 @@ def requirement(op: str, p: Problem) -> Optional[str]:
         return (f"the triton fused_moe kernels run {p.gpt_oss_features} in W4A16, or in W4A4 with MXFP4 "
                 "experts only (NVFP4 W4A4 with them: the reference and cuda backends)")
     reason = cuda_requirement(p, "triton", (8, 9))
-    if reason is None and op == "mm_fp4" and p.weight_layout is not F.WeightLayout.ROW:
+    if reason is None and op in ("mm_fp4", "fused_moe") and p.weight_layout is not F.WeightLayout.ROW:
         return "the triton GEMMs read row-major weights only ('sm90' weights: the cuda backend on sm_90)"
     if reason is None and op == "route" and p.experts > ROUTE_MAX_EXPERTS:
         return f"the routing kernel handles at most {ROUTE_MAX_EXPERTS} experts (got {p.experts})"
