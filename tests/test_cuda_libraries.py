@@ -29,13 +29,13 @@ def test_every_kernel_source_is_in_a_library():
     for v in range(build.MM_VARIANTS):
         assert build.LIBRARIES[f"small_m{v}"] == (build.Unit("mm_small_m.cu", (v,)),)
         assert build.LIBRARIES[f"wgmma{v}"] == (build.Unit("mm_wgmma.cu", (v,)),)
-    # fused_moe's decode path (NVFP4, row-major weights): bf16 x, or fp16 x (fp16 FC1, bf16 FC2)
-    assert build.LIBRARIES["moe_small_m0"] == (build.Unit("moe_small_m.cu", (0,)),)
-    assert build.LIBRARIES["moe_small_m2"] == (build.Unit("moe_small_m.cu", (2, 0)),)
-    # MXFP4 experts (gpt-oss): bf16 activations only
-    assert build.LIBRARIES["moe_small_m4"] == (build.Unit("moe_small_m.cu", (4,)),)
-    assert not [n for n in build.LIBRARIES
-                if n.startswith("moe_small_m") and n not in ("moe_small_m0", "moe_small_m2", "moe_small_m4")]
+    # fused_moe's decode path, row-major experts (even variants) and "sm90" ones (odd): bf16 x, or
+    # fp16 x (fp16 FC1, bf16 FC2); MXFP4 experts (gpt-oss): bf16 activations only
+    for packed in (0, 1):
+        assert build.LIBRARIES[f"moe_small_m{packed}"] == (build.Unit("moe_small_m.cu", (packed,)),)
+        assert build.LIBRARIES[f"moe_small_m{2 + packed}"] == (build.Unit("moe_small_m.cu", (2 + packed, packed)),)
+        assert build.LIBRARIES[f"moe_small_m{4 + packed}"] == (build.Unit("moe_small_m.cu", (4 + packed,)),)
+    assert sorted(n for n in build.LIBRARIES if n.startswith("moe_small_m")) == [f"moe_small_m{v}" for v in range(6)]
     assert build.Unit("mm_wgmma.cu", (3,)).defines() == ("-DTORCH_FP4_PARTS=8",)
     assert build.Unit("moe_small_m.cu", (2, 0)).defines() == ("-DTORCH_FP4_PARTS=5",)
     assert build.Unit("moe_small_m.cu", (2, 0)).stem == "moe_small_m.part2_0"

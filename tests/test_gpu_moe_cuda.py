@@ -28,6 +28,7 @@ QUICK = {
     "test_random_model_shapes": {"mixtral-w4a16", "qwen3-w4a4"},
     "test_exact_gpt_oss_decode_tactics": {"bf16-fp32-clamped_swiglu", "fp32-bf16-swiglu"},
     "test_exact_mxfp4_activations_every_tactic": {"clamped_swiglu"},
+    "test_sm90_experts_give_the_row_major_bits": {"w4a16", "gpt-oss"},
     "test_swiglu_rows_is_the_reference_activation": {"swiglu-bf16-nvfp4", "clamped_swiglu-fp32-bf16-bias-mxfp4",
                                                        "swiglu-fp32-fp32-bias-bf16"},
 }
@@ -521,3 +522,73 @@ def test_random_gpt_oss_decode_against_the_reference():
         err = torch.linalg.norm(got - want) / torch.linalg.norm(want)
         per_token = torch.linalg.norm(got - want, dim=1) / torch.linalg.norm(want, dim=1).clamp_min(1e-30)
         assert err < 0.01 and per_token.max() < 0.02, (tokens, float(err), float(per_token.max()))
+
+
+def _sm90(w1, w2):
+    return t4.prepack_weight(w1), t4.prepack_weight(w2)
+
+
+@pytest.mark.parametrize("mode", ["w4a16", "w4a4", "gpt-oss", "mxfp4-fp4"])
+def test_sm90_experts_give_the_row_major_bits(mode):
+    """Experts prepacked ("sm90", weight_layout="sm90") through the decode path (every block_m <= 16
+    and tile) and the grouped Hopper GEMMs (every tactic): bit-identical to the same tactic on
+    row-major experts, on random data (the same products in the same order) and to the reference
+    on grid-exact data; through the op with backend "cuda" and "auto" (which takes cuda)."""
+    from torch_fp4 import formats as F
+    from torch_fp4.kernels.cuda import moe
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import why_not
+    from torch_fp4.problems import MoeProblem
+    hidden, inter, experts = 256, 128, 8
+    sm90 = F.WeightLayout.SM90
+    for tokens in (1, 5, 40, 300):
+        ids, tw = random_routing(tokens, experts, 3, seed=60 + tokens)
+        kw, fmt, extra = {}, F.NVFP4, ()
+        if mode in ("gpt-oss", "mxfp4-fp4"):
+            p, b1, b2 = exact_gpt_oss_problem(experts, hidden, inter, tokens, seed=61 + tokens, bias_dtype=BF16)
+            fmt = F.MXFP4
+            kw = dict(block_size=32, activation="clamped_swiglu")
+            if mode == "gpt-oss":
+                kw.update(w1_bias=b1, w2_bias=b2.float())
+            else:
+                kw.update(activations="fp4")
+            extra = (fmt, kw.get("w1_bias"), kw.get("w2_bias"), "clamped_swiglu", 1.702, 7.0, mode == "mxfp4-fp4")
+        else:
+            p = exact_problem(experts, hidden, inter, tokens, mode == "w4a4", seed=61 + tokens)
+            extra = (fmt, None, None, "swiglu", 1.702, 7.0, False)
+            kw = dict(a1_global_scale=p.a1, a2_global_scale=p.a2)
+        w1, s1, g1, w2, s2, g2 = p.weights()
+        pw1, pw2 = _sm90(w1, w2)
+        want = t4.fused_moe(p.x, w1, s1, g1, w2, s2, g2, ids, tw, backend="reference", **kw)
+        prob = MoeProblem.of(p.x, pw1, s1, pw2, s2, ids, p.a1, p.a2, 0, None, BF16, fmt, kw.get("w1_bias"),
+                             kw.get("w2_bias"), extra[3], 1.702, 7.0, kw.get("activations"), sm90)
+        small = [t for t in _small_m_tactics(hidden, inter) if why_not(t, prob) is None]
+        if tokens < 40 and mode != "mxfp4-fp4":   # the decode path (MXFP4 activations: grouped GEMMs only)
+            assert {t.block_m for t in small} == {8, 16}, small
+        for t in (small if tokens < 40 else []) + _tactics():
+            args = (p.x, w1, s1, g1, w2, s2, g2, ids, tw, p.a1, p.a2, 0, BF16, True, *extra)
+            row = moe.fused_moe(*args, tactic=t)
+            args = (p.x, pw1, s1, g1, pw2, s2, g2, ids, tw, p.a1, p.a2, 0, BF16, True, *extra)
+            got = moe.fused_moe(*args, weight_layout=sm90, tactic=t)
+            assert_same(got, row, f"{mode} T={tokens} {t.label()} sm90 against row-major")
+            assert_same(got, want, f"{mode} T={tokens} {t.label()} sm90 against the reference")
+        for backend in ("cuda", "auto"):
+            got = t4.fused_moe(p.x, pw1, s1, g1, pw2, s2, g2, ids, tw, backend=backend, weight_layout="sm90", **kw)
+            assert_same(got, want, f"{mode} T={tokens} through the op, backend={backend}")
+        names = [b.label for b in t4.supported_backends("fused_moe", p.x, pw1, s1, g1, pw2, s2, g2, ids, tw,
+                                                        weight_layout="sm90", **kw)]
+        assert names == ["cuda", "reference"], names
+
+
+@pytest.mark.parametrize("tokens", [2, 300])
+def test_sm90_experts_random_data_same_bits(tokens):
+    """Random data (Qwen3-30B-A3B's expert shape, W4A16 and W4A4): "sm90" experts give the
+    row-major experts' bits with the heuristic tactic of either layout's family."""
+    for w4a4 in (False, True):
+        p = random_problem(128, 2048, 768, tokens, w4a4, seed=70 + tokens)
+        ids, tw = random_routing(tokens, 128, 8, seed=71 + tokens)
+        w1, s1, g1, w2, s2, g2 = p.weights()
+        pw1, pw2 = _sm90(w1, w2)
+        kw = dict(a1_global_scale=p.a1, a2_global_scale=p.a2, backend="cuda")
+        row = t4.fused_moe(p.x, w1, s1, g1, w2, s2, g2, ids, tw, **kw)
+        got = t4.fused_moe(p.x, pw1, s1, g1, pw2, s2, g2, ids, tw, weight_layout="sm90", **kw)
+        assert_same(got, row, f"T={tokens} w4a4={w4a4}")

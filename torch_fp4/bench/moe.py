@@ -100,7 +100,7 @@ def routed_batch(m: Model, experts: int, tokens: int, device, gen: torch.Generat
 
 
 def _bytes_needed(m: Model, experts: int, tokens: int) -> int:
-    fp4 = experts * 3 * m.inter * m.hidden * m.weight_bytes_per_element
+    fp4 = 2 * experts * 3 * m.inter * m.hidden * m.weight_bytes_per_element   # row-major and "sm90"
     bf16 = experts * 3 * m.inter * m.hidden * 2
     acts = tokens * m.top_k * (3 * m.inter + 2 * m.hidden) * 4 * 3
     return int(fp4 + bf16 + acts)
@@ -229,12 +229,25 @@ def _rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
 BACKENDS = ("triton", "cuda")   # timed one by one beside "auto" where they support the batch
 HEADER = (f"{'model':<14} {'E':>4} {'T':>5} | {'route us':>8} {'bf16 us':>9} {'ref us':>9} | "
           f"{'W4A16 us':>9} {'x bf16':>6} {'GB/s':>6} {'err':>8} | {'W4A4 us':>9} {'x bf16':>6} "
-          f"{'err':>8} | " + " ".join(f"{b + ' ' + m:>11}" for b in BACKENDS for m in ('W4A16', 'W4A4')))
+          f"{'err':>8} | " + " ".join(f"{b + ' ' + m:>11}" for b in BACKENDS for m in ('W4A16', 'W4A4'))
+          + f" | {'sm90 W4A16':>11} {'sm90 W4A4':>11}")
+
+
+def sm90_experts(weights: tuple) -> tuple | None:
+    """The experts prepacked ("sm90": fused_moe(..., weight_layout="sm90")) when the device runs
+    them (the cuda backend on sm_90) and their shapes fit the layout, else None."""
+    w1, s1, g1, w2, s2, g2 = weights
+    if not (w1.is_cuda and torch.cuda.get_device_capability(w1.device) == (9, 0)):
+        return None
+    if F.sm90_layout_reason(w1.shape[1], 2 * w1.shape[2]) or F.sm90_layout_reason(w2.shape[1], 2 * w2.shape[2]):
+        return None
+    return ops.prepack_weight(w1), s1, g1, ops.prepack_weight(w2), s2, g2
 
 
 def _measure(m: Model, experts: int, tokens: int, weights: tuple, extra: dict, peer: Bf16Moe, grouped: bool,
-             gen: torch.Generator, name: str) -> dict:
-    """One row: every contender on one batch of `tokens` tokens."""
+             gen: torch.Generator, name: str, packed: tuple | None = None) -> dict:
+    """One row: every contender on one batch of `tokens` tokens (`packed`: the experts in the
+    "sm90" layout, timed with "auto" too)."""
     dev = weights[0].device
     x = torch.randn(tokens, m.hidden, device=dev, dtype=torch.bfloat16, generator=gen)
     logits = torch.randn(tokens, experts, device=dev, generator=gen)
@@ -270,6 +283,10 @@ def _measure(m: Model, experts: int, tokens: int, weights: tuple, extra: dict, p
                 "fused_moe", b, x, *weights, ids, tw, local_expert_offset=0, num_local_experts=experts,
                 **modes[mode], **extra) is None
             per_backend[f"{mode}_{b}_us"] = graph_time_us(lambda: call(mode, b), [()]) if ok else nan
+    for mode in ("w4a16", "w4a4"):
+        per_backend[f"{mode}_sm90_us"] = nan if packed is None or mode not in modes else graph_time_us(
+            lambda: ops.fused_moe(x, *packed, ids, tw, local_expert_offset=0, num_local_experts=experts,
+                                  weight_layout="sm90", **modes[mode], **extra), [()])
     if grouped:
         try:
             t_bf16 = graph_time_us(lambda: peer.grouped(x, ids, tw), [()])
@@ -305,16 +322,17 @@ def _run_model(m: Model, tokens_list, grouped: bool, name: str) -> list[dict]:
                *_fp4_experts(experts, m.hidden, m.inter, dev, gen, m.block_size))
     extra = _gpt_oss_kwargs(m, experts, dev, gen)
     peer = Bf16Moe(m, experts, dev, gen, extra)
+    packed = sm90_experts(weights)
     rows = []
     for tokens in tokens_list:
-        r = _measure(m, experts, tokens, weights, extra, peer, grouped, gen, name)
+        r = _measure(m, experts, tokens, weights, extra, peer, grouped, gen, name, packed)
         rows.append(r)
         print(f"{m.name:<14} {experts:>4} {tokens:>5} | {r['route_us']:>8.1f} {r['bf16_us']:>9.1f} "
               f"{r['reference_us']:>9.1f} | {r['w4a16_us']:>9.1f} {r['w4a16_x_bf16']:>6.2f} "
               f"{r['w4a16_weight_gbs']:>6.0f} {r['w4a16_rel_err']:>8.1e} | {r['w4a4_us']:>9.1f} "
               f"{r['w4a4_x_bf16']:>6.2f} {r['w4a4_rel_err']:>8.1e} | "
-              + " ".join(f"{r[f'{mode}_{b}_us']:>11.1f}" for b in BACKENDS for mode in ('w4a16', 'w4a4')),
-              flush=True)
+              + " ".join(f"{r[f'{mode}_{b}_us']:>11.1f}" for b in BACKENDS for mode in ('w4a16', 'w4a4'))
+              + f" | {r['w4a16_sm90_us']:>11.1f} {r['w4a4_sm90_us']:>11.1f}", flush=True)
     return rows
 
 

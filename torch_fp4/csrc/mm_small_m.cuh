@@ -118,7 +118,6 @@ struct Config {
   // A CTA's rows lie in one 128-row group of the 128x4 scale layout.
   static_assert(kBN == 64 || kBN == 128, "64 or 128 weight rows per CTA");
   static_assert(!kPacked || kNB <= 2, "the \"sm90\" reader is compiled for M <= 16");
-  static_assert(!kGrouped || !kPacked, "grouped launches read row-major weights");
 };
 
 // The tile shapes compiled for each n-block count (mirrored by tile_compiled in
@@ -269,6 +268,12 @@ TORCH_FP4_HD int glu_row(const Params& p, int n0, int r) {
   return r < kHalf ? n0 + r : p.n + n0 + r - kHalf;
 }
 
+// "sm90" weights: the byte offset of weight row `row` (a multiple of 16) in its 128-row group's
+// first 64-K tile (128 x 64 tiles of 4096 bytes, K tiles innermost; 16-row pieces of 512 bytes).
+TORCH_FP4_HD int sm90_rows_offset(int row, int k) {
+  return (row >> 7) * (k >> 6) * 4096 + ((row & 127) >> 4) * 512;
+}
+
 // Per-thread copy assignment of a pipeline stage, fixed for the whole kernel.
 // - weights: vector (row r0 + j * kWRowStep, piece u) for j < kWPerThread; consecutive lanes take
 //   consecutive 16-byte pieces of a row, so a warp instruction reads whole 128-byte lines ("sm90"
@@ -312,15 +317,18 @@ struct CopyPlan {
     wrow_ok = 0;
     wtile = 0;
     if constexpr (Cfg::kPacked) {  // N % 128 == 0: every row is inside N
-      // The CTA's rows: 16-row tiles (n0 % 128) / 16 .. of its 128-row group, 512 bytes each.
-      const int tiles = (n0 >> 7) * (p.k >> 6) * 4096 + ((n0 & 127) >> 4) * 512;
+      // The CTA's rows: 16-row tiles (n0 % 128) / 16 .. of its 128-row group, 512 bytes each
+      // (swiglu: its kBN / 2 gate rows n0.., then its up rows p.n + n0.., I % 64 == 0; each half's
+      // kBN / 2 * 32 bytes per 64-K tile are contiguous).
+      const int rows = sm90_rows_offset(n0, p.k), up_rows = glu ? sm90_rows_offset(p.n + n0, p.k) : 0;
       wbyte0 = 0;
       wdst = 16 * tid;
       for (int j = 0; j < kWPerThread; ++j) {
-        const int piece = tid + j * Cfg::kThreads, per_tile = 2 * Cfg::kBN;
+        const int piece = tid + j * Cfg::kThreads, per_tile = 2 * Cfg::kBN, q = piece % per_tile;
         wrow_ok |= 1u << j;
         wtile |= static_cast<uint32_t>(piece / per_tile) << (4 * j);
-        woff[j] = opaque(tiles + (piece / per_tile) * 4096 + (piece % per_tile) * 16);
+        const int at = glu && q >= Cfg::kBN ? up_rows + (q - Cfg::kBN) * 16 : rows + q * 16;
+        woff[j] = opaque(at + (piece / per_tile) * 4096);
       }
     } else {
       const int u = tid % Cfg::kRowUnits, r0 = tid / Cfg::kRowUnits;

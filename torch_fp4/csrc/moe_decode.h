@@ -26,6 +26,9 @@ struct MoeDecodePlan {
   // W4A4 with MXFP4 activations (MXFP4 experts): x arrives as its MXFP4 exact values and FC1's
   // epilogue writes the intermediate's (no global scales)
   int64_t act_mx;
+  // Every expert of w1 and w2 in the "sm90" layout (docs/NUMERICS.md 4b; block_m <= 16), else
+  // row-major
+  int64_t packed;
 };
 
 // The workspace of one call, carved from one buffer: the grouping (sorted_pairs [rows],

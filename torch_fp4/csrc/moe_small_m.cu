@@ -4,7 +4,8 @@
 // K split (a cluster), so each CTA streams one tile of one routed expert's weights once for all
 // the expert's rows of the block. FC1 gathers its activation rows from x through the pairs
 // (row_index[r] / top_k) and forms SwiGLU in the epilogue (a CTA holds the gate and the up rows
-// of the same columns); FC2 writes its rows in pair order (row_index[r]) for the finalize.
+// of the same columns); FC2 writes its rows in pair order (row_index[r]) for the finalize. Experts
+// row-major, or in the "sm90" layout (block_m <= 16: the kernels mm_small_m.cu compiles for it).
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
@@ -94,29 +95,35 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   return true;
 }
 
-// The tile shapes of mm_small_m.cu (with_tile), grouped.
-template <int kNB, bool kFp16, bool kMx>
+// The tile shapes of mm_small_m.cu (with_tile), grouped; "sm90" experts where packed_compiled.
+template <int kNB, bool kFp16, bool kMx, bool kPacked>
 bool launch_nb(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
-  return with_tile<kNB, kFp16, kMx, false, true>(a, [&](auto cfg) { return launch_cfg<decltype(cfg)>(a, stream, pdl); });
+  if constexpr (kPacked && !packed_compiled(kNB)) {
+    return false;
+  } else {
+    return with_tile<kNB, kFp16, kMx, kPacked, true>(a, [&](auto cfg) {
+      return launch_cfg<decltype(cfg)>(a, stream, pdl);
+    });
+  }
 }
 
-template <bool kFp16, bool kMx>
+template <bool kFp16, bool kMx, bool kPacked>
 bool launch_format(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   switch (a.block_m) {
-    case 8: return launch_nb<1, kFp16, kMx>(a, stream, pdl);
-    case 16: return launch_nb<2, kFp16, kMx>(a, stream, pdl);
-    case 32: return launch_nb<4, kFp16, kMx>(a, stream, pdl);
-    case 64: return launch_nb<8, kFp16, kMx>(a, stream, pdl);
+    case 8: return launch_nb<1, kFp16, kMx, kPacked>(a, stream, pdl);
+    case 16: return launch_nb<2, kFp16, kMx, kPacked>(a, stream, pdl);
+    case 32: return launch_nb<4, kFp16, kMx, kPacked>(a, stream, pdl);
+    case 64: return launch_nb<8, kFp16, kMx, kPacked>(a, stream, pdl);
     default: return false;
   }
 }
 
-// Variant kV's kernels (mm_operands.h), where this unit holds them; row-major weights only.
+// Variant kV's kernels (mm_operands.h), where this unit holds them.
 template <int kV>
 bool launch_variant(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
-  if constexpr (mm_variant_compiled<kV>() && !kMmVariants[kV].packed) {
+  if constexpr (mm_variant_compiled<kV>()) {
     constexpr MmVariant v = kMmVariants[kV];
-    return launch_format<v.fp16, v.mx>(a, stream, pdl);
+    return launch_format<v.fp16, v.mx, v.packed>(a, stream, pdl);
   } else {
     return false;
   }
@@ -129,6 +136,8 @@ bool launch_small_m_moe(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   if (a.block_expert == nullptr || a.row_index == nullptr || a.expert_end == nullptr || a.top_k < 1) return false;
   if (a.w_gs == nullptr && !a.mx) return false;   // NVFP4 experts have global scales
   if (a.blocks > small_m::kMaxBlocks) return false;
+  // "sm90" experts: whole 128 x 64 tiles (N counts FC1's gate and up rows together)
+  if (a.packed && ((a.swiglu ? 2 * a.n : a.n) % 128 != 0 || a.k % 64 != 0)) return false;
   if (a.blocks <= 0 || a.n <= 0) return true;
   return with_mm_variant(mm_variant(a), [&](auto v) {
     return small_m::launch_variant<decltype(v)::value>(a, stream, pdl);
@@ -143,7 +152,8 @@ SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, 
                           const void* bias, int64_t bias_cols, int64_t bias_dtype) {
   SmallMMoeArgs a{};
   static_cast<SmallMMmArgs&>(a) = small_m_args(
-      make_mm_operands(act, w, w_scale, nullptr, out, ws.rows, n, k, kp, act_fp16, static_cast<int>(p.mx), kBFloat16, 0),
+      make_mm_operands(act, w, w_scale, nullptr, out, ws.rows, n, k, kp, act_fp16, static_cast<int>(p.mx), kBFloat16,
+                       static_cast<int>(p.packed)),
                    static_cast<int>(p.warps), static_cast<int>(p.tiles_per_warp), static_cast<int>(p.block_k),
                    static_cast<int>(p.stages), static_cast<int>(split));
   a.block_m = static_cast<int>(p.block_m);
@@ -173,6 +183,10 @@ bool decode_plan_ok(const MoeDecodePlan& p) {
   for (const int64_t d : {p.bias1_dtype, p.bias2_dtype})
     if (d != kBFloat16 && d != kFloat32) return false;
   if (p.activation != 0 && p.activation != 1) return false;
+  // "sm90" experts: block_m <= 16 (packed_compiled), whole 128 x 64 tiles in w1 [2I, H] and w2 [H, I]
+  if (p.packed != 0 && (p.packed != 1 || p.block_m > 16 || (2 * p.inter) % 128 || p.hidden % 128 ||
+                        p.hidden % 64 || p.inter % 64))
+    return false;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);
   return ws.rows < (int64_t{1} << 31) && ws.blocks <= small_m::kMaxBlocks;
 }

@@ -60,11 +60,11 @@ LIBRARIES: dict[str, tuple[Unit, ...]] = {
     "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu"), Unit("moe_swiglu.cu")),
     **{f"small_m{v}": (Unit("mm_small_m.cu", (v,)),) for v in range(MM_VARIANTS)},
     **{f"wgmma{v}": (Unit("mm_wgmma.cu", (v,)),) for v in range(MM_VARIANTS)},
-    # fused_moe's decode path (NVFP4, row-major weights) by FC1's activations: bf16, or fp16 (its
-    # FC2 reads the bf16 intermediate: both variants)
-    "moe_small_m0": (Unit("moe_small_m.cu", (0,)),),
+    # fused_moe's decode path by FC1's activations: bf16, or fp16 (its FC2 reads the bf16
+    # intermediate: both variants), NVFP4 or MXFP4 experts, row-major or "sm90" (odd variants)
+    **{f"moe_small_m{v}": (Unit("moe_small_m.cu", (v,)),) for v in (0, 1, 4, 5)},
     "moe_small_m2": (Unit("moe_small_m.cu", (2, 0)),),
-    "moe_small_m4": (Unit("moe_small_m.cu", (4,)),),
+    "moe_small_m3": (Unit("moe_small_m.cu", (3, 1)),),
 }
 
 

@@ -184,8 +184,8 @@ def _decode(p: MoeProblem, t: SmallMMoeTactic, w1_scale: torch.Tensor, w2_scale:
         mx=int(mx), bias1_dtype=DTYPE_CODES[p.bias_dtypes[0] or torch.bfloat16],
         bias2_dtype=DTYPE_CODES[p.bias_dtypes[1] or torch.bfloat16], activation=int(p.activation != "swiglu"),
         swiglu_alpha_bits=_f32_bits(p.swiglu_alpha), swiglu_limit_bits=_f32_bits(p.swiglu_limit),
-        act_mx=int(mx and p.w4a4))
-    name = f"moe_small_m{mm_variant(fp16, mx, False)}"
+        act_mx=int(mx and p.w4a4), packed=int(p.packed))
+    name = f"moe_small_m{mm_variant(fp16, mx, p.packed)}"
     nbytes = library(p.device.index, name).moe_decode_workspace_bytes(ctypes.addressof(plan))
     if nbytes < 0 or nbytes != workspace_layout(p, t.block_m)[1]:
         raise RuntimeError(f"torch_fp4 internal: the cuda fused_moe decode path refused its plan {plan_fields(plan)} "

@@ -66,8 +66,6 @@ def problem_reason(p: MoeProblem) -> Optional[str]:
         return "one expert's weights are beyond 2^31 bytes (32-bit offsets)"
     if p.weight_align < 8:
         return "w1 and w2 must be 8-byte aligned, their scales 4-byte aligned"
-    if p.packed:
-        return "the decode path reads row-major experts ('sm90' experts: the grouped Hopper GEMMs)"
     return gpt_oss_reason(p, "the decode path")
 
 
@@ -88,6 +86,8 @@ def why_not(t: SmallMMoeTactic, p: MoeProblem) -> Optional[str]:
         return reason
     if t.block_m not in BLOCK_MS:
         return f"block_m={t.block_m} must be one of {BLOCK_MS}"
+    if p.packed and t.block_m > sm.PACKED_MAX_M:
+        return f"'sm90' experts are read at block_m <= {sm.PACKED_MAX_M} (packed_compiled), got block_m={t.block_m}"
     nb = t.block_m // 8
     if not sm.tile_compiled(nb, t.warps, t.tiles_per_warp, t.block_k):
         return (f"warps={t.warps}, tiles_per_warp={t.tiles_per_warp}, block_k={t.block_k} is not "
@@ -102,7 +102,7 @@ def why_not(t: SmallMMoeTactic, p: MoeProblem) -> Optional[str]:
     blocks = max_blocks(p.tokens * p.top_k, p.experts, t.block_m)
     if blocks > MAX_GRID_Z:
         return f"{blocks} blocks of {t.block_m} routed rows exceed the grid's {MAX_GRID_Z}"
-    return smem_reason(sm.smem_bytes(t.gemm_tactic(1), nb, p.fmt.block_size),
+    return smem_reason(sm.smem_bytes(t.gemm_tactic(1), nb, p.fmt.block_size, p.packed),
                        problem_smem_per_block(p, sm.SM90_SMEM_PER_BLOCK))
 
 
@@ -149,9 +149,10 @@ def rows_per_block(p: MoeProblem) -> int:
 
 
 def default(p: MoeProblem) -> SmallMMoeTactic:
-    """block_m from rows_per_block; the dense heuristic's tile for that many rows; splits for
-    about one CTA per SM over the expected routed experts."""
-    nb = sm.n_blocks(rows_per_block(p))
+    """block_m from rows_per_block (at most 16 for "sm90" experts); the dense heuristic's tile for
+    that many rows; splits for about one CTA per SM over the expected routed experts."""
+    rows = rows_per_block(p)
+    nb = sm.n_blocks(min(rows, sm.PACKED_MAX_M) if p.packed else rows)
     tile = _TILES[nb]
     if nb <= 2 and -(-p.hidden // 128) * expected_experts(p) < problem_sm_count(p):
         tile = _FEW_TILES

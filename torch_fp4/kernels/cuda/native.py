@@ -48,7 +48,7 @@ class MoeDecodePlan(ctypes.Structure):
         "tokens", "hidden", "inter", "experts", "top_k", "local_offset", "strict", "act_fp16", "out_dtype",
         "block_m", "warps", "tiles_per_warp", "block_k", "stages", "fc1_split", "fc2_split", "w1_kp", "w2_kp",
         "w1_s_expert", "w2_s_expert", "a2_gs_stride", "mx", "bias1_dtype", "bias2_dtype", "activation", "swiglu_alpha_bits",
-        "swiglu_limit_bits", "act_mx")]
+        "swiglu_limit_bits", "act_mx", "packed")]
 
 
 # launch.h's DType codes.
