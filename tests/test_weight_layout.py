@@ -256,3 +256,37 @@ def test_fused_moe_sm90_errors_name_the_argument():
         t4.fused_moe(**kw, weight_layout="sm90")
     with pytest.raises(ValueError, match="fused_moe: weight_layout: expected one of 'row', 'sm90', got 'tiled'"):
         t4.fused_moe(**kw, weight_layout="tiled")
+
+
+@pytest.mark.parametrize("fmt,acts", [("nvfp4", "bf16"), ("nvfp4", "fp4"), ("mxfp4", "bf16")])
+def test_fp4moe_sm90_equals_row_and_state_dict_is_row_major(fmt, acts):
+    """FP4MoE(weight_layout="sm90") keeps every expert prepacked, gives the row-major module's bits
+    (the reference on the CPU), saves row-major bytes and loads them back into its layout."""
+    torch.manual_seed(0)
+    kw = dict(hidden_size=128, intermediate_size=64, num_experts=3, top_k=2, activations=acts, fmt=fmt)
+    row = t4.FP4MoE(**kw)
+    w1, w2 = torch.randn(3, 128, 128), torch.randn(3, 128, 64)
+    row.set_weights(w1, w2)
+    if acts == "fp4" and fmt == "nvfp4":
+        row.calibrate(torch.randn(16, 128))
+    sm90 = t4.FP4MoE(**kw, weight_layout="sm90")
+    sm90.load_state_dict(row.state_dict())
+    assert sm90.weight_layout == "sm90" and "weight_layout=sm90" in repr(sm90)
+    assert torch.equal(sm90.w1, t4.prepack_weight(row.w1)) and torch.equal(sm90.w2, t4.prepack_weight(row.w2))
+    x = torch.randn(5, 128)
+    assert torch.equal(sm90(x), row(x))
+    state = sm90.state_dict()
+    assert torch.equal(state["w1"], row.w1) and torch.equal(state["w2"], row.w2)
+    assert all(torch.equal(a, b) for a, b in zip(sm90.row_major_experts(), (row.w1, row.w2)))
+    again = t4.FP4MoE(**kw, weight_layout="sm90")
+    again.set_weights(w1, w2)
+    assert torch.equal(again.w1, sm90.w1)
+    sm90.set_weight_layout("row")
+    assert torch.equal(sm90.w1, row.w1) and torch.equal(sm90(x), row(x))
+
+
+def test_fp4moe_sm90_shape_errors():
+    with pytest.raises(ValueError, match=r"FP4MoE: weight_layout: expected 'row' for experts w2 \[N=64, K=64\]"):
+        t4.FP4MoE(64, 64, 2, 1, weight_layout="sm90")
+    with pytest.raises(ValueError, match="FP4MoE: weight_layout: expected one of 'row', 'sm90'"):
+        t4.FP4MoE(128, 64, 2, 1, weight_layout="tiled")

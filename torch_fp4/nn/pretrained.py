@@ -119,13 +119,14 @@ def _expert_weights(name: str, mod: FP4MoE) -> dict[str, CK.NVFP4Weight]:
     a1 = mod.a1_global_scale_bits.view(torch.float32).cpu()
     a2 = mod.a2_global_scale_bits.view(torch.float32).cpu()
     out = {}
+    w1, w2 = mod.row_major_experts()
     for e in range(mod.num_experts):
         s1 = F.unswizzle(mod.w1_scale[e].cpu(), 2 * i, h // 16, F.SfLayout.LAYOUT_128x4)
         s2 = F.unswizzle(mod.w2_scale[e].cpu(), h, i // 16, F.SfLayout.LAYOUT_128x4)
         g1 = mod.w1_global_scale_bits[e:e + 1].view(torch.float32).cpu()
         g2 = mod.w2_global_scale_bits[e:e + 1].view(torch.float32).cpu()
-        rows = {gate: (mod.w1[e, :i], s1[:i], g1, a1), up: (mod.w1[e, i:], s1[i:], g1, a1),
-                down: (mod.w2[e], s2, g2, a2[e:e + 1] if a2.numel() > 1 else a2)}
+        rows = {gate: (w1[e, :i], s1[:i], g1, a1), up: (w1[e, i:], s1[i:], g1, a1),
+                down: (w2[e], s2, g2, a2[e:e + 1] if a2.numel() > 1 else a2)}
         for proj, (data, scale, gs, a) in rows.items():
             out[f"{name}.experts.{e}.{proj}"] = CK.NVFP4Weight(
                 data.cpu().contiguous(), F.swizzle(scale.contiguous().view(torch.float8_e4m3fn),
