@@ -118,6 +118,26 @@ def _moe_gpt_oss(backend: Backend) -> None:
             t4.fused_moe(**kw, activations="fp4", backend=backend)
 
 
+def _moe_sm90() -> None:
+    """The cuda backend on experts prepacked ("sm90"): the decode path's packed readers (FC1's gate
+    and up halves from two 128-row groups; block_m 8 and 16) and the grouped Hopper GEMMs, NVFP4
+    (W4A16, W4A4) and MXFP4 with gpt-oss's biases, one expert taking every pair and expert
+    parallelism."""
+    for w4a4 in (False, True):
+        for tokens, experts, top_k in ((1, 4, 2), (9, 8, 2), (129, 8, 4)):
+            kw = T.moe_problem(tokens, 128, 64, experts, top_k, DEV, w4a4=w4a4)
+            kw.update(w1=t4.prepack_weight(kw["w1"]), w2=t4.prepack_weight(kw["w2"]), weight_layout="sm90")
+            t4.fused_moe(**kw, backend=Backend.CUDA)
+            kw["topk_ids"] = torch.zeros_like(kw["topk_ids"])
+            t4.fused_moe(**kw, backend=Backend.CUDA)
+            kw["topk_ids"] = (kw["topk_ids"] + 2).to(torch.int32)
+            t4.fused_moe(**kw, local_expert_offset=3, num_local_experts=experts, backend=Backend.CUDA)
+    for tokens in (1, 33):
+        kw = T.gpt_oss_moe_problem(tokens, 128, 64, 4, 2, DEV)
+        kw.update(w1=t4.prepack_weight(kw["w1"]), w2=t4.prepack_weight(kw["w2"]), weight_layout="sm90")
+        t4.fused_moe(**kw, backend=Backend.CUDA)
+
+
 def _route(backend: Backend) -> None:
     for tokens, experts, top_k in ((1, 8, 2), (129, 64, 6), (33, 256, 8)):
         logits = torch.randn(tokens, experts, device=DEV)
@@ -146,6 +166,7 @@ def cases() -> dict[str, Callable[[], None]]:
     if torch.cuda.get_device_capability() == (9, 0):
         out["fused_moe/cuda"] = lambda: _moe(Backend.CUDA)
         out["fused_moe gpt-oss/cuda"] = lambda: _moe_gpt_oss(Backend.CUDA)
+        out["fused_moe sm90/cuda"] = _moe_sm90
         out["tma-store read-back/cuda"] = _tma_store_read_back
     return out
 
