@@ -1,12 +1,15 @@
 """Tactic sweep of the cuda fused_moe (W4A16; grouped small-M GEMMs below 16 routed rows per
 expert, grouped Hopper GEMMs from there) on the bench moe models, and of the SwiGLU kernel's tile
 on FC1's output. Prints per (model, T) the default tactic's time and the fastest candidates'.
-Usage: python scripts/sweep_moe_cuda.py [--no-silu] [T ...] (default 64 256 1024 4096)."""
+Usage: python scripts/sweep_moe_cuda.py [--no-silu] [--sm90] [T ...] (default 64 256 1024 4096);
+--sm90: the experts prepacked (fused_moe(..., weight_layout="sm90"))."""
 import sys
 
 import torch
 import triton
 
+import torch_fp4 as t4
+from torch_fp4 import formats as F
 from torch_fp4.bench import moe as B
 from torch_fp4.bench.timing import graph_time_us
 from torch_fp4.kernels.cuda import moe as CM
@@ -15,22 +18,25 @@ from torch_fp4.kernels.triton import moe_grouped as MG
 from torch_fp4.problems import MoeProblem
 
 
-def sweep(m: B.Model, tokens: int) -> None:
+def sweep(m: B.Model, tokens: int, layout: F.WeightLayout = F.WeightLayout.ROW) -> None:
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     experts = B._experts_that_fit(m, dev, tokens)
     w1, w2, x, ids, tw = B.routed_batch(m, experts, tokens, dev, gen)
-    p = MoeProblem.of(x, w1[0], w1[1], w2[0], w2[1], ids, None, None, 0, experts, torch.bfloat16)
+    if layout is F.WeightLayout.SM90:
+        w1, w2 = (t4.prepack_weight(w1[0]), *w1[1:]), (t4.prepack_weight(w2[0]), *w2[1:])
+    p = MoeProblem.of(x, w1[0], w1[1], w2[0], w2[1], ids, None, None, 0, experts, torch.bfloat16,
+                      weight_layout=layout)
     default = MT.default(p)
     times = []
     for t in MT.candidates(p):
         us = graph_time_us(lambda: CM.fused_moe(x, *w1, *w2, ids, tw, None, None, 0, torch.bfloat16,
-                                                tactic=t), [()])
+                                                weight_layout=layout, tactic=t), [()])
         times.append((us, t))
     best = min(times, key=lambda v: v[0])
     d = next(us for us, t in times if t == default)
     fastest = sorted(times, key=lambda v: v[0])[:8]
-    print(f"{m.name:<14} T={tokens:<5} default {default.label()} {d:.1f} us; best {best[1].label()} "
+    print(f"{m.name:<14} T={tokens:<5} {layout.value} default {default.label()} {d:.1f} us; best {best[1].label()} "
           f"{best[0]:.1f} us; fastest {len(fastest)} of {len(times)}: "
           + ", ".join(f"{t.label()} {us:.1f}" for us, t in fastest), flush=True)
 
@@ -53,12 +59,19 @@ def sweep_silu(rows: int, inter: int) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    layout = F.WeightLayout.ROW
+    if "--sm90" in args:
+        args.remove("--sm90")
+        layout = F.WeightLayout.SM90
     if "--no-silu" in args:
         args.remove("--no-silu")
     else:
         sweep_silu(9216, 14336)
     tokens = [int(a) for a in args] or [64, 256, 1024, 4096]
     for m in B.MODELS:
+        if layout is F.WeightLayout.SM90 and (F.sm90_layout_reason(2 * m.inter, m.hidden)
+                                              or F.sm90_layout_reason(m.hidden, m.inter)):
+            continue
         for t in tokens:
-            sweep(m, t)
+            sweep(m, t, layout)
         torch.cuda.empty_cache()
