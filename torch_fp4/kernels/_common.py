@@ -42,7 +42,7 @@ def cuda_empty(shape: tuple[int, ...], dtype: torch.dtype, like: torch.Tensor) -
     allocator's direct entry point when `like` is on the current device (about a third of
     torch.empty's host time), else by torch.empty."""
     if _empty_strided_cuda is not None and like.get_device() == _current_device():
-        return _empty_strided_cuda(shape, (shape[1], 1) if len(shape) == 2 else (1,), dtype)
+        return _empty_strided_cuda(shape, (max(shape[1], 1), 1) if len(shape) == 2 else (1,), dtype)
     return torch.empty(shape, dtype=dtype, device=like.device)
 
 
