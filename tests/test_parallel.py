@@ -1,6 +1,7 @@
 """Tensor- and expert-parallel FP4 modules (torch_fp4/nn/parallel.py) on the CPU: gloo process
 groups of 2 and 4 processes spawned by the test (bounded in time), each rank checking its result
 against the single-process module it was cut from."""
+import copy
 import os
 import tempfile
 import time
@@ -206,6 +207,7 @@ def check_tensor_parallel_moe(rank, world):
         got, want = tp(x).float(), whole(x).float()
         # each rank's FC2 output rounds a partial sum over its intermediate slice to bf16
         assert (got - want).norm() <= 0.02 * want.norm(), act
+    _sm90_experts_split_like_row_major(rank, world)
     with pytest.raises(ValueError, match="intermediate_size"):
         P.TensorParallelFP4MoE(FP4MoE(64, 48, 4, 2, device=DEV))   # 48 / world: not whole blocks
 
@@ -252,6 +254,25 @@ def check_cuda_graph_replay_equals_eager(rank, world):
 
 
 # ---------------------------------------------------------------------------------------------
+def _sm90_experts_split_like_row_major(rank, world):
+    """An FP4MoE keeping "sm90" experts splits as its row-major twin: expert parallelism keeps each
+    rank's whole experts in that layout (state_dict row-major), tensor parallelism slices the
+    row-major bytes; the outputs are the twin's parallel outputs."""
+    h, i, e = 128, 256, 8
+    router = torch.nn.Linear(h, e, bias=False).to(BF16).to(DEV)
+    w1, w2 = (torch.randn(e, 2 * i, h) / 8).to(DEV), (torch.randn(e, h, i) / 8).to(DEV)
+    row = FP4MoE.from_experts(router, w1, w2, top_k=2, renormalize=True)
+    sm90 = copy.deepcopy(row)
+    sm90.set_weight_layout("sm90")
+    x = _randn(6, h)
+    ep_row, ep = P.ExpertParallelFP4MoE(row), P.ExpertParallelFP4MoE(sm90)
+    assert ep.moe.weight_layout == "sm90" and torch.equal(ep(x), ep_row(x))
+    assert torch.equal(ep.moe.state_dict()["w1"], ep_row.moe.w1)
+    tp_row, tp = P.TensorParallelFP4MoE(row), P.TensorParallelFP4MoE(sm90)
+    assert tp.moe.weight_layout == "row" and torch.equal(tp.moe.w1, tp_row.moe.w1)
+    assert torch.equal(tp(x), tp_row(x))
+
+
 # The tests
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("check", ["check_column_parallel_equals_whole_layer",

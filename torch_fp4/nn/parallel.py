@@ -44,7 +44,7 @@ from .. import ops
 from ..ops import _checks as C
 from ._common import _input, _widen
 from .linear import FP4Linear
-from .moe import FP4MoE
+from .moe import FP4MoE, _experts_from_row, _experts_to_row
 
 __all__ = ["TensorParallelFP4Linear", "ExpertParallelFP4MoE", "TensorParallelFP4MoE", "shard_fp4_linear"]
 
@@ -188,6 +188,8 @@ def _part(moe: FP4MoE, buffers: dict, group, **settings) -> FP4MoE:
         part.register_buffer(name, buf)
     part.__dict__.update(settings)
     part.group = group
+    part.register_state_dict_post_hook(_experts_to_row)        # FP4MoE's: row-major bytes in state_dict
+    part.register_load_state_dict_pre_hook(_experts_from_row)
     return part
 
 
@@ -266,10 +268,11 @@ class TensorParallelFP4MoE(_ParallelMoE):
         lo, hi = self.rank * part, (self.rank + 1) * part
         s1 = torch.stack([_rows(moe.w1_scale[x], 2 * i, h // 16) for x in range(e)])
         s2 = torch.stack([_rows(moe.w2_scale[x], h, i // 16) for x in range(e)])
+        w1, w2 = moe.row_major_experts()     # slices of rows and K: row-major bytes, kept so
         buffers = {name: buf.clone() for name, buf in moe._buffers.items()}
         buffers.update(
-            w1=torch.cat([moe.w1[:, lo:hi], moe.w1[:, i + lo:i + hi]], dim=1).contiguous(),
+            w1=torch.cat([w1[:, lo:hi], w1[:, i + lo:i + hi]], dim=1).contiguous(),
             w1_scale=F.swizzle(torch.cat([s1[:, lo:hi], s1[:, i + lo:i + hi]], dim=1).contiguous(), _LAYOUT),
-            w2=moe.w2[:, :, lo // 2:hi // 2].contiguous(),
+            w2=w2[:, :, lo // 2:hi // 2].contiguous(),
             w2_scale=F.swizzle(s2[:, :, lo // 16:hi // 16].contiguous(), _LAYOUT))
-        self.moe = _part(moe, buffers, self.group, intermediate_size=part)
+        self.moe = _part(moe, buffers, self.group, intermediate_size=part, weight_layout="row")
