@@ -13,13 +13,14 @@ import torch_fp4 as t4
 from torch_fp4.bench.mm import nvfp4_weight
 from torch_fp4.bench.timing import graph_time_us
 from torch_fp4.kernels.cuda import moe as K
-from torch_fp4.kernels.cuda import mm_wgmma_tactics as wg
 from torch_fp4.kernels.cuda import moe_tactics as MT
+from torch_fp4.problems import Problem
 
 MODELS = (("Mixtral-8x7B", 8, 4096, 14336), ("Qwen3-30B-A3B", 128, 2048, 768), ("DeepSeek-V3", 256, 7168, 2048))
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 per_expert = [int(v) for v in sys.argv[2].split(",")] if len(sys.argv) > 2 else [16, 32, 64, 128, 256]
 dev = torch.device("cuda")
+where = Problem(device=dev, capability=torch.cuda.get_device_capability(dev))
 print(f"{'model':<14} {'GEMM':<4} {'rows/E':>6} {'tactic':<10} {'row us':>9} {'sm90 us':>9} {'row/sm90':>8} same")
 for name, e, h, inter in MODELS:
     for gemm, n, k in (("FC1", 2 * inter, h), ("FC2", h, inter)):
@@ -31,9 +32,8 @@ for name, e, h, inter in MODELS:
         for rpe in per_expert:
             bm = next((b for b in (256, 128) if rpe >= MT.BLOCK_M_FROM[b]), 64)
             ctas = 2 if bm == 64 and -(-rpe // 64) * e * -(-n // 128) > torch.cuda.get_device_properties(0).multi_processor_count else 1
-            stages = wg.max_stages(bm, wg.SM90_SMEM_PER_BLOCK if ctas == 1 else
-                                   (wg.SM90_SMEM_PER_SM - ctas * 1024) // ctas, True)
-            t = MT.WgmmaMoeTactic(bm, stages, ctas)
+            t = MT._tactic(where, bm, ctas)   # the heuristic's stages for that block and CTA count
+            stages = t.stages
             blocks = -(-rpe // bm)
             rows = e * blocks * bm
             block_expert = torch.arange(e, device=dev, dtype=torch.int32).repeat_interleave(blocks)

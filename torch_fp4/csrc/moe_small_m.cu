@@ -184,8 +184,7 @@ bool decode_plan_ok(const MoeDecodePlan& p) {
     if (d != kBFloat16 && d != kFloat32) return false;
   if (p.activation != 0 && p.activation != 1) return false;
   // "sm90" experts: block_m <= 16 (packed_compiled), whole 128 x 64 tiles in w1 [2I, H] and w2 [H, I]
-  if (p.packed != 0 && (p.packed != 1 || p.block_m > 16 || (2 * p.inter) % 128 || p.hidden % 128 ||
-                        p.hidden % 64 || p.inter % 64))
+  if (p.packed != 0 && (p.packed != 1 || p.block_m > 16 || (2 * p.inter) % 128 || p.hidden % 128 || p.inter % 64))
     return false;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);
   return ws.rows < (int64_t{1} << 31) && ws.blocks <= small_m::kMaxBlocks;

@@ -2,6 +2,7 @@
 activation modes."""
 from __future__ import annotations
 
+import functools
 from typing import Union
 
 import torch
@@ -55,3 +56,31 @@ def _activations(where: str, activations) -> str:
     if activations not in ("bf16", "fp4"):
         C.fail(where, "activations", "'bf16' (W4A16) or 'fp4' (W4A4)", repr(activations))
     return activations
+
+
+def keep_state_row_major(module: torch.nn.Module, names: tuple[str, ...]) -> None:
+    """Register state_dict hooks on a module that keeps the FP4 weight buffers `names` in
+    `module.weight_layout`: its state_dict holds their row-major bytes, and loading converts
+    row-major bytes into the module's layout (a tensor of another shape is left for
+    load_state_dict to report)."""
+    module.register_state_dict_post_hook(functools.partial(_weights_to_row, names=names))
+    module.register_load_state_dict_pre_hook(functools.partial(_weights_from_row, names=names))
+
+
+def _weights_to_row(module, state_dict: dict, prefix: str, local_metadata, *, names) -> None:
+    if module.weight_layout == "row":
+        return
+    for name in names:
+        if prefix + name in state_dict:
+            state_dict[prefix + name] = F.from_weight_layout(state_dict[prefix + name], module.weight_layout)
+
+
+def _weights_from_row(module, state_dict: dict, prefix: str, local_metadata, strict, missing_keys,
+                      unexpected_keys, error_msgs, *, names) -> None:
+    if module.weight_layout == "row":
+        return
+    for name in names:
+        t = state_dict.get(prefix + name)
+        if (isinstance(t, torch.Tensor) and t.element_size() == 1
+                and tuple(t.shape) == tuple(getattr(module, name).shape)):
+            state_dict[prefix + name] = F.to_weight_layout(t.contiguous(), module.weight_layout)

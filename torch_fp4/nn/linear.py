@@ -8,7 +8,7 @@ import torch
 from .. import formats as F
 from .. import ops
 from ..ops import _checks as C
-from ._common import _COMPUTE_DTYPES, _activations, _bits, _format, _input, _size, _widen
+from ._common import _COMPUTE_DTYPES, _activations, _bits, _format, _input, _size, _widen, keep_state_row_major
 
 
 class FP4Linear(torch.nn.Module):
@@ -71,8 +71,7 @@ class FP4Linear(torch.nn.Module):
         self.static_input_scale = False
         self.bias = torch.nn.Parameter(torch.zeros(out_features, dtype=compute_dtype, device=device),
                                        requires_grad=False) if bias else None
-        self.register_state_dict_post_hook(_weight_to_row)
-        self.register_load_state_dict_pre_hook(_weight_from_row)
+        keep_state_row_major(self, ("weight",))
         self.register_load_state_dict_pre_hook(_static_flag_of_older_state)
 
     # -- construction --------------------------------------------------------------------------
@@ -250,24 +249,6 @@ class FP4Linear(torch.nn.Module):
                 f"bias={self.bias is not None}, format={self.fmt.name}, {mode}, "
                 f"compute_dtype={self.compute_dtype}"
                 + ("" if self.weight_layout == "row" else f", weight_layout={self.weight_layout}"))
-
-
-def _weight_to_row(module: FP4Linear, state_dict: dict, prefix: str, local_metadata) -> None:
-    """state_dict holds the row-major weight bytes whatever layout the module keeps."""
-    key = prefix + "weight"
-    if module.weight_layout != "row" and key in state_dict:
-        state_dict[key] = F.from_weight_layout(state_dict[key], module.weight_layout)
-
-
-def _weight_from_row(module: FP4Linear, state_dict: dict, prefix: str, local_metadata, strict,
-                     missing_keys, unexpected_keys, error_msgs) -> None:
-    """Loading converts the row-major weight bytes of a state_dict into the module's layout (a
-    tensor of another shape is left for load_state_dict to report)."""
-    key = prefix + "weight"
-    t = state_dict.get(key)
-    if (module.weight_layout != "row" and isinstance(t, torch.Tensor) and t.element_size() == 1
-            and tuple(t.shape) == tuple(module.weight.shape)):
-        state_dict[key] = F.to_weight_layout(t.contiguous(), module.weight_layout)
 
 
 _UNSET_SCALE_BITS = 0x3F800000   # the bits of 1.0, input_global_scale_bits until a scale is fixed

@@ -12,7 +12,7 @@ from .. import hf, ops
 from ..ops import _checks as C
 from ..ops.moe import ACTIVATIONS, _validate_route
 from ..reference.moe import silu_mul
-from ._common import _COMPUTE_DTYPES, _activations, _input, _size, _widen
+from ._common import _COMPUTE_DTYPES, _activations, _input, _size, _widen, keep_state_row_major
 
 
 ExpertWeights = Union[torch.Tensor, Sequence]
@@ -142,8 +142,7 @@ class FP4MoE(torch.nn.Module):
             self.register_buffer("routing_bias_bits", torch.zeros(e, device=device).view(torch.int32))
         self.weight_layout = "row"
         self.set_weight_layout(weight_layout)
-        self.register_state_dict_post_hook(_experts_to_row)
-        self.register_load_state_dict_pre_hook(_experts_from_row)
+        keep_state_row_major(self, ("w1", "w2"))
 
     # -- construction --------------------------------------------------------------------------
     @classmethod
@@ -498,24 +497,6 @@ class FP4SparseMoeBlock(FP4MoE):
 
 
 _BLOCK_CLASSES: dict = {}
-
-
-def _experts_to_row(module: FP4MoE, state_dict: dict, prefix: str, local_metadata) -> None:
-    """state_dict holds the row-major expert bytes whatever layout the module keeps."""
-    for name in ("w1", "w2"):
-        if module.weight_layout != "row" and prefix + name in state_dict:
-            state_dict[prefix + name] = F.from_weight_layout(state_dict[prefix + name], module.weight_layout)
-
-
-def _experts_from_row(module: FP4MoE, state_dict: dict, prefix: str, local_metadata, strict, missing_keys,
-                      unexpected_keys, error_msgs) -> None:
-    """Loading converts a state_dict's row-major expert bytes into the module's layout (a tensor
-    of another shape is left for load_state_dict to report)."""
-    for name in ("w1", "w2"):
-        t = state_dict.get(prefix + name)
-        if (module.weight_layout != "row" and isinstance(t, torch.Tensor) and t.element_size() == 1
-                and tuple(t.shape) == tuple(getattr(module, name).shape)):
-            state_dict[prefix + name] = F.to_weight_layout(t.contiguous(), module.weight_layout)
 
 
 def _as_block(mod: FP4SparseMoeBlock, block_class: type) -> FP4SparseMoeBlock:

@@ -42,9 +42,9 @@ import torch.distributed._functional_collectives as funcol
 from .. import formats as F
 from .. import ops
 from ..ops import _checks as C
-from ._common import _input, _widen
+from ._common import _input, _widen, keep_state_row_major
 from .linear import FP4Linear
-from .moe import FP4MoE, _experts_from_row, _experts_to_row
+from .moe import FP4MoE
 
 __all__ = ["TensorParallelFP4Linear", "ExpertParallelFP4MoE", "TensorParallelFP4MoE", "shard_fp4_linear"]
 
@@ -188,8 +188,7 @@ def _part(moe: FP4MoE, buffers: dict, group, **settings) -> FP4MoE:
         part.register_buffer(name, buf)
     part.__dict__.update(settings)
     part.group = group
-    part.register_state_dict_post_hook(_experts_to_row)        # FP4MoE's: row-major bytes in state_dict
-    part.register_load_state_dict_pre_hook(_experts_from_row)
+    keep_state_row_major(part, ("w1", "w2"))   # as FP4MoE.__init__ does
     return part
 
 
