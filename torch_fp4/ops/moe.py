@@ -362,6 +362,8 @@ def swap_gate_up(w1: torch.Tensor, w1_scale: Optional[torch.Tensor] = None,
     """Convert w1 [E, 2I, H/2] between [gate; up] and [up; gate] row orders (its own inverse).
 
     Swizzled block scales are unswizzled, reordered and swizzled again. Returns new tensors.
+    w1 is row-major: the bytes of "sm90" experts are not rows (unprepack_weight them first and
+    prepack_weight the result).
     """
     C.dtype("swap_gate_up", "w1", w1, F.FP4_DATA_DTYPES)
     C.ndim("swap_gate_up", "w1", w1, (3,), "a 3-D [E, 2I, H/2] tensor")
