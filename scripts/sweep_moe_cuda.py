@@ -29,16 +29,25 @@ def sweep(m: B.Model, tokens: int, layout: F.WeightLayout = F.WeightLayout.ROW) 
                       weight_layout=layout)
     default = MT.default(p)
     times = []
+    failed = []
     for t in MT.candidates(p):
-        us = graph_time_us(lambda: CM.fused_moe(x, *w1, *w2, ids, tw, None, None, 0, torch.bfloat16,
-                                                weight_layout=layout, tactic=t), [()])
-        times.append((us, t))
+        run = lambda: CM.fused_moe(x, *w1, *w2, ids, tw, None, None, 0, torch.bfloat16,  # noqa: E731
+                                   weight_layout=layout, tactic=t, problem=p)
+        try:
+            run()
+            torch.cuda.synchronize()
+            times.append((graph_time_us(run, [()]), t))
+        except Exception as e:   # a tactic that fails is reported, not timed
+            torch.cuda.synchronize()
+            failed.append(t)
+            print(f"  FAILED {t.label()}: {type(e).__name__}: {str(e)[-160:]}", flush=True)
     best = min(times, key=lambda v: v[0])
-    d = next(us for us, t in times if t == default)
+    d = next((us for us, t in times if t == default), float("nan"))
     fastest = sorted(times, key=lambda v: v[0])[:8]
     print(f"{m.name:<14} T={tokens:<5} {layout.value} default {default.label()} {d:.1f} us; best {best[1].label()} "
           f"{best[0]:.1f} us; fastest {len(fastest)} of {len(times)}: "
-          + ", ".join(f"{t.label()} {us:.1f}" for us, t in fastest), flush=True)
+          + ", ".join(f"{t.label()} {us:.1f}" for us, t in fastest)
+          + (f"; {len(failed)} failed" if failed else ""), flush=True)
 
 
 def sweep_silu(rows: int, inter: int) -> None:

@@ -293,6 +293,46 @@ def test_decode_graph_launches_are_the_direct_launches(mode):
     assert_same(out, p.run(ids, tw, "reference"), f"{mode} captured call replayed")
 
 
+def test_decode_plans_freed_inside_a_caller_capture():
+    """The decode path's plan cache filling up inside a caller's CUDA-graph capture (calls of new
+    problem objects) frees the earlier plans' built graphs while the stream is captured: the
+    capture stays valid (csrc/graph_launch.cuh frees them in relaxed capture mode) and its replay
+    gives the reference's bits."""
+    from torch_fp4.kernels.cuda import moe as CM
+    from torch_fp4.kernels.cuda.moe_small_m_tactics import SmallMMoeTactic
+    from torch_fp4.problems import MoeProblem
+    experts, tokens = 8, 5
+    p = exact_problem(experts, 128, 64, tokens, False, seed=62)
+    t = SmallMMoeTactic(8)
+    w = p.weights()
+    ids, tw = random_routing(tokens, experts, 2, seed=71)
+
+    def call():   # a new problem object per call: a new plan (the cache is by identity)
+        q = MoeProblem.of(p.x, w[0], w[1], w[3], w[4], ids, p.a1, p.a2, 0, None, BF16)
+        return CM._small_m_moe(p.x, *w, ids, tw, p.a1, p.a2, BF16, q, t)
+    limit = CM._MAX_DECODES
+    CM._DECODES.clear()
+    CM._MAX_DECODES = 3
+    try:
+        for _ in range(2):
+            call()
+        torch.cuda.synchronize()
+        assert [d.graph.state() for d in CM._DECODES.values()] == ["built", "built"]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):   # the second call clears the cache: two built graphs freed
+            outs = [call() for _ in range(3)]
+        assert len(CM._DECODES) == 2
+    finally:
+        CM._MAX_DECODES = limit
+        CM._DECODES.clear()
+    for out in outs:
+        out.fill_(float("nan"))
+    graph.replay()
+    want = p.run(ids, tw, "reference")
+    for i, out in enumerate(outs):
+        assert_same(out, want, f"captured call {i} replayed")
+
+
 def test_decode_repeated_experts_and_tokens_without_local_pairs():
     """A token routed twice to one expert (two rows of one token in one block); a token with no
     pair on a local expert: zero with expert parallelism, NaN without (all its ids out of range);

@@ -19,6 +19,23 @@
 
 namespace torch_fp4 {
 
+// This thread in relaxed stream-capture mode for its lifetime (cudaThreadExchangeStreamCaptureMode):
+// CUDA calls that are not stream work (creating and destroying graphs and private streams) may then
+// run while a caller captures a stream, without invalidating its capture.
+class CaptureModeRelaxed {
+ public:
+  CaptureModeRelaxed() { exchanged_ = cudaThreadExchangeStreamCaptureMode(&mode_) == cudaSuccess; }
+  ~CaptureModeRelaxed() {
+    if (exchanged_) (void)cudaThreadExchangeStreamCaptureMode(&mode_);
+  }
+  CaptureModeRelaxed(const CaptureModeRelaxed&) = delete;
+  CaptureModeRelaxed& operator=(const CaptureModeRelaxed&) = delete;
+
+ private:
+  cudaStreamCaptureMode mode_ = cudaStreamCaptureModeRelaxed;
+  bool exchanged_ = false;
+};
+
 struct LaunchGraph {
   enum State : int { kEmpty = 0, kBuilt = 1, kBroken = 2 };
   std::mutex mutex;
@@ -30,6 +47,10 @@ struct LaunchGraph {
   cudaGraphNode_t node[LaunchRecord::kMaxLaunches] = {};   // node[i] runs the call's i-th launch
 
   ~LaunchGraph() {
+    // Runs from a Python finalizer, possibly while this thread (or another, in global mode)
+    // captures a stream: the destroys are not stream work, so they run in relaxed capture mode,
+    // which lets them proceed without invalidating that capture.
+    const CaptureModeRelaxed relaxed;
     if (exec != nullptr) (void)cudaGraphExecDestroy(exec);
     if (graph != nullptr) (void)cudaGraphDestroy(graph);
   }
@@ -54,6 +75,7 @@ inline bool same_launch(const RecordedLaunch& r, const cudaKernelNodeParams& p) 
 // private stream (the same arguments as record's); false when any step fails.
 template <class Enqueue>
 bool build(LaunchGraph& g, const LaunchRecord& record, bool pdl, Enqueue& enqueue) {
+  const CaptureModeRelaxed relaxed;   // another stream of this thread may be under capture
   cudaStream_t side = nullptr;
   if (cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking) != cudaSuccess) return false;
   bool ok = cudaStreamBeginCapture(side, cudaStreamCaptureModeThreadLocal) == cudaSuccess;
