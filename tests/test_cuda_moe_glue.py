@@ -85,6 +85,21 @@ def test_small_m_family_below_16_rows_per_expert():
         assert all(MT.why_not(c, p) is None for c in cands)
 
 
+def test_small_m_tile_of_sm90_experts():
+    """"sm90" experts take their own decode tile (4 warps of two tiles, 4 stages of K = 128) at
+    block_m <= 16, except where few weight tiles take the few-tiles one, as row-major experts do."""
+    from torch_fp4 import formats as F
+    from torch_fp4.kernels.cuda import moe_tactics as MT
+    for (t, e, k), tile in (((16, 128, 8), (4, 2, 128, 4)), ((4, 8, 2), (4, 2, 128, 4)), ((64, 256, 8), (4, 2, 128, 4)),
+                            ((1, 8, 2), (8, 1, 256, 4)), ((256, 256, 8), (4, 2, 128, 4))):
+        p = _problem(t, e, k, capability=(9, 0), weight_layout=F.WeightLayout.SM90)
+        row = MT.default(_problem(t, e, k, capability=(9, 0)))
+        d = MT.default(p)
+        assert (d.warps, d.tiles_per_warp, d.block_k, d.stages) == tile, (t, e, k, d)
+        assert d.block_m == min(row.block_m, 16) and MT.why_not(d, p) is None, (t, e, k, d, row)
+        assert all(MT.why_not(c, p) is None for c in MT.candidates(p))
+
+
 def test_gpt_oss_limits_named():
     """gpt-oss's features run W4A16 on both cuda families (MXFP4 experts on bf16 activations), and
     W4A4 (NVFP4 or MXFP4 activations) on the grouped Hopper GEMMs only."""

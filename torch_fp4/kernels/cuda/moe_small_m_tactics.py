@@ -135,6 +135,11 @@ def with_splits(p: MoeProblem, t: SmallMMoeTactic) -> SmallMMoeTactic:
 # fewer CTAs, each needs more loads in flight); the dense heuristic's tiles (mm_tactics.default)
 # from 32 rows.
 _TILES = {1: (4, 2, 256, 3), 2: (4, 2, 256, 3), 4: (8, 1, 256, 3), 8: (8, 1, 128, 4)}
+# "sm90" experts (block_m 8 and 16): 4 warps of two tiles with 4 stages of K = 128, fastest at
+# T = 4-16 on all three models in the H200 sweep (scripts/sweep_moe_cuda.py --sm90, us against the
+# row-major tile above on the same experts: Qwen3-30B-A3B T = 16 91.5 against 98.0, Mixtral-8x7B
+# T = 4 204.3 against 211.1, DeepSeek-V3 T = 4 252.4 against 264.1).
+_TILES_SM90 = {1: (4, 2, 128, 4), 2: (4, 2, 128, 4)}
 _FEW_TILES = (8, 1, 256, 4)
 
 
@@ -149,11 +154,11 @@ def rows_per_block(p: MoeProblem) -> int:
 
 
 def default(p: MoeProblem) -> SmallMMoeTactic:
-    """block_m from rows_per_block (at most 16 for "sm90" experts); the dense heuristic's tile for
-    that many rows; splits for about one CTA per SM over the expected routed experts."""
+    """block_m from rows_per_block (at most 16 for "sm90" experts); the tile for that many rows
+    (_TILES, _TILES_SM90); splits for about one CTA per SM over the expected routed experts."""
     rows = rows_per_block(p)
     nb = sm.n_blocks(min(rows, sm.PACKED_MAX_M) if p.packed else rows)
-    tile = _TILES[nb]
+    tile = (_TILES_SM90 if p.packed else _TILES)[nb]
     if nb <= 2 and -(-p.hidden // 128) * expected_experts(p) < problem_sm_count(p):
         tile = _FEW_TILES
     return with_splits(p, SmallMMoeTactic(8 * nb, *tile))
