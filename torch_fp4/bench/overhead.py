@@ -7,7 +7,9 @@ same run, same timer: `torch.nn.functional.linear` on the same sizes, and an emp
 `torch.library.custom_op` taking the same number of tensors (what PyTorch's own op path costs).
 Each op is timed through its public function and, where it differs, straight through
 `torch.ops.torch_fp4.*`. "over empty op" = the op's time minus the empty op's with as many
-tensor arguments. On the CPU (`--device cpu`) the reference backend's arithmetic is included.
+tensor arguments, as the median over rounds of the difference within a round: every round times
+every case once (200 back-to-back calls each), so a slow stretch of a shared host falls on all
+cases alike. On the CPU (`--device cpu`) the reference backend's arithmetic is included.
 """
 from __future__ import annotations
 
@@ -55,21 +57,42 @@ class Case:
     tensors: int            # tensor arguments of the op (the empty op's arity to compare with)
 
 
-def host_us(fn: Callable[[], object], device: torch.device, calls: int = 200, repeats: int = 7) -> float:
-    """Median over `repeats` of the host time per call of `calls` back-to-back calls."""
+def _sample_us(fn: Callable[[], object], device: torch.device, calls: int) -> float:
+    """Host time per call of `calls` back-to-back calls, then a synchronization (not timed)."""
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return us
+
+
+def _warm(fn: Callable[[], object], device: torch.device) -> None:
     for _ in range(10):
         fn()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-    return statistics.median(samples)
+
+
+def host_us(fn: Callable[[], object], device: torch.device, calls: int = 200, repeats: int = 7) -> float:
+    """Median over `repeats` of the host time per call of `calls` back-to-back calls."""
+    _warm(fn, device)
+    return statistics.median(_sample_us(fn, device, calls) for _ in range(repeats))
+
+
+def interleaved_us(fns: list[Callable[[], object]], device: torch.device, calls: int = 200,
+                   rounds: int = 9) -> list[list[float]]:
+    """Per function, its host us per call in each of `rounds` rounds; every round times every
+    function once (`calls` back-to-back calls each), so a slow stretch of the host falls on all of
+    them alike rather than on whichever was being timed."""
+    for fn in fns:
+        _warm(fn, device)
+    samples: list[list[float]] = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            samples[i].append(_sample_us(fn, device, calls))
+    return samples
 
 
 def cases(device: torch.device) -> list[Case]:
@@ -108,14 +131,20 @@ def run(device: str | None = None, csv_path: str | None = None) -> list[dict]:
           f"torch {torch.__version__}; under torch.inference_mode() and torch.no_grad()")
     rows = []
     for mode, ctx in (("inference_mode", torch.inference_mode), ("no_grad", torch.no_grad)):
-        empty = {}
         with ctx():
-            for c in cases(dev):
-                us = host_us(c.fn, dev)
-                if c.name.startswith("empty custom op"):
-                    empty[c.tensors] = us
-                rows.append({"device": where, "mode": mode, "op": c.name, "host_us": us,
-                             "tensors": c.tensors, "empty_us": empty.get(c.tensors)})
+            cs = cases(dev)
+            samples = interleaved_us([c.fn for c in cs], dev)
+        empty = {c.tensors: s for c, s in zip(cs, samples) if c.name.startswith("empty custom op")}
+        linear = samples[0]
+        for c, s in zip(cs, samples):
+            plain = c.name.startswith(("empty", "F.linear"))
+            e = empty[c.tensors]
+            rows.append({"device": where, "mode": mode, "op": c.name, "host_us": statistics.median(s),
+                         "tensors": c.tensors, "empty_us": statistics.median(e),
+                         # the median of the same round's differences and ratios
+                         "over_empty_us": None if plain else statistics.median(a - b for a, b in zip(s, e)),
+                         "x_linear": statistics.median(a / b for a, b in zip(s, linear)),
+                         "rounds": len(s)})
     by = {(r["mode"], r["op"]): r for r in rows}
     print(f"{'op':<34} | {'inference_mode us':>17} {'over empty':>10} {'x linear':>8} | "
           f"{'no_grad us':>10} {'over empty':>10}")
@@ -123,11 +152,8 @@ def run(device: str | None = None, csv_path: str | None = None) -> list[dict]:
         cells = []
         for mode in ("inference_mode", "no_grad"):
             q = by[(mode, r["op"])]
-            linear = by[(mode, "F.linear (bf16)")]["host_us"]
-            plain = q["op"].startswith(("empty", "F.linear"))
-            q["over_empty_us"] = None if plain else q["host_us"] - q["empty_us"]
-            q["x_linear"] = q["host_us"] / linear
-            cells.append((q["host_us"], "" if plain else f"{q['over_empty_us']:.1f}", q["x_linear"]))
+            over = q["over_empty_us"]
+            cells.append((q["host_us"], "" if over is None else f"{over:.1f}", q["x_linear"]))
         (a, b, c), (d, e, _) = cells
         print(f"{r['op']:<34} | {a:>17.1f} {b:>10} {c:>8.2f} | {d:>10.1f} {e:>10}")
     write_csv(csv_path, rows)
