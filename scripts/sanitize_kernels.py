@@ -45,10 +45,10 @@ def _quantize(backend: Backend) -> None:
                           backend=backend)
 
 
-def _mm_every_tactic(backend: Backend, weight_layout: str) -> None:
-    """Every tactic `mm_fp4_tactics` lists for `backend`, W4A16 and W4A4, NVFP4 and MXFP4."""
+def _mm_every_tactic(backend: Backend, weight_layout: str, fmts=(t4.NVFP4, t4.MXFP4)) -> None:
+    """Every tactic `mm_fp4_tactics` lists for `backend`, W4A16 and W4A4, formats `fmts`."""
     n, k = (136, 192) if weight_layout == "row" else (256, 192)
-    for fmt in (t4.NVFP4, t4.MXFP4):
+    for fmt in fmts:
         wq, ws, _ = T.quantized_weight(n, k, fmt, DEV)
         if weight_layout != "row":
             wq = t4.prepack_weight(wq, weight_layout)
@@ -157,8 +157,12 @@ def cases() -> dict[str, Callable[[], None]]:
     for b in GPU_BACKENDS:
         if t4.unsupported_reason("nvfp4_quantize", b, probe, torch.ones(1, device=DEV)) is None:
             out[f"quantize/{b.label}"] = lambda b=b: _quantize(b)
-    for b in (Backend.TRITON, Backend.CUDA, Backend.CUTE_DSL):
+    for b in (Backend.CUDA, Backend.CUTE_DSL):
         out[f"mm_fp4 row/{b.label}"] = lambda b=b: _mm_every_tactic(b, "row")
+    # triton: one case per format (each tactic is a module of its own, which a tool instruments
+    # when it loads: about 250 kernels per format, so that each case fits a 10-minute call)
+    for fmt in (t4.NVFP4, t4.MXFP4):
+        out[f"mm_fp4 row {fmt.name}/triton"] = lambda fmt=fmt: _mm_every_tactic(Backend.TRITON, "row", (fmt,))
     out["mm_fp4 sm90/cuda"] = lambda: _mm_every_tactic(Backend.CUDA, "sm90")
     out["route/triton"] = lambda: _route(Backend.TRITON)
     out["fused_moe/triton"] = lambda: _moe(Backend.TRITON)
