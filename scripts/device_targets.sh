@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The open issues' target measurements on the lent GPU, in parts that each fit one device call:
-#   scripts/device_targets.sh [build] [mm] [moe] [gpt-oss] [overhead]   (writes CSVs and logs under $OUT)
+#   scripts/device_targets.sh [build] [mm] [moe] [gpt-oss] [overhead] [tier] [sanitize]   (CSVs and logs under $OUT)
 # build: `precompile` (every kernel library, and the Triton kernels of the default shapes) so that
 # the later parts time kernels, not compilers; mm: `bench mm` at M = 1..4096 on the three
 # Llama-3.1-70B shapes with quack and fp8 in the same run (issue 12); moe: `bench moe` on
 # Mixtral-8x7B, Qwen3-30B-A3B and DeepSeek-V3 at T = 1..4096, row-major and "sm90" experts
-# (issue 13); gpt-oss: the gpt-oss shapes (issue 16); overhead: `bench overhead` twice (issue 18).
+# (issue 13); gpt-oss: the gpt-oss shapes (issue 16); overhead: `bench overhead` twice (issue 18);
+# tier: the quick GPU test tier, timed, with its slowest tests; sanitize: initcheck over the triton
+# mm_fp4 cases, one format per sanitizer process (issue 14).
 source "$(dirname "$0")/device_common.sh"
 t0=$(date +%s)
 for step in "$@"; do
@@ -26,6 +28,15 @@ for step in "$@"; do
                 echo "bench overhead $run rc $? $(( $(date +%s) - t0 ))s"
                 grep -E "F.linear|empty custom op, (4|9)|^mm_fp4 W4A16 |nvfp4_quantize|fused_moe" "$OUT/overhead_$run.log"
               done ;;
-    *) echo "unknown part $step (build, mm, moe, gpt-oss, overhead)"; exit 2 ;;
+    tier) timeout ${TIER_TIMEOUT:-400} python -m pytest -q -m gpu -n 8 -p no:cacheprovider --durations=30 tests \
+            > "$OUT/tier.log" 2>&1
+          echo "quick tier rc $? $(( $(date +%s) - t0 ))s: $(tail -1 "$OUT/tier.log")"
+          grep -E "^(FAILED|ERROR)" "$OUT/tier.log" | head -20 ;;
+    sanitize) for fmt in nvfp4 mxfp4; do
+                timeout 290 python scripts/sanitize_kernels.py --sanitize --tools initcheck --timeout 270 \
+                  --cases "mm_fp4 row $fmt/triton" --log-dir "$OUT" > "$OUT/sanitize_$fmt.log" 2>&1
+                echo "initcheck triton $fmt rc $? $(( $(date +%s) - t0 ))s"; tail -2 "$OUT/sanitize_$fmt.log"
+              done ;;
+    *) echo "unknown part $step (build, mm, moe, gpt-oss, overhead, tier, sanitize)"; exit 2 ;;
   esac
 done
