@@ -33,8 +33,9 @@ for step in "$@"; do
           echo "quick tier rc $? $(( $(date +%s) - t0 ))s: $(tail -1 "$OUT/tier.log")"
           grep -E "^(FAILED|ERROR)" "$OUT/tier.log" | head -20 ;;
     sanitize) for fmt in nvfp4 mxfp4; do
+                mkdir -p "$OUT/$fmt"
                 timeout 290 python scripts/sanitize_kernels.py --sanitize --tools initcheck --timeout 270 \
-                  --cases "mm_fp4 row $fmt/triton" --log-dir "$OUT" > "$OUT/sanitize_$fmt.log" 2>&1
+                  --cases "mm_fp4 row $fmt/triton" --log-dir "$OUT/$fmt" > "$OUT/sanitize_$fmt.log" 2>&1
                 echo "initcheck triton $fmt rc $? $(( $(date +%s) - t0 ))s"; tail -2 "$OUT/sanitize_$fmt.log"
               done ;;
     *) echo "unknown part $step (build, mm, moe, gpt-oss, overhead, tier, sanitize)"; exit 2 ;;
