@@ -82,8 +82,9 @@ class FP4MoE(torch.nn.Module):
     weight_layout: the byte order w1 and w2 keep, "row" (default) or "sm90" (every expert
     prepacked: `fused_moe(..., weight_layout="sm90")`, read by the cuda backend on sm_90 and the
     reference; 2I and H multiples of 128, H and I of 64). On an H200 "sm90" experts ran fused_moe
-    9-14% faster from 16 routed rows per expert and 4-8% slower at decode sizes (BENCHMARKS.md), so
-    the default stays "row". state_dict holds the row-major bytes in either layout and loading
+    7-17% faster from 16 routed rows per expert and 0.96-1.07x the row-major speed at decode sizes
+    (up to 4% slower on DeepSeek-V3's decode; BENCHMARKS.md), so the default stays "row".
+    state_dict holds the row-major bytes in either layout and loading
     converts them; `set_weight_layout` converts in place.
     """
 
