@@ -28,6 +28,7 @@ from .timing import write_csv
 N = K = 128          # weight [N, K]; a multiple of the "sm90" tile, so FP4Linear's "auto" may use it
 TOKENS = 1
 EXPERTS, TOP_K = 8, 2
+LINEAR = "F.linear (bf16)"   # the peer case every op's "x linear" divides by
 
 
 def _empty_op(n: int) -> Callable:
@@ -121,7 +122,7 @@ def cases(device: torch.device) -> list[Case]:
     pool = [x, wq, ws, alpha, gs, xq, xs, logits, *moe.values()]
     arities = sorted({c.tensors for c in fp4})
     empties = [Case(f"empty custom op, {n} tensors", (lambda n=n: empty_op(n)(*pool[:n])), n) for n in arities]
-    return [Case("F.linear (bf16)", lambda: torch.nn.functional.linear(x, w), 2)] + empties + fp4
+    return [Case(LINEAR, lambda: torch.nn.functional.linear(x, w), 2)] + empties + fp4
 
 
 def run(device: str | None = None, csv_path: str | None = None) -> list[dict]:
@@ -135,9 +136,9 @@ def run(device: str | None = None, csv_path: str | None = None) -> list[dict]:
             cs = cases(dev)
             samples = interleaved_us([c.fn for c in cs], dev)
         empty = {c.tensors: s for c, s in zip(cs, samples) if c.name.startswith("empty custom op")}
-        linear = samples[0]
+        linear = next(s for c, s in zip(cs, samples) if c.name == LINEAR)
         for c, s in zip(cs, samples):
-            plain = c.name.startswith(("empty", "F.linear"))
+            plain = c.name == LINEAR or c.name.startswith("empty")
             e = empty[c.tensors]
             rows.append({"device": where, "mode": mode, "op": c.name, "host_us": statistics.median(s),
                          "tensors": c.tensors, "empty_us": statistics.median(e),
