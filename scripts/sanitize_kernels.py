@@ -43,6 +43,9 @@ def _quantize(backend: Backend) -> None:
         dm, sm = t4.mxfp4_quantize(x3, layout, backend=backend)
         t4.fp4_dequantize(dm, sm, block_size=32, sf_layout=layout, out_dtype=torch.float32,
                           backend=backend)
+    if t4.unsupported_reason("fp4_quantized_values", backend, x, gs) is None:
+        t4.fp4_quantized_values(x, gs, backend=backend)
+        t4.fp4_quantized_values(x3, None, 32, backend=backend)
 
 
 def _mm_every_tactic(backend: Backend, weight_layout: str, fmts=(t4.NVFP4, t4.MXFP4)) -> None:

@@ -67,3 +67,32 @@ def test_fp4moe_under_cuda_graphs(act):
     moe = t4.FP4MoE.from_experts(router, w1, w2, top_k=2, method="renormalize",
                                  activations=act, calibration=xs[0])
     _check_under_cuda_graphs(moe, xs, act)
+
+
+@pytest.mark.parametrize("fmt", ["nvfp4", "mxfp4"])
+def test_w4a4_forward_is_w4a4s_product(fmt):
+    """FP4Linear's W4A4 forward (fp4_quantized_values, then mm_fp4 on them as bf16 activations)
+    is within the spec's GEMM bound of the exact product of the quantized activations and
+    weights, at M = 1, 33 and 300 (the small-M and the Hopper GEMM on sm_90), weights in the
+    device's preferred layout; NaN-poisoned outputs show any element left unwritten."""
+    from torch_fp4 import formats as F
+    from torch_fp4.kernels import _common
+    from torch_fp4.testing import assert_mm_within_bound
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(512, 384, bias=False).to("cuda", torch.bfloat16)
+    mod = t4.FP4Linear.from_linear(lin, fmt, "fp4")
+    block = 16 if fmt == "nvfp4" else 32
+    w_row = F.from_weight_layout(mod.weight, mod.weight_layout)
+    w_hat = t4.fp4_dequantize(w_row, mod.weight_scale, None, block, out_dtype=torch.float32)
+    _common.POISON_OUTPUTS = True
+    try:
+        for m in (1, 33, 300):
+            x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+            with torch.no_grad():
+                y = mod(x)
+            gs = t4.compute_global_scale(x) if fmt == "nvfp4" else None
+            a_hat = t4.fp4_quantized_values(x, gs, block, backend="reference").float()
+            alpha = t4.nvfp4_alpha(gs, mod.weight_global_scale) if fmt == "nvfp4" else 1.0
+            assert_mm_within_bound(y, a_hat, w_hat, alpha)
+    finally:
+        _common.POISON_OUTPUTS = False

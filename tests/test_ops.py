@@ -9,7 +9,7 @@ import torch_fp4 as t4
 from torch_fp4 import testing as T
 from torch_fp4.backends import Backend
 
-OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
+OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "fp4_quantized_values", "mm_fp4",
        "route", "fused_moe", "prepack_weight", "unprepack_weight")
 ONE_BYTE_FLOATS = (torch.float4_e2m1fn_x2, torch.float8_e4m3fn, torch.float8_e8m0fnu)
 SAMPLES = T.op_samples()

@@ -787,3 +787,55 @@ def test_expert_global_scales_give_one_scale_per_expert():
     assert d.shape == (5, 32, 32)
     with pytest.raises(ValueError, match=r"expert_global_scales: w: expected a 3-D \[E, rows, K\] tensor"):
         torch_fp4.expert_global_scales(torch.randn(4, 64))
+
+
+# ---------------------------------------------------------------------------------------------
+# fp4_quantized_values: the quantized values before the global scale is undone (spec 3b)
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=50, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 6), st.sampled_from([16, 32]), st.booleans(),
+       st.sampled_from([torch.bfloat16, torch.float16, torch.float32]), st.integers(-30, 30),
+       st.integers(0, 2 ** 31 - 1))
+def test_quantized_values_are_quantize_then_dequantize(m, kb, block, batched, dtype, j, seed):
+    """fp4_quantized_values == fp4_dequantize(*quantize(x), None) bit for bit, 2-D and 3-D (one
+    global scale per entry), with NaN, Inf and zero blocks; every value is exact in bf16 (the
+    fp32 dequantize without the global scale equals it)."""
+    g = torch.Generator().manual_seed(seed)
+    shape = (3, m, kb * block) if batched else (m, kb * block)
+    x = torch.randn(shape, generator=g) * 2.0 ** j
+    flat = x.view(-1, kb * block)
+    flat[0, 0] = float("nan")
+    if flat.shape[0] > 1:
+        flat[1, -1] = float("inf")
+        flat[-1].zero_()
+    x = x.to(dtype)
+    if block == 16:
+        gs = torch.stack([torch_fp4.compute_global_scale(e) for e in x]).reshape(-1) if batched \
+            else torch_fp4.compute_global_scale(x)
+        q, s = torch_fp4.nvfp4_quantize(x, gs, "linear")
+    else:
+        gs = None
+        q, s = torch_fp4.mxfp4_quantize(x, "linear")
+    got = torch_fp4.fp4_quantized_values(x, gs, block)
+    want = torch_fp4.fp4_dequantize(q, s, None, block, "linear", torch.bfloat16)
+    wide = torch_fp4.fp4_dequantize(q, s, None, block, "linear", torch.float32)
+    assert got.dtype == torch.bfloat16 and got.shape == x.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(got.float(), wide, rtol=0, atol=0, equal_nan=True)   # exact in bf16
+
+
+def test_quantized_values_errors_name_the_argument():
+    x = torch.randn(4, 32)
+    gs = torch_fp4.compute_global_scale(x)
+    with pytest.raises(TypeError, match="fp4_quantized_values: global_scale: expected an fp32 tensor"):
+        torch_fp4.fp4_quantized_values(x)
+    with pytest.raises(ValueError, match="global_scale: expected None for MXFP4"):
+        torch_fp4.fp4_quantized_values(x, gs, 32)
+    with pytest.raises(ValueError, match="block_size: expected 16"):
+        torch_fp4.fp4_quantized_values(x, gs, 8)
+    with pytest.raises(ValueError, match="fp4_quantized_values: x"):
+        torch_fp4.fp4_quantized_values(torch.randn(4, 24), gs)
+    with pytest.raises(TypeError, match="fp4_quantized_values: x"):
+        torch_fp4.fp4_quantized_values(torch.ones(4, 32, dtype=torch.int32), gs)
+    with pytest.raises(ValueError, match="fp4_quantized_values: global_scale"):
+        torch_fp4.fp4_quantized_values(x, torch.ones(2))

@@ -9,7 +9,7 @@ from . import formats
 from .backends import Backend
 from .formats import MXFP4, NVFP4, Fp4Format, SfLayout, WeightLayout, nvfp4_alpha
 from .ops import (ROUTING_METHODS, compute_global_scale, expert_global_scales, fp4_dequantize,
-                  fused_moe, fused_moe_tactics, mm_fp4,
+                  fp4_quantized_values, fused_moe, fused_moe_tactics, mm_fp4,
                   mm_fp4_tactics, mxfp4_quantize, nvfp4_quantize, preferred_weight_layout,
                   prepack_weight, route, supported_backends, swap_gate_up, unprepack_weight,
                   unsupported_reason)
@@ -28,7 +28,7 @@ def set_pdl(enabled: bool = True) -> None:
     _common.PDL = bool(enabled)
 
 __all__ = ["formats", "Backend", "Fp4Format", "NVFP4", "MXFP4", "SfLayout", "WeightLayout", "nvfp4_alpha",
-           "compute_global_scale", "expert_global_scales", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "mm_fp4",
+           "compute_global_scale", "expert_global_scales", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize", "fp4_quantized_values", "mm_fp4",
            "mm_fp4_tactics", "prepack_weight", "unprepack_weight", "preferred_weight_layout", "Tactic", "autotune", "use_tactic", "route", "fused_moe", "fused_moe_tactics", "swap_gate_up", "ROUTING_METHODS",
            "supported_backends", "unsupported_reason", "set_pdl", "checkpoint", "nn", "FP4Linear", "FP4MoE", "QuantConfig", "quantize_model",
            "from_pretrained", "save_pretrained",

@@ -11,7 +11,8 @@ from .backends import Backend
 from .problems import MmProblem, MoeProblem, Problem
 
 DEFAULT_ORDER = (Backend.CUDA, Backend.CUTE_DSL, Backend.TRITON, Backend.REFERENCE)
-_QUANTIZE_OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize")
+_QUANTIZE_OPS = ("compute_global_scale", "nvfp4_quantize", "mxfp4_quantize", "fp4_dequantize",
+                 "fp4_quantized_values")
 
 # Size bands by element count of the op's first tensor argument (the problem's numel).
 SMALL, MEDIUM, LARGE = 0, 1, 2

@@ -8,7 +8,10 @@ the optional peer quack-kernels is importable, `quack.gemm_w4.gemm_w4a16` (NVFP4
 repacked once by its `prepare_w4_weight`, not timed) is timed in the same run and "x quack" is
 its time over ours. On sm_90 the "sm90" columns time W4A16 with the weights prepacked once
 (`torch_fp4.prepack_weight`, weight_layout="sm90"; the Hopper GEMM at every M).
-W4A4 times include the activation quantization (global scale given, one quantize launch).
+W4A4 times include the activation quantization (global scale given): "W4A4" is FP4Linear's W4A4
+path (`fp4_quantized_values`, then mm_fp4 on those exact values as bf16 activations), "codes"
+is `nvfp4_quantize` to FP4 codes and scales, then mm_fp4 on them (which dequantizes them first).
+Both use the row-major weights of the W4A16 column, and A4/A16 is their time over W4A16's.
 `--tactics` times every tactic of one problem and writes them to a CSV file.
 """
 from __future__ import annotations
@@ -52,6 +55,10 @@ class Problem:
         return ops.mm_fp4(self.a, packed.T, None, self.w_scale.T, self.alpha, weight_layout="sm90")
 
     def w4a4(self):
+        values = ops.fp4_quantized_values(self.a, self.gs_a)
+        return ops.mm_fp4(values, self.w_data.T, None, self.w_scale.T, self.alpha)
+
+    def w4a4_codes(self):
         return ops.mm_fp4(*self.w4a4_args())
 
     def w4a4_args(self):
@@ -97,7 +104,7 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
     rows = []
     hdr = (f"{'N':>6} {'K':>6} {'M':>6} | {'bf16 us':>9} {'fp8 us':>9} | {'W4A16 us':>9} {'TFLOP/s':>7} "
            f"{'x bf16':>6} {'x fp8':>6} {'floor':>5} | {'sm90 us':>9} {'x bf16':>6} {'x quack':>7} | "
-           f"{'quack us':>9} {'x quack':>7} | {'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6}")
+           f"{'quack us':>9} {'x quack':>7} | {'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6} | {'codes us':>9} {'A4/A16':>6}")
     print(hdr)
     for n, k in SHAPES:
         w = nvfp4_weight(n, k, dev)
@@ -112,11 +119,13 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
             with tactics.autotune(tune):
                 p.w4a16()
                 p.w4a4()
+                p.w4a4_codes()
                 if packed is not None:
                     p.w4a16_sm90(packed)
             t16 = graph_time_us(p.w4a16, [()])
             tp = graph_time_us(lambda p=p, w=packed: p.w4a16_sm90(w), [()]) if packed is not None else float("nan")
             t4 = graph_time_us(p.w4a4, [()])
+            t4c = graph_time_us(p.w4a4_codes, [()])
             bf16, fp8 = _peers(m, n, k, w_bf16, w_fp8, dev)
             tq = graph_time_us(quack, [(p.a,)]) if quack is not None else float("nan")
             flops = 2.0 * m * n * k
@@ -125,11 +134,13 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
                      w4a16_floor=floor_us / t16, quack_us=tq, w4a16_x_quack=tq / t16,
                      sm90_us=tp, sm90_x_bf16=bf16 / tp, sm90_x_quack=tq / tp,
                      w4a4_x_bf16=bf16 / t4, w4a4_over_w4a16=t4 / t16,
+                     w4a4_codes_us=t4c, w4a4_codes_over_w4a16=t4c / t16,
                      copy_gbs=copy_bw)
             rows.append(r)
             print(f"{n:>6} {k:>6} {m:>6} | {bf16:>9.1f} {fp8:>9.1f} | {t16:>9.1f} {r['w4a16_tflops']:>7.0f} "
                   f"{r['w4a16_x_bf16']:>6.2f} {r['w4a16_x_fp8']:>6.2f} {r['w4a16_floor']:>5.2f} | "
-                  f"{tp:>9.1f} {r['sm90_x_bf16']:>6.2f} {r['sm90_x_quack']:>7.2f} | {tq:>9.1f} {r['w4a16_x_quack']:>7.2f} | {t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f}", flush=True)
+                  f"{tp:>9.1f} {r['sm90_x_bf16']:>6.2f} {r['sm90_x_quack']:>7.2f} | {tq:>9.1f} {r['w4a16_x_quack']:>7.2f} | {t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f} | "
+                  f"{t4c:>9.1f} {r['w4a4_codes_over_w4a16']:>6.2f}", flush=True)
             del p
         del w, w_bf16, w_fp8, quack, packed
         torch.cuda.empty_cache()

@@ -111,6 +111,7 @@ def cases(device: torch.device) -> list[Case]:
         Case("nvfp4_quantize", lambda: ops.nvfp4_quantize(x, gs), 2),
         Case("mxfp4_quantize", lambda: ops.mxfp4_quantize(x), 1),
         Case("fp4_dequantize", lambda: ops.fp4_dequantize(xq, xs, gs), 3),
+        Case("fp4_quantized_values", lambda: ops.fp4_quantized_values(x, gs), 2),
         Case("mm_fp4 W4A16", lambda: ops.mm_fp4(x, wq.T, None, ws.T, alpha), 4),
         Case("torch.ops.torch_fp4.mm_fp4 W4A16",
              lambda: tops.mm_fp4(x, wq.T, None, ws.T, alpha, torch.bfloat16, 16, "128x4", 0, "row"), 4),

@@ -20,3 +20,7 @@ def quantize(x: torch.Tensor, fmt: F.Fp4Format, layout: F.SfLayout) -> tuple[tor
 def fp4_dequantize(data: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     *lead, half_k = data.shape
     return data.new_empty((*lead, half_k * 2), dtype=out_dtype)
+
+
+def fp4_quantized_values(x: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(x.shape, dtype=torch.bfloat16)

@@ -1,4 +1,5 @@
-"""Quantize family: compute_global_scale, nvfp4_quantize, mxfp4_quantize, fp4_dequantize."""
+"""Quantize family: compute_global_scale, nvfp4_quantize, mxfp4_quantize, fp4_dequantize,
+fp4_quantized_values."""
 from __future__ import annotations
 
 from typing import Optional
@@ -97,6 +98,21 @@ def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_d
     return fmt, layout, Backend.parse(backend, f"{op}: backend")
 
 
+def _validate_values(x, global_scale, block_size, backend) -> tuple[F.Fp4Format, Backend]:
+    op = "fp4_quantized_values"
+    fmt = C.block_size(op, block_size)
+    _check_source(op, x, fmt)
+    if fmt.has_global_scale:
+        if global_scale is None:
+            C.fail(op, "global_scale", "an fp32 tensor [1] for NVFP4 (block_size=16; see "
+                   "compute_global_scale)", "None", TypeError)
+        C.global_scale(op, "global_scale", global_scale, _batch(x))
+    elif global_scale is not None:
+        C.fail(op, "global_scale", "None for MXFP4 (block_size=32 has no global scale)", "a tensor")
+    C.same_device(op, x=x, global_scale=global_scale)
+    return fmt, Backend.parse(backend, f"{op}: backend")
+
+
 # The validated arguments as one problem object, and the requested backend (ops._registry.run).
 def _global_scale_problem(x, backend) -> tuple[GlobalScaleProblem, Backend]:
     bk = _validate_global_scale(x, backend)
@@ -118,6 +134,11 @@ def _dequantize_problem(data, scale, global_scale, block_size, sf_layout, out_dt
     fmt, layout, bk = _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_dtype,
                                            backend)
     return DequantizeProblem.of(data, scale, global_scale, fmt, layout, out_dtype), bk
+
+
+def _values_problem(x, global_scale, block_size, backend) -> tuple[QuantizeProblem, Backend]:
+    fmt, bk = _validate_values(x, global_scale, block_size, backend)
+    return QuantizeProblem.of(x, fmt, F.SfLayout.LINEAR), bk
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,16 +186,29 @@ def _fp4_dequantize_fake(data, scale, global_scale, block_size, sf_layout, out_d
     return meta.fp4_dequantize(data, out_dtype)
 
 
+def _fp4_quantized_values(x: torch.Tensor, global_scale: Optional[torch.Tensor], block_size: int,
+                          backend: int) -> torch.Tensor:
+    return run("fp4_quantized_values", _values_problem, (x, global_scale, block_size, backend),
+               lambda p: (x, global_scale, p.fmt))
+
+
+def _fp4_quantized_values_fake(x, global_scale, block_size, backend):
+    _validate_values(x, global_scale, block_size, backend)
+    return meta.fp4_quantized_values(x)
+
+
 compute_global_scale_op = define("compute_global_scale", _compute_global_scale,
                                  _compute_global_scale_fake)
 nvfp4_quantize_op = define("nvfp4_quantize", _nvfp4_quantize, _nvfp4_quantize_fake)
 mxfp4_quantize_op = define("mxfp4_quantize", _mxfp4_quantize, _mxfp4_quantize_fake)
 fp4_dequantize_op = define("fp4_dequantize", _fp4_dequantize, _fp4_dequantize_fake)
+fp4_quantized_values_op = define("fp4_quantized_values", _fp4_quantized_values, _fp4_quantized_values_fake)
 
 register_impl("compute_global_scale", Backend.REFERENCE, reference.compute_global_scale)
 register_impl("nvfp4_quantize", Backend.REFERENCE, reference.nvfp4_quantize)
 register_impl("mxfp4_quantize", Backend.REFERENCE, reference.mxfp4_quantize)
 register_impl("fp4_dequantize", Backend.REFERENCE, reference.fp4_dequantize)
+register_impl("fp4_quantized_values", Backend.REFERENCE, reference.fp4_quantized_values)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +279,28 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: Option
                              int(Backend.parse(backend, "fp4_dequantize: backend")))
 
 
+def fp4_quantized_values(x: torch.Tensor, global_scale: Optional[torch.Tensor] = None, block_size: int = 16,
+                         backend: Backend | str = "auto") -> torch.Tensor:
+    """The values of x's FP4 quantization before the global scale is undone, as bf16 [..., K]:
+    `fp4_dequantize(*nvfp4_quantize(x, global_scale), None)` (block_size 16) or
+    `fp4_dequantize(*mxfp4_quantize(x), block_size=32)` bit for bit, in one pass. Each value is
+    LUT(q) * block scale, exact in bf16 (docs/NUMERICS.md section 3b).
+
+    These are the activations a W4A4 GEMM multiplies: `mm_fp4` with them as bf16 activations and
+    alpha = nvfp4_alpha(global_scale, w_global_scale) (MXFP4: None) computes W4A4's product,
+    without the FP4 codes and scales in between. FP4Linear's W4A4 forward runs this way.
+    x: [M, K] or [E, M, K] (bf16, fp16, fp32 or fp8 e4m3; K a multiple of block_size);
+    global_scale: fp32 [1] (or [E]) for NVFP4, None for MXFP4.
+    """
+    if eager(x, global_scale):
+        return _fp4_quantized_values(x, global_scale, block_size, backend)
+    C.tensors("fp4_quantized_values", x=x)
+    return fp4_quantized_values_op(x, global_scale, block_size,
+                                   int(Backend.parse(backend, "fp4_quantized_values: backend")))
+
+
 register_problem("compute_global_scale", compute_global_scale, _global_scale_problem)
 register_problem("nvfp4_quantize", nvfp4_quantize, _nvfp4_problem)
 register_problem("mxfp4_quantize", mxfp4_quantize, _mxfp4_problem)
 register_problem("fp4_dequantize", fp4_dequantize, _dequantize_problem)
+register_problem("fp4_quantized_values", fp4_quantized_values, _values_problem)

@@ -69,3 +69,14 @@ def dequantize_fp32(data: torch.Tensor, scale: torch.Tensor, global_scale: torch
 def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.Tensor | None,
                    fmt: F.Fp4Format, sf_layout: F.SfLayout, out_dtype: torch.dtype) -> torch.Tensor:
     return dequantize_fp32(data, scale, global_scale, fmt, sf_layout).to(out_dtype)
+
+
+def fp4_quantized_values(x: torch.Tensor, global_scale: torch.Tensor | None,
+                         fmt: F.Fp4Format) -> torch.Tensor:
+    """bf16 [..., K]: x quantized (NVFP4 with global_scale, MXFP4 without) and dequantized without
+    the global scale, LUT(q) * block scale, exact in bf16 (spec section 3b)."""
+    if fmt is F.NVFP4:
+        data, scale = nvfp4_quantize(x, global_scale, F.SfLayout.LINEAR)
+    else:
+        data, scale = mxfp4_quantize(x, F.SfLayout.LINEAR)
+    return fp4_dequantize(data, scale, None, fmt, F.SfLayout.LINEAR, torch.bfloat16)

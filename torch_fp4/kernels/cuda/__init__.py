@@ -20,6 +20,7 @@ OPS = {
     "nvfp4_quantize": "quantize:nvfp4_quantize",
     "mxfp4_quantize": "quantize:mxfp4_quantize",
     "fp4_dequantize": "quantize:fp4_dequantize",
+    "fp4_quantized_values": "quantize:fp4_quantized_values",
     "mm_fp4": "mm:mm_fp4",
     "fused_moe": "moe:fused_moe",
 }
@@ -51,6 +52,8 @@ def _scale_blocks(rows: int, k: int, block: int, layout: F.SfLayout) -> int:
 def _size_reason(op: str, p: Problem) -> Optional[str]:
     if op in ("nvfp4_quantize", "mxfp4_quantize"):
         threads = _scale_blocks(p.rows, p.k, p.fmt.block_size, p.sf_layout)
+    elif op == "fp4_quantized_values":   # one thread per block of one matrix
+        threads = p.rows * (p.k // p.fmt.block_size)
     elif op == "fp4_dequantize":
         threads = max(p.rows * p.k // 8, _scale_blocks(p.rows, p.k, p.fmt.block_size, p.sf_layout))
     else:

@@ -6,6 +6,7 @@ weights in the "sm90" layout (torch_fp4.prepack_weight); the small-M GEMM for M 
 W4A16 feeds the bf16/fp16 activations to the kernel as they are. W4A4 first dequantizes the FP4
 activations to bf16 with the backend's dequantize kernel (exact: every NVFP4/MXFP4 value is a bf16
 value), then runs the same kernel; the weights are decoded in registers inside the GEMM.
+(FP4Linear's W4A4 skips the codes: fp4_quantized_values writes the exact values in one launch.)
 """
 from __future__ import annotations
 

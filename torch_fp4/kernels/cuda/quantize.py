@@ -56,15 +56,18 @@ def nvfp4_quantize(x: torch.Tensor, global_scale: torch.Tensor,
 
 
 def exact_values(x: torch.Tensor, global_scale: Optional[torch.Tensor], fmt: F.Fp4Format = F.NVFP4,
-                 src_pairs: Optional[torch.Tensor] = None, top_k: int = 1) -> torch.Tensor:
+                 src_pairs: Optional[torch.Tensor] = None, top_k: int = 1,
+                 out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """bf16 [..., rows, k]: the values of x's NVFP4 (with global_scale) or MXFP4 (global_scale
     None) quantization dequantized without the global scale (code * block scale, exact in bf16),
     in one launch: what fp4_dequantize(*quantize(x, ...), None) returns, bit for bit. x is
     contiguous [rows, k] or [batch, rows, k] (global_scale [1] or [batch]), k a multiple of the
     block size. src_pairs (int32 [rows'], x 2-D): gathered, row m of the [rows', k] result from
-    x's row src_pairs[m] // top_k (fused_moe's rows grouped by expert; every entry in range)."""
+    x's row src_pairs[m] // top_k (fused_moe's rows grouped by expert; every entry in range).
+    out: the result's preallocated bf16 tensor (default: a new one)."""
     shape = x.shape if src_pairs is None else (src_pairs.shape[0], x.shape[1])
-    out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
+    if out is None:
+        out = torch.empty(shape, dtype=torch.bfloat16, device=x.device)
     if out.numel() == 0:
         return out
     i = x.get_device()
@@ -75,6 +78,12 @@ def exact_values(x: torch.Tensor, global_scale: Optional[torch.Tensor], fmt: F.F
                                fmt.block_size, None if src_pairs is None else src_pairs.data_ptr(), top_k),
               "fp4 exact values")
     return out
+
+
+def fp4_quantized_values(x: torch.Tensor, global_scale: Optional[torch.Tensor], fmt: F.Fp4Format) -> torch.Tensor:
+    """The public op fp4_quantized_values: exact_values with an output the tests may poison."""
+    out = prepare_outputs(meta.fp4_quantized_values(x))
+    return out if x.numel() == 0 else exact_values(x, global_scale, fmt, out=out)
 
 
 def mxfp4_quantize(x: torch.Tensor, sf_layout: F.SfLayout) -> tuple[torch.Tensor, torch.Tensor]:
