@@ -146,21 +146,23 @@ def test_cuda_exact_values_are_quantize_then_dequantize(shape, dtype, block):
         _assert_same((exact_values(x, gs, fmt, pairs, top_k),), (want,), f"gathered exact values {dtype} {block}")
 
 
+@pytest.mark.parametrize("backend", ("cuda", "triton"))
 @pytest.mark.parametrize("block", (16, 32))
 @pytest.mark.parametrize("dtype", IN_DTYPES, ids=str)
-def test_quantized_values_op_bitexact(dtype, block):
-    """The public fp4_quantized_values on its GPU backend (auto: cuda) against the reference, bit
+def test_quantized_values_op_bitexact(dtype, block, backend):
+    """The public fp4_quantized_values on each GPU backend that has it against the reference, bit
     for bit, 2-D with partial blocks of rows and 3-D with a scale per entry, poisoned outputs;
     the op's call inside a CUDA graph gives the same bits."""
     for shape in ((129, 96) if block == 32 else (129, 80), (3, 40, 128)):
         x = edge_input(shape, dtype, seed=block + len(shape))
         gs = (torch.rand(shape[0] if len(shape) == 3 else 1, device="cuda") * 1000 + 0.5) if block == 16 else None
-        _need("fp4_quantized_values", "cuda", x, gs, block)
+        _need("fp4_quantized_values", backend, x, gs, block)
         want = t4.fp4_quantized_values(x, gs, block, backend="reference")
-        _assert_same((t4.fp4_quantized_values(x, gs, block),), (want,), f"values {shape} {dtype} {block}")
+        got = t4.fp4_quantized_values(x, gs, block, backend=backend)
+        _assert_same((got,), (want,), f"{backend} values {shape} {dtype} {block}")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        got = t4.fp4_quantized_values(x, gs, block)
+        got = t4.fp4_quantized_values(x, gs, block, backend=backend)
     graph.replay()
     _assert_same((got,), (want,), f"values in a graph {dtype} {block}")
 

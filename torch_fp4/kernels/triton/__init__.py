@@ -15,6 +15,7 @@ OPS = {
     "nvfp4_quantize": "quantize:nvfp4_quantize",
     "mxfp4_quantize": "quantize:mxfp4_quantize",
     "fp4_dequantize": "quantize:fp4_dequantize",
+    "fp4_quantized_values": "quantize:fp4_quantized_values",
     "mm_fp4": "mm:mm_fp4",
     "route": "moe_route:route",
     "fused_moe": "moe_fused:fused_moe",

@@ -203,6 +203,14 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.
     return out
 
 
+def fp4_quantized_values(x: torch.Tensor, global_scale: torch.Tensor | None, fmt: F.Fp4Format) -> torch.Tensor:
+    """The quantize (linear scales) and the dequantize without the global scale to bf16, two
+    launches of the kernels above (the cuda backend does it in one)."""
+    lay = F.SfLayout.LINEAR
+    data, scale = _quantize(x, global_scale, fmt, lay)
+    return fp4_dequantize(data, scale, None, fmt, lay, torch.bfloat16)
+
+
 def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
     out = prepare_outputs(meta.compute_global_scale(x))
     flat = x.reshape(-1)
