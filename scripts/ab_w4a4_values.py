@@ -5,11 +5,13 @@ on the FP4 codes and scales). Row-major weights in every column.
 
     python scripts/ab_w4a4_values.py 1,16,64,128 out.csv
 """
-import statistics, sys, csv
+import statistics
+import sys
+
 import torch
 from torch_fp4 import ops
 from torch_fp4.bench.mm import Problem, nvfp4_weight, SHAPES
-from torch_fp4.bench.timing import graph_time_us
+from torch_fp4.bench.timing import graph_time_us, write_csv
 
 dev = torch.device("cuda")
 MS = [int(x) for x in sys.argv[1].split(",")]
@@ -40,5 +42,4 @@ for n, k in SHAPES:
               f"{md['a4']/md['a16']:6.3f} {md['codes']/md['a16']:9.3f} {md['bf16']/md['a16']:10.2f} {md['bf16']/md['a4']:9.2f}", flush=True)
     del w, wb
     torch.cuda.empty_cache()
-with open(sys.argv[2], "w", newline="") as f:
-    wr = csv.DictWriter(f, fieldnames=list(rows[0])); wr.writeheader(); wr.writerows(rows)
+write_csv(sys.argv[2], rows)
