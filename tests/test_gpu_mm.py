@@ -28,6 +28,8 @@ QUICK = {
     "test_random_within_bound": {
         "fp4-128x4-nvfp4-cuda", "bf16-128x4-mxfp4-cuda", "bf16-128x4-nvfp4-triton",
         "fp4-128x4-nvfp4-cute-dsl"},
+    "test_quantize_a_gives_the_bits_of_the_values_path": {
+        "nvfp4-bf16-sm90-cuda", "mxfp4-bf16-row-cuda", "nvfp4-fp16-row-cuda", "nvfp4-bf16-row-triton"},
 }
 
 
@@ -195,3 +197,63 @@ def test_tactic_that_cannot_run_says_why():
     with pytest.raises(ValueError, match="block_k=48 is not a multiple"):
         with t4.use_tactic(bad):
             call(args, fmt)
+
+
+def _tile_sample(ts):
+    """Every tactic family with and without split-K, and every cuda small-M tile shape."""
+    picked, seen = [], set()
+    for t in ts:
+        sig = (t.family, getattr(t, "swap_ab", None), getattr(t, "split_k", 1) > 1, getattr(t, "warps", None),
+               getattr(t, "tiles_per_warp", None), getattr(t, "block_k", None))
+        if sig not in seen:
+            seen.add(sig)
+            picked.append(t)
+    return picked
+
+
+@pytest.mark.parametrize("backend", ("cuda", "triton"))
+@pytest.mark.parametrize("weights", ["row", "sm90"])
+@pytest.mark.parametrize("fmt_name,a_dtype", [("nvfp4", torch.bfloat16), ("nvfp4", torch.float16),
+                                              ("mxfp4", torch.bfloat16)], ids=["nvfp4-bf16", "nvfp4-fp16", "mxfp4-bf16"])
+def test_quantize_a_gives_the_bits_of_the_values_path(backend, weights, fmt_name, a_dtype):
+    """mm_fp4(x, quantize_a=True) gives, tactic by tactic, the bits of mm_fp4 on
+    fp4_quantized_values(x) with the same tactic: every small-M tile shape, split-K, M tails,
+    K % 32 == 16 (NVFP4 row-major),
+    activations with Inf, NaN, large and tiny values and every E2M1 rounding tie; outputs
+    NaN-poisoned; within the bound of W4A4 on the reference's codes."""
+    fmt = FMTS[fmt_name]
+    if weights == "sm90" and backend == "triton":
+        pytest.skip("the triton backend reads row-major weights")
+    n, k = (256, 1024) if weights == "sm90" else (200, 1040 if fmt is F.NVFP4 else 1056)
+    g = _gen(k)
+    wq, ws, wgs = T.quantized_weight(n, k, fmt, "cuda")
+    w = t4.prepack_weight(wq) if weights == "sm90" else wq
+    for m in (1, 5, 16, 33, 64):
+        x = (torch.randn(m, k, generator=g) * 4).cuda()
+        if m > 2:   # every E2M1 rounding tie (MXFP4: block scale 1, so x * o = x)
+            x[1] = (torch.arange(k) % 32) * 0.25 - 4.0
+        x[0, 3], x[m - 1, 17], x[m // 2, 40], x[m // 2, 41] = float("inf"), float("nan"), 3.0e4, 1.0e-6
+        x = x.to(a_dtype)
+        gs = t4.compute_global_scale(x.nan_to_num(0.0, 0.0, 0.0)) if fmt is F.NVFP4 else None
+        alpha = F.nvfp4_alpha(gs, wgs) if fmt is F.NVFP4 else None
+        kw = dict(block_size=fmt.block_size, weight_layout=weights)
+        if t4.unsupported_reason("mm_fp4", Backend.parse(backend), x, w.T, None, ws.T, alpha, torch.float32,
+                                 quantize_a=True, a_global_scale=gs, **kw) is not None:
+            continue
+        values = t4.fp4_quantized_values(x, gs, fmt.block_size)
+        ts = _tile_sample(t4.mm_fp4_tactics(x, w.T, None, ws.T, alpha, backend=backend, quantize_a=True,
+                                            a_global_scale=gs, **kw))
+        assert ts, (m, "no tactic")
+        for t in ts:
+            with t4.use_tactic(t):
+                got = t4.mm_fp4(x, w.T, None, ws.T, alpha, torch.float32, quantize_a=True, a_global_scale=gs, **kw)
+                want = t4.mm_fp4(values, w.T, None, ws.T, alpha, torch.float32, **kw)
+            assert T.same_bits_up_to_nan_payload(got, want), (m, t.label())
+        got = t4.mm_fp4(x, w.T, None, ws.T, alpha, torch.bfloat16, quantize_a=True, a_global_scale=gs,
+                        backend=backend, **kw)
+        d, s = t4.nvfp4_quantize(x.cpu(), gs.cpu()) if fmt is F.NVFP4 else t4.mxfp4_quantize(x.cpu())
+        ahat = t4.fp4_dequantize(d, s, None, block_size=fmt.block_size, out_dtype=torch.float32)
+        what = t4.fp4_dequantize(wq.cpu(), ws.cpu(), None, block_size=fmt.block_size, out_dtype=torch.float32)
+        rows = ~ahat.isnan().any(1) & ~x.cpu().isinf().any(1)   # an Inf's MXFP4 block may overflow fp32 sums
+        T.assert_mm_within_bound(got.cpu()[rows], ahat[rows], what, 1.0 if alpha is None else alpha.cpu())
+        assert got.cpu()[ahat.isnan().any(1)].isnan().all()

@@ -301,3 +301,56 @@ def test_end_to_end_approximates_bf16_matmul(fmt_name):
     assert err < 0.2
     # and the FP4 error is real (quantization happened): not bit-equal to the bf16 product
     assert err > 1e-3
+
+
+# ---------------------------------------------------------------------------------------------
+# W4A4 from 16-bit activations: quantize_a
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 70), n=st.integers(1, 90), kblocks=st.integers(1, 4), fmt_name=st.sampled_from(list(FMTS)),
+       a_dtype=st.sampled_from([torch.bfloat16, torch.float16]),
+       out_dtype=st.sampled_from(OUT_DTYPES), seed=st.integers(0, 2**16), special=st.booleans())
+def test_quantize_a_is_mm_of_quantized_values_and_of_codes(m, n, kblocks, fmt_name, a_dtype, out_dtype, seed,
+                                                          special):
+    """mm_fp4(a, quantize_a=True) is mm_fp4 on fp4_quantized_values(a) and W4A4 on a's codes, bit for
+    bit (reference), with Inf/NaN/huge activations among them when `special`."""
+    fmt = FMTS[fmt_name]
+    k = 32 * kblocks
+    a = _randn(m, k, seed, torch.float32) * 3
+    if special:
+        a[0, 0], a[-1, -1] = float("inf"), float("nan")
+        a[m // 2, k // 2] = 60000.0 if a_dtype == torch.float16 else 1e30
+    a = a.to(a_dtype)
+    wq, ws, wgs = T.quantized_weight(n, k, fmt)
+    gs = torch_fp4.compute_global_scale(a[a.isfinite()].reshape(1, -1) if special else a) if fmt is F.NVFP4 else None
+    alpha = F.nvfp4_alpha(gs, wgs) if fmt is F.NVFP4 else None
+    fused = torch_fp4.mm_fp4(a, wq.T, None, ws.T, alpha, out_dtype, fmt.block_size, quantize_a=True,
+                             a_global_scale=gs)
+    values = torch_fp4.fp4_quantized_values(a, gs, fmt.block_size)
+    via_values = torch_fp4.mm_fp4(values, wq.T, None, ws.T, alpha, out_dtype, fmt.block_size)
+    assert torch.equal(_bits(fused), _bits(via_values))
+    codes = (torch_fp4.nvfp4_quantize(a, gs) if fmt is F.NVFP4 else torch_fp4.mxfp4_quantize(a))
+    via_codes = torch_fp4.mm_fp4(codes[0], wq.T, codes[1], ws.T, alpha, out_dtype, fmt.block_size)
+    assert T.same_bits_up_to_nan_payload(fused, via_codes)   # a NaN block's NaNs form differently
+
+
+def test_quantize_a_errors_name_the_argument():
+    a = torch.randn(4, 64, dtype=torch.bfloat16)
+    wq, ws, wgs = T.quantized_weight(32, 64)
+    mq, ms, _ = T.quantized_weight(32, 64, F.MXFP4)
+    gs = torch.ones(1)
+    d, s = torch_fp4.nvfp4_quantize(a, gs)
+    with pytest.raises(ValueError, match=r"mm_fp4: a_global_scale: expected None unless quantize_a=True"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, a_global_scale=gs)
+    with pytest.raises(TypeError, match=r"mm_fp4: a_global_scale: expected an fp32 tensor \[1\] with quantize_a"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, quantize_a=True)
+    with pytest.raises(ValueError, match=r"mm_fp4: a_global_scale: expected shape \[1\]"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, quantize_a=True, a_global_scale=torch.ones(2))
+    with pytest.raises(ValueError, match=r"mm_fp4: a_global_scale: expected None for MXFP4"):
+        torch_fp4.mm_fp4(a, mq.T, None, ms.T, block_size=32, quantize_a=True, a_global_scale=gs)
+    with pytest.raises(ValueError, match=r"mm_fp4: a_scale: expected None with quantize_a=True"):
+        torch_fp4.mm_fp4(d, wq.T, s, ws.T, quantize_a=True, a_global_scale=gs)
+    with pytest.raises(TypeError, match=r"mm_fp4: quantize_a: expected a bool, got 1"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, quantize_a=1, a_global_scale=gs)
+    with pytest.raises(TypeError, match=r"mm_fp4: a: expected dtype"):
+        torch_fp4.mm_fp4(a.float(), wq.T, None, ws.T, quantize_a=True, a_global_scale=gs)

@@ -69,15 +69,22 @@ class MmProblem(Problem):
     a_align: int                    # byte alignment of a, b and b_scale (1 .. 16)
     b_align: int
     b_scale_align: int
+    quantize_a: bool = False        # 16-bit a quantized in fmt on the way in (W4A4 from 16-bit a)
 
     @classmethod
     def of(cls, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout,
-           wlayout: F.WeightLayout = F.WeightLayout.ROW) -> "MmProblem":
+           wlayout: F.WeightLayout = F.WeightLayout.ROW, quantize_a: bool = False) -> "MmProblem":
         """From validated mm_fp4 launcher arguments (b = w.T, b_scale = w_scale.T)."""
         return cls(m=a.shape[0], n=b.shape[1], k=2 * b.shape[0], fmt=fmt, w4a4=a_scale is not None,
                    a_dtype=a.dtype, sf_layout=F.SfLayout.parse(layout), weight_layout=wlayout,
                    out_dtype=out_dtype, has_alpha=alpha is not None, a_align=alignment(a),
-                   b_align=alignment(b), b_scale_align=alignment(b_scale), **_where(a))
+                   b_align=alignment(b), b_scale_align=alignment(b_scale), quantize_a=quantize_a,
+                   **_where(a))
+
+    def on_values(self) -> "MmProblem":
+        """The W4A16 problem a quantize_a problem becomes once its activations are quantized
+        first: bf16 exact values (fp4_quantized_values) in a fresh 16-byte aligned tensor."""
+        return dataclasses.replace(self, quantize_a=False, a_dtype=torch.bfloat16, a_align=16)
 
     @property
     def a_itemsize(self) -> int:

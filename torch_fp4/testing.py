@@ -53,6 +53,16 @@ def assert_mm_within_bound(out: torch.Tensor, a_hat: torch.Tensor, b_hat: torch.
                              f"ref={ref[tuple(i)].item()}, bound={tol[tuple(i)].item()}")
 
 
+def same_bits_up_to_nan_payload(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Equal bits, except that where one is NaN the other must be NaN of any payload (two paths to
+    the same NaN block may form their NaNs differently)."""
+    nan = x.isnan()
+    if x.dtype != y.dtype or not torch.equal(nan, y.isnan()):
+        return False
+    ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[x.dtype]
+    return torch.equal(x.view(ints)[~nan], y.view(ints)[~nan])
+
+
 def random_codes(shape: tuple[int, ...], generator: torch.Generator | None = None,
                  device: torch.device | str = "cpu") -> torch.Tensor:
     """Uniform random E2M1 codes (uint8 in [0, 15]) of `shape` (unpacked)."""
@@ -149,6 +159,10 @@ def op_samples() -> list[tuple[str, str, tuple]]:
     pq, ps, _ = quantized_weight(128, 64)
     packed = ops.prepack_weight(pq)
     out.append(("mm_sm90", "mm_fp4", (x, packed.T, None, ps.T, None, torch.bfloat16, 16, "128x4", REF, "sm90")))
+    out.append(("mm_quantize_a", "mm_fp4", (x, wq.T, None, ws.T, alpha, torch.bfloat16, 16, "128x4", REF, "row",
+                                             True, gs)))
+    out.append(("mm_quantize_a_mxfp4", "mm_fp4", (x, mq.T, None, ms.T, None, torch.float32, 32, "128x4", REF,
+                                                   "row", True, None)))
     out.append(("prepack", "prepack_weight", (pq.view(torch.uint8), "sm90")))
     out.append(("unprepack", "unprepack_weight", (packed, "sm90")))
     logits = torch.randn(9, 16)

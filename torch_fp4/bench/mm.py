@@ -9,8 +9,9 @@ repacked once by its `prepare_w4_weight`, not timed) is timed in the same run an
 its time over ours. On sm_90 the "sm90" columns time W4A16 with the weights prepacked once
 (`torch_fp4.prepack_weight`, weight_layout="sm90"; the Hopper GEMM at every M).
 W4A4 times include the activation quantization (global scale given): "W4A4" is FP4Linear's W4A4
-path (`fp4_quantized_values`, then mm_fp4 on those exact values as bf16 activations), "codes"
-is `nvfp4_quantize` to FP4 codes and scales, then mm_fp4 on them (which dequantizes them first).
+path (`mm_fp4(x, ..., quantize_a=True)`: the activations' exact values, then the W4A16 GEMM on
+them), "codes" is `nvfp4_quantize` to FP4 codes and scales, then mm_fp4 on them (which
+dequantizes them first).
 Both use the row-major weights of the W4A16 column, and A4/A16 is their time over W4A16's.
 `--tactics` times every tactic of one problem and writes them to a CSV file.
 """
@@ -54,7 +55,14 @@ class Problem:
     def w4a16_sm90(self, packed: torch.Tensor):
         return ops.mm_fp4(self.a, packed.T, None, self.w_scale.T, self.alpha, weight_layout="sm90")
 
-    def w4a4(self):
+    def w4a4(self, packed: torch.Tensor | None = None):
+        """FP4Linear's W4A4: mm_fp4 quantizing the activations on the way in."""
+        w, layout = (self.w_data, "row") if packed is None else (packed, "sm90")
+        return ops.mm_fp4(self.a, w.T, None, self.w_scale.T, self.alpha, weight_layout=layout,
+                          quantize_a=True, a_global_scale=self.gs_a)
+
+    def w4a4_values(self):
+        """The two-launch W4A4: fp4_quantized_values, then W4A16 mm_fp4 on those values."""
         values = ops.fp4_quantized_values(self.a, self.gs_a)
         return ops.mm_fp4(values, self.w_data.T, None, self.w_scale.T, self.alpha)
 

@@ -16,10 +16,11 @@ class FP4Linear(torch.nn.Module):
 
     activations="bf16" (W4A16): x stays in bf16/fp16; activations="fp4" (W4A4): x is quantized
     to the weight's format on every call (NVFP4 with a per-call global scale computed on the
-    device, or a fixed `input_global_scale` when one is set). The W4A4 forward is two launches:
-    `fp4_quantized_values` (the quantized activations' exact values, code * block scale) and
-    `mm_fp4` on those values as bf16 activations with W4A4's alpha, which is W4A4's product
-    (bit for bit on the reference) without a separate dequantize of FP4 codes.
+    device, or a fixed `input_global_scale` when one is set). The W4A4 forward is one
+    `mm_fp4(x, ..., quantize_a=True)`: the GEMM multiplies the quantized activations' exact
+    values (code * block scale, `fp4_quantized_values`) with W4A4's alpha, which is W4A4's
+    product (bit for bit on the reference) without FP4 codes and scales in memory (on the GPU
+    backends two launches: the values, then the W4A16 GEMM).
 
     Batch invariance (W4A4 NVFP4): without a fixed input scale, the activation global scale is
     computed on each call over the whole x, so one token's output depends on the other tokens
@@ -233,16 +234,16 @@ class FP4Linear(torch.nn.Module):
             y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, alpha, out_dtype,
                            self.fmt.block_size, weight_layout=self.weight_layout)
         else:
-            # W4A4: the activations' FP4 values (code * block scale, exact in bf16) in one pass,
-            # then the GEMM on them as 16-bit activations with W4A4's alpha: W4A4's product
-            # without the FP4 codes and scales in between (no GEMM here multiplies FP4 natively)
+            # W4A4: mm_fp4 quantizes the 16-bit activations and multiplies their FP4 values
+            # (code * block scale, exact in bf16) with W4A4's alpha: W4A4's product without FP4
+            # codes and scales in memory (no GEMM here multiplies FP4 natively)
             gs_a = None
             if nv:
                 gs_a = self.input_global_scale if self.static_input_scale else ops.compute_global_scale(a)
-            values = ops.fp4_quantized_values(a, gs_a, self.fmt.block_size)
             alpha = F.nvfp4_alpha(gs_a, self.weight_global_scale) if nv else None
-            y = ops.mm_fp4(values, self.weight.T, None, self.weight_scale.T, alpha, out_dtype,
-                           self.fmt.block_size, weight_layout=self.weight_layout)
+            y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, alpha, out_dtype,
+                           self.fmt.block_size, weight_layout=self.weight_layout, quantize_a=True,
+                           a_global_scale=gs_a)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return _widen(y.reshape(*lead, self.out_features), x.dtype)

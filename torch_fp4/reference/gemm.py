@@ -4,17 +4,21 @@ from __future__ import annotations
 import torch
 
 from .. import formats as F
-from .quantize import dequantize_fp32
+from .quantize import dequantize_fp32, fp4_quantized_values
 
 
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
-           sf_layout: F.SfLayout, weight_layout: F.WeightLayout = F.WeightLayout.ROW) -> torch.Tensor:
+           sf_layout: F.SfLayout, weight_layout: F.WeightLayout = F.WeightLayout.ROW,
+           quantize_a: bool = False, a_global_scale: torch.Tensor | None = None) -> torch.Tensor:
     """out = RN_out(RN_fp32(alpha * acc)), acc = A @ B^T (spec section 5), with A [M, K] (FP4 with
-    a_scale, or bf16/fp16 when a_scale is None) and B given transposed: b [K/2, N] (a view of
-    [N, K/2] in `weight_layout`), b_scale [Kp, Np] (a view of the 128x4 [Np, Kp] scales). Products
-    are summed exactly (fp64) and rounded once to fp32 for acc, which is within the spec's bound
-    and exact on grid-exact inputs."""
+    a_scale, or bf16/fp16 when a_scale is None; quantize_a: the exact values of its quantization
+    in fmt, fp4_quantized_values) and B given transposed: b [K/2, N] (a view of [N, K/2] in
+    `weight_layout`), b_scale [Kp, Np] (a view of the 128x4 [Np, Kp] scales). Products are summed
+    exactly (fp64) and rounded once to fp32 for acc, which is within the spec's bound and exact on
+    grid-exact inputs."""
+    if quantize_a:
+        a = fp4_quantized_values(a, a_global_scale, fmt)
     if a_scale is None:
         a_hat = a.float()
     else:

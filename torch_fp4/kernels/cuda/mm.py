@@ -6,7 +6,9 @@ weights in the "sm90" layout (torch_fp4.prepack_weight); the small-M GEMM for M 
 W4A16 feeds the bf16/fp16 activations to the kernel as they are. W4A4 first dequantizes the FP4
 activations to bf16 with the backend's dequantize kernel (exact: every NVFP4/MXFP4 value is a bf16
 value), then runs the same kernel; the weights are decoded in registers inside the GEMM.
-(FP4Linear's W4A4 skips the codes: fp4_quantized_values writes the exact values in one launch.)
+W4A4 from 16-bit activations (quantize_a, FP4Linear's W4A4): the quantize kernel's exact-values
+mode writes the activations' quantized values as bf16 (fp4_quantized_values, one launch), then
+the same GEMM runs on them (BENCHMARKS.md: quantizing inside the small-M GEMM was slower).
 """
 from __future__ import annotations
 
@@ -21,15 +23,16 @@ from .mm_space import MM_SPACE
 from .mm_tactics import CudaMmTactic
 from .mm_wgmma_tactics import WgmmaMmTactic
 from .native import DTYPE_CODES, library, raw_stream
-from .quantize import dequantize_into
+from .quantize import dequantize_into, exact_values
 
 
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
+           quantize_a: bool = False, a_global_scale: torch.Tensor | None = None,
            tactic: CudaMmTactic | WgmmaMmTactic | None = None,
            problem: MmProblem | None = None) -> torch.Tensor:
-    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
+    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout, quantize_a)
     t = tactic_or_default(tactic, MM_SPACE, p)
     m, n, k = p.m, p.n, p.k
     out = prepare_outputs(cuda_empty((m, n), out_dtype, a))
@@ -40,6 +43,8 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     if a_scale is not None:
         act = dequantize_into(cuda_empty((m, k), torch.bfloat16, a), a, a_scale, None, fmt,
                               layout)
+    elif quantize_a:
+        act = exact_values(a, a_global_scale, fmt, out=cuda_empty((m, k), torch.bfloat16, a))
     else:
         act = a
     fp16, mx = act.dtype == torch.float16, fmt.block_size == 32

@@ -525,10 +525,14 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
            alpha: Optional[torch.Tensor], out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
+           quantize_a: bool = False, a_global_scale: Optional[torch.Tensor] = None,
            tactic: Optional[Tactic] = None, problem: Optional[MmProblem] = None) -> torch.Tensor:
     """W4A4 out [M, N] = alpha * A @ B^T on the current stream (b = w.T, b_scale = w_scale.T,
     both views of row-major [N, K/2] / [Np, Kp]). tactic None: MM_SPACE.default. Dispatch has
-    checked the problem (the backend's requirement) and the tactic."""
+    checked the problem (the backend's requirement) and the tactic: FP4 codes with scales, never
+    quantize_a."""
+    if quantize_a:
+        raise ValueError("mm_fp4: the cute-dsl backend multiplies FP4 codes with scales, not quantize_a")
     if wlayout is not F.WeightLayout.ROW:
         raise ValueError(f"mm_fp4: the cute-dsl backend reads row-major weights, got {wlayout.value!r}")
     p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)

@@ -26,7 +26,7 @@ from .._common import prepare_outputs, tactic_or_default, use_pdl
 from .mm_dot_scaled_tactics import DotScaledMmTactic
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
 from .numerics import LAYOUT_128x4, LAYOUT_LINEAR, grouped_tile, scale_offsets, scale_word_offsets
-from .quantize import _LAYOUT_ID, fp4_dequantize
+from .quantize import _LAYOUT_ID, fp4_dequantize, fp4_quantized_values
 
 _TL = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
@@ -210,11 +210,14 @@ def _split_reduce_kernel(ws_ptr, alpha_ptr, out_ptr, MN, SPLIT: tl.constexpr,
 def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_scale: torch.Tensor,
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
+           quantize_a: bool = False, a_global_scale: torch.Tensor | None = None,
            tactic: TritonMmTactic | None = None, problem: MmProblem | None = None) -> torch.Tensor:
     if wlayout is not F.WeightLayout.ROW:
         raise ValueError(f"mm_fp4: the triton backend reads row-major weights, got {wlayout.value!r}")
+    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout, quantize_a)
+    if quantize_a:   # W4A4 from 16-bit activations: their exact values first, then W4A16
+        a, p = fp4_quantized_values(a, a_global_scale, fmt), p.on_values()
     args = (a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout)
-    p = problem or MmProblem.of(*args)
     t = tactic_or_default(tactic, MM_SPACE, p)
     if isinstance(t, DotScaledMmTactic):
         from .mm_dot_scaled import mm_fp4_dot_scaled
