@@ -103,6 +103,8 @@ def cases(device: torch.device) -> list[Case]:
     alpha = F.nvfp4_alpha(None, gs)
     xq, xs = ops.nvfp4_quantize(x, gs)
     lin = nn.FP4Linear.from_linear(torch.nn.Linear(K, N, device=device, dtype=torch.bfloat16))
+    lin4 = nn.FP4Linear.from_linear(torch.nn.Linear(K, N, device=device, dtype=torch.bfloat16), activations="fp4")
+    lin4.calibrate(x)   # a static input scale: the batch-invariant W4A4
     moe = T.moe_problem(TOKENS, K, N, EXPERTS, TOP_K, device, w4a4=False)
     logits = torch.randn(TOKENS, EXPERTS, device=device)
     tops = torch.ops.torch_fp4
@@ -116,9 +118,12 @@ def cases(device: torch.device) -> list[Case]:
         Case("torch.ops.torch_fp4.mm_fp4 W4A16",
              lambda: tops.mm_fp4(x, wq.T, None, ws.T, alpha, torch.bfloat16, 16, "128x4", 0, "row"), 4),
         Case("mm_fp4 W4A4", lambda: ops.mm_fp4(xq, wq.T, xs, ws.T, alpha), 5),
+        Case("mm_fp4 W4A4 quantize_a",
+             lambda: ops.mm_fp4(x, wq.T, None, ws.T, alpha, quantize_a=True, a_global_scale=gs), 5),
         Case("route", lambda: ops.route(logits, TOP_K), 1),
         Case("fused_moe W4A16", lambda: ops.fused_moe(**moe), 9),
         Case("FP4Linear W4A16", lambda: lin(x), 4),
+        Case("FP4Linear W4A4", lambda: lin4(x), 5),
     ]
     pool = [x, wq, ws, alpha, gs, xq, xs, logits, *moe.values()]
     arities = sorted({c.tensors for c in fp4})
