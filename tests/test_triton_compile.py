@@ -63,6 +63,50 @@ def test_dequantize_kernel_ptx(dst, ptr):
     assert "div.rn.f32" in ptx and not re.search(r"\bfma\.", ptx)
 
 
+@pytest.mark.parametrize("src,ptr,is_mx", [(0, "*i32", False), (2, "*i64", True)], ids=["bf16-nvfp4", "fp32-mxfp4"])
+def test_values_kernel_ptx(src, ptr, is_mx):
+    sig = {"x_ptr": ptr, "gs_ptr": "*fp32", "out_ptr": "*i32", "M": "i32", "half_k": "i32", "n_kb": "i32",
+           "gs_stride": "i32", "SRC": "constexpr", "IS_MX": "constexpr", "BLOCK": "constexpr", "BM": "constexpr",
+           "BKB": "constexpr"}
+    ptx = _ptx(Q._values_kernel, sig, {"SRC": src, "IS_MX": is_mx, "BLOCK": 32 if is_mx else 16, "BM": 8,
+                                       "BKB": 16}, (0, 1, 2, 4), 90)
+    assert not re.search(r"\bfma\.", ptx), "an FMA would merge two of the contract's roundings"
+    assert "rcp.approx" not in ptx
+    if not is_mx:
+        assert "cvt.rn.satfinite.e4m3x2.f32" in ptx and "div.rn.f32" in ptx
+
+
+def test_values_kernel_is_quantize_then_dequantize_under_interpreter():
+    """The one-pass values kernel gives the bits of the quantize kernel followed by the dequantize
+    kernel without the global scale (every input dtype, both formats, 2-D and 3-D with a scale
+    per entry, NaN / Inf / huge inputs), run by Triton's interpreter on the CPU. (The GPU tests
+    compare both with the reference.)"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    code = """
+import torch
+from torch_fp4 import formats as F
+from torch_fp4.kernels.triton import quantize as Q
+bad = 0
+for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn):
+    for fmt in (F.NVFP4, F.MXFP4):
+        for shape in ((5, 64), (3, 7, 96)):
+            x = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))) * 10
+            x.view(-1)[3], x.view(-1)[40], x.view(-1)[17] = float("inf"), float("nan"), 1e-3
+            if dtype != torch.float8_e4m3fn:
+                x.view(-1)[50] = 6e4 if dtype == torch.float16 else 3e38
+            x = x.to(dtype)
+            gs = None if fmt is F.MXFP4 else (torch.rand(3) * 50 + 0.5 if len(shape) == 3 else torch.tensor([37.5]))
+            lay = F.SfLayout.LINEAR
+            two = Q.fp4_dequantize(*Q._quantize(x, gs, fmt, lay), None, fmt, lay, torch.bfloat16)
+            bad += not torch.equal(Q.fp4_quantized_values(x, gs, fmt).view(torch.int16), two.view(torch.int16))
+print("values ok" if bad == 0 else f"{bad} mismatches")
+"""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert res.returncode == 0 and "values ok" in res.stdout, (res.stdout[-2000:], res.stderr[-3000:])
+
+
 def test_global_scale_kernel_ptx():
     sig = {"x_ptr": "*bf16", "n": "i32", "ws_ptr": "*i32", "out_ptr": "*fp32", "BLOCK": "constexpr"}
     ptx = _ptx(Q._global_scale_kernel, sig, {"BLOCK": 4096}, (0,), 90)

@@ -14,7 +14,7 @@ import triton.language as tl
 from ... import formats as F
 from ... import meta
 from .._common import global_scale_workspace, prepare_outputs, sm_count, use_pdl
-from .numerics import (LAYOUT_LINEAR, e2m1_decode, e2m1_encode_doubled, mxfp4_block_scale, mxfp4_limit2, nan_amax,
+from .numerics import (LAYOUT_LINEAR, SRC_BF16, e2m1_decode, e2m1_encode_doubled, mxfp4_block_scale, mxfp4_limit2, nan_amax,
                        nvfp4_block_scale, pair, rcp_rn, scale_offsets, ue8m0_to_float, unpair)
 
 # No fused multiply-add may merge two of the contract's rounding steps.
@@ -84,6 +84,35 @@ def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp
         tl.store(sptr, sbits, mask=valid)
     else:
         tl.store(sptr, sbits, mask=(rows < mp) & (kbs < kp))
+
+
+@triton.jit
+def _values_kernel(x_ptr, gs_ptr, out_ptr, M, half_k, n_kb, gs_stride, SRC: tl.constexpr, IS_MX: tl.constexpr,
+                   BLOCK: tl.constexpr, BM: tl.constexpr, BKB: tl.constexpr, USE_GDC: tl.constexpr = False):
+    """fp4_quantized_values in one pass: _quantize_kernel's codes and scale of each block, then
+    _dequantize_kernel's values without the global scale (code * block scale, exact in bf16),
+    stored as bf16 pairs; no codes or scales in memory."""
+    b, rows, kbs, valid, base, j = _tile(M, half_k, n_kb, BLOCK, BM, BKB, USE_GDC)
+    p = tl.load(x_ptr + base[:, None] + j[None, :], mask=valid[:, None], other=0)
+    if USE_GDC:
+        tl.extra.cuda.gdc_launch_dependents()
+    lo, hi = unpair(p, SRC)
+    amax = nan_amax(lo, hi, 1)
+    if IS_MX:
+        sbits, o = mxfp4_block_scale(amax)
+        limit2 = mxfp4_limit2(sbits.to(tl.int32))[:, None]
+        sf = ue8m0_to_float(sbits.to(tl.int32))
+    else:
+        sbits, o = nvfp4_block_scale(amax, tl.load(gs_ptr + b * gs_stride))
+        limit2 = 16.0
+        sf = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    o2 = o * 2.0
+    nan = (o != o)[:, None]   # a NaN scale: every element is NaN (codes 0x7, value 6 * NaN)
+    clo = tl.where(nan, 7, e2m1_encode_doubled(lo * o2[:, None], limit2)).to(tl.int32)
+    chi = tl.where(nan, 7, e2m1_encode_doubled(hi * o2[:, None], limit2)).to(tl.int32)
+    vlo = e2m1_decode(clo) * sf[:, None]
+    vhi = e2m1_decode(chi) * sf[:, None]
+    tl.store(out_ptr + base[:, None] + j[None, :], pair(vlo, vhi, SRC_BF16), mask=valid[:, None])
 
 
 @triton.jit
@@ -204,11 +233,20 @@ def fp4_dequantize(data: torch.Tensor, scale: torch.Tensor, global_scale: torch.
 
 
 def fp4_quantized_values(x: torch.Tensor, global_scale: torch.Tensor | None, fmt: F.Fp4Format) -> torch.Tensor:
-    """The quantize (linear scales) and the dequantize without the global scale to bf16, two
-    launches of the kernels above (the cuda backend does it in one)."""
-    lay = F.SfLayout.LINEAR
-    data, scale = _quantize(x, global_scale, fmt, lay)
-    return fp4_dequantize(data, scale, None, fmt, lay, torch.bfloat16)
+    """The quantize and the dequantize without the global scale to bf16 in one launch
+    (_values_kernel): the bits of the two kernels above."""
+    out = prepare_outputs(meta.fp4_quantized_values(x))
+    nb, rows, k, n_kb, _, _ = _dims(x.shape, fmt, F.SfLayout.LINEAR)
+    if out.numel() == 0:
+        return out
+    bm, bkb = _tile_shape(n_kb, fmt.block_size)
+    grid = (triton.cdiv(rows, bm), triton.cdiv(n_kb, bkb), nb)
+    pair_dtype, src = _PAIRS[x.dtype]
+    _values_kernel[grid](x.view(pair_dtype), global_scale if global_scale is not None else out,
+                         out.view(torch.int32), rows, k // 2, n_kb,
+                         1 if global_scale is not None and global_scale.numel() > 1 else 0, SRC=src,
+                         IS_MX=fmt is F.MXFP4, BLOCK=fmt.block_size, BM=bm, BKB=bkb, **_launch(x.device))
+    return out
 
 
 def compute_global_scale(x: torch.Tensor) -> torch.Tensor:
