@@ -56,10 +56,11 @@ def _scale_base(b, M, n_kb, mp, kp, LAYOUT: tl.constexpr):
 
 
 @triton.jit
-def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp, gs_stride,
-                     SRC: tl.constexpr, IS_MX: tl.constexpr, LAYOUT: tl.constexpr,
-                     BLOCK: tl.constexpr, BM: tl.constexpr, BKB: tl.constexpr,
-                     USE_GDC: tl.constexpr = False):
+def _block_codes(x_ptr, gs_ptr, M, half_k, n_kb, gs_stride, SRC: tl.constexpr, IS_MX: tl.constexpr,
+                 BLOCK: tl.constexpr, BM: tl.constexpr, BKB: tl.constexpr, USE_GDC: tl.constexpr):
+    """The quantization of a program's BM x BKB blocks (one per tile row): _tile's indices, then
+    the even and odd elements' E2M1 codes (int32; a block with a NaN scale all 0x7, NaN) and each
+    block's scale bits (uint8)."""
     b, rows, kbs, valid, base, j = _tile(M, half_k, n_kb, BLOCK, BM, BKB, USE_GDC)
     p = tl.load(x_ptr + base[:, None] + j[None, :], mask=valid[:, None], other=0)
     if USE_GDC:
@@ -73,10 +74,20 @@ def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp
         sbits, o = nvfp4_block_scale(amax, tl.load(gs_ptr + b * gs_stride))
         limit2 = 16.0
     o2 = o * 2.0
-    packed = (e2m1_encode_doubled(lo * o2[:, None], limit2)
-              | (e2m1_encode_doubled(hi * o2[:, None], limit2) << 4))
-    packed = tl.where((o != o)[:, None], 0x77, packed)  # a NaN scale: every element is NaN
-    tl.store(data_ptr + base[:, None] + j[None, :], packed.to(tl.uint8), mask=valid[:, None])
+    nan = (o != o)[:, None]   # a NaN scale: every element is NaN
+    clo = tl.where(nan, 7, e2m1_encode_doubled(lo * o2[:, None], limit2)).to(tl.int32)
+    chi = tl.where(nan, 7, e2m1_encode_doubled(hi * o2[:, None], limit2)).to(tl.int32)
+    return b, rows, kbs, valid, base, j, clo, chi, sbits
+
+
+@triton.jit
+def _quantize_kernel(x_ptr, gs_ptr, data_ptr, scale_ptr, M, half_k, n_kb, mp, kp, gs_stride,
+                     SRC: tl.constexpr, IS_MX: tl.constexpr, LAYOUT: tl.constexpr,
+                     BLOCK: tl.constexpr, BM: tl.constexpr, BKB: tl.constexpr,
+                     USE_GDC: tl.constexpr = False):
+    b, rows, kbs, valid, base, j, clo, chi, sbits = _block_codes(x_ptr, gs_ptr, M, half_k, n_kb, gs_stride, SRC,
+                                                                IS_MX, BLOCK, BM, BKB, USE_GDC)
+    tl.store(data_ptr + base[:, None] + j[None, :], (clo | (chi << 4)).to(tl.uint8), mask=valid[:, None])
     sbits = tl.where(valid, sbits, 0)
     soffs = scale_offsets(rows, kbs, n_kb, kp, LAYOUT)
     sptr = scale_ptr + _scale_base(b, M, n_kb, mp, kp, LAYOUT) + soffs
@@ -92,24 +103,12 @@ def _values_kernel(x_ptr, gs_ptr, out_ptr, M, half_k, n_kb, gs_stride, SRC: tl.c
     """fp4_quantized_values in one pass: _quantize_kernel's codes and scale of each block, then
     _dequantize_kernel's values without the global scale (code * block scale, exact in bf16),
     stored as bf16 pairs; no codes or scales in memory."""
-    b, rows, kbs, valid, base, j = _tile(M, half_k, n_kb, BLOCK, BM, BKB, USE_GDC)
-    p = tl.load(x_ptr + base[:, None] + j[None, :], mask=valid[:, None], other=0)
-    if USE_GDC:
-        tl.extra.cuda.gdc_launch_dependents()
-    lo, hi = unpair(p, SRC)
-    amax = nan_amax(lo, hi, 1)
+    b, rows, kbs, valid, base, j, clo, chi, sbits = _block_codes(x_ptr, gs_ptr, M, half_k, n_kb, gs_stride, SRC,
+                                                                IS_MX, BLOCK, BM, BKB, USE_GDC)
     if IS_MX:
-        sbits, o = mxfp4_block_scale(amax)
-        limit2 = mxfp4_limit2(sbits.to(tl.int32))[:, None]
         sf = ue8m0_to_float(sbits.to(tl.int32))
     else:
-        sbits, o = nvfp4_block_scale(amax, tl.load(gs_ptr + b * gs_stride))
-        limit2 = 16.0
         sf = sbits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    o2 = o * 2.0
-    nan = (o != o)[:, None]   # a NaN scale: every element is NaN (codes 0x7, value 6 * NaN)
-    clo = tl.where(nan, 7, e2m1_encode_doubled(lo * o2[:, None], limit2)).to(tl.int32)
-    chi = tl.where(nan, 7, e2m1_encode_doubled(hi * o2[:, None], limit2)).to(tl.int32)
     vlo = e2m1_decode(clo) * sf[:, None]
     vhi = e2m1_decode(chi) * sf[:, None]
     tl.store(out_ptr + base[:, None] + j[None, :], pair(vlo, vhi, SRC_BF16), mask=valid[:, None])
