@@ -10,8 +10,8 @@ What a first call in a fresh process would otherwise wait for, and where it is k
 - with --autotune, the measured tactic of every problem: torch_fp4's tactic cache
   ($TORCH_FP4_CACHE_DIR/tactics.json).
 Each problem runs the public ops the way `FP4Linear` / `FP4MoE` call them: mm_fp4 W4A16 (weights in
-the layout `preferred_weight_layout` picks) and W4A4 (compute_global_scale + nvfp4_quantize of the
-activations first), and for MoE shapes route + fused_moe, W4A16 and W4A4, at every batch size
+the layout `preferred_weight_layout` picks) and W4A4 (compute_global_scale, then mm_fp4 quantizing
+the activations: quantize_a), and for MoE shapes route + fused_moe, W4A16 and W4A4, at every batch size
 given (different batch sizes pick different kernels). Weights are zeros: only the shapes matter.
 
 Shapes file (JSON): {"linear": [[N, K], ...], "moe": [[experts, hidden, intermediate, top_k], ...],
@@ -109,8 +109,8 @@ def _linear_steps(n: int, k: int, batches, device: torch.device) -> list[tuple[s
         def w4a4(m=m):
             a = torch.zeros(m, k, dtype=torch.bfloat16, device=device)
             gs = ops.compute_global_scale(a)
-            aq, a_scale = ops.nvfp4_quantize(a, gs)
-            return ops.mm_fp4(aq, w.T, a_scale, scale.T, one, weight_layout=layout.value)
+            return ops.mm_fp4(a, w.T, None, scale.T, one, weight_layout=layout.value, quantize_a=True,
+                              a_global_scale=gs)
         steps += [(f"mm_fp4 W4A16 {layout.value} N={n} K={k} M={m}", w4a16),
                   (f"mm_fp4 W4A4 {layout.value} N={n} K={k} M={m}", w4a4)]
     return steps
