@@ -80,16 +80,23 @@ def _need(backend, args, fmt, layout="128x4", out_dtype=torch.float32):
         pytest.skip(f"{backend}: {reason}")
 
 
-def structural_sample(args, fmt, layout, backend):
-    """A few tactics covering each structural choice of the backend's tactic space."""
-    ts = t4.mm_fp4_tactics(*args, block_size=fmt.block_size, sf_layout=layout, backend=backend)
+def _sample(ts, tiles=False):
+    """The first tactic of each structural choice: family, swap, split-K or not (and with `tiles`,
+    each cuda small-M tile shape)."""
     picked, seen = [], set()
     for t in ts:
         sig = (t.family, getattr(t, "swap_ab", None), getattr(t, "split_k", 1) > 1)
+        if tiles:
+            sig += (getattr(t, "warps", None), getattr(t, "tiles_per_warp", None), getattr(t, "block_k", None))
         if sig not in seen:
             seen.add(sig)
             picked.append(t)
     return picked
+
+
+def structural_sample(args, fmt, layout, backend):
+    """A few tactics covering each structural choice of the backend's tactic space."""
+    return _sample(t4.mm_fp4_tactics(*args, block_size=fmt.block_size, sf_layout=layout, backend=backend))
 
 
 MODES = [("fp4", "128x4"), ("fp4", "8x4"), ("fp4", "linear"), ("bf16", "128x4"), ("fp16", "128x4")]
@@ -199,18 +206,6 @@ def test_tactic_that_cannot_run_says_why():
             call(args, fmt)
 
 
-def _tile_sample(ts):
-    """Every tactic family with and without split-K, and every cuda small-M tile shape."""
-    picked, seen = [], set()
-    for t in ts:
-        sig = (t.family, getattr(t, "swap_ab", None), getattr(t, "split_k", 1) > 1, getattr(t, "warps", None),
-               getattr(t, "tiles_per_warp", None), getattr(t, "block_k", None))
-        if sig not in seen:
-            seen.add(sig)
-            picked.append(t)
-    return picked
-
-
 @pytest.mark.parametrize("backend", ("cuda", "triton"))
 @pytest.mark.parametrize("weights", ["row", "sm90"])
 @pytest.mark.parametrize("fmt_name,a_dtype", [("nvfp4", torch.bfloat16), ("nvfp4", torch.float16),
@@ -241,8 +236,8 @@ def test_quantize_a_gives_the_bits_of_the_values_path(backend, weights, fmt_name
                                  quantize_a=True, a_global_scale=gs, **kw) is not None:
             continue
         values = t4.fp4_quantized_values(x, gs, fmt.block_size)
-        ts = _tile_sample(t4.mm_fp4_tactics(x, w.T, None, ws.T, alpha, backend=backend, quantize_a=True,
-                                            a_global_scale=gs, **kw))
+        ts = _sample(t4.mm_fp4_tactics(x, w.T, None, ws.T, alpha, backend=backend, quantize_a=True,
+                                       a_global_scale=gs, **kw), tiles=True)
         assert ts, (m, "no tactic")
         for t in ts:
             with t4.use_tactic(t):

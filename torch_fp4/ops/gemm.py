@@ -11,7 +11,7 @@ from ..problems import MmProblem
 from ..backends import Backend
 from . import _checks as C
 from ._registry import define, eager, register_impl, register_problem, run, tactics_for
-from .quantize import check_scale, check_scale_dtype
+from .quantize import check_quantize_global_scale, check_scale, check_scale_dtype
 
 OP = "mm_fp4"
 
@@ -74,13 +74,8 @@ def _check_quantize_a(fmt: F.Fp4Format, a_scale, quantize_a, a_global_scale) -> 
     if a_scale is not None:
         C.fail(OP, "a_scale", "None with quantize_a=True (a holds the 16-bit activations to quantize)",
                "a tensor")
-    if fmt is F.NVFP4:
-        if a_global_scale is None:
-            C.fail(OP, "a_global_scale", "an fp32 tensor [1] with quantize_a=True and NVFP4 (block_size=16)",
-                   "None", TypeError)
-        C.global_scale(OP, "a_global_scale", a_global_scale, None)
-    elif a_global_scale is not None:
-        C.fail(OP, "a_global_scale", "None for MXFP4 (block_size=32 has no global scale)", "a tensor")
+    check_quantize_global_scale(OP, "a_global_scale", a_global_scale, fmt, None,
+                                "with quantize_a=True and NVFP4 (block_size=16)")
 
 
 def _problem(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,

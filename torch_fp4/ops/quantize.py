@@ -98,17 +98,24 @@ def _validate_dequantize(data, scale, global_scale, block_size, sf_layout, out_d
     return fmt, layout, Backend.parse(backend, f"{op}: backend")
 
 
+def check_quantize_global_scale(op: str, name: str, gs, fmt: F.Fp4Format, batch: Optional[int],
+                                when: str) -> None:
+    """The global scale of a quantization in `fmt`: an fp32 tensor [1] (or [batch]) for NVFP4
+    (`when`: the case that needs it, for the message), None for MXFP4."""
+    if fmt.has_global_scale:
+        if gs is None:
+            C.fail(op, name, f"an fp32 tensor [1] {when}", "None", TypeError)
+        C.global_scale(op, name, gs, batch)
+    elif gs is not None:
+        C.fail(op, name, "None for MXFP4 (block_size=32 has no global scale)", "a tensor")
+
+
 def _validate_values(x, global_scale, block_size, backend) -> tuple[F.Fp4Format, Backend]:
     op = "fp4_quantized_values"
     fmt = C.block_size(op, block_size)
     _check_source(op, x, fmt)
-    if fmt.has_global_scale:
-        if global_scale is None:
-            C.fail(op, "global_scale", "an fp32 tensor [1] for NVFP4 (block_size=16; see "
-                   "compute_global_scale)", "None", TypeError)
-        C.global_scale(op, "global_scale", global_scale, _batch(x))
-    elif global_scale is not None:
-        C.fail(op, "global_scale", "None for MXFP4 (block_size=32 has no global scale)", "a tensor")
+    check_quantize_global_scale(op, "global_scale", global_scale, fmt, _batch(x),
+                                "for NVFP4 (block_size=16; see compute_global_scale)")
     C.same_device(op, x=x, global_scale=global_scale)
     return fmt, Backend.parse(backend, f"{op}: backend")
 
