@@ -294,7 +294,7 @@ struct HostCtx {
 // ---- running a grid -----------------------------------------------------------------------
 struct Problem {
   int m, n, k, kp, np, fp16, mx, out_dtype, warps, wr, bk, stages, split, has_alpha, late, packed;
-  float alpha;
+  float alpha, w_gs, a_gs;   // has_alpha: 0 none, 1 alpha, 2 w_gs, 3 w_gs and a_gs (epilogue_alpha)
   std::vector<uint16_t> act;
   std::vector<uint8_t> w, w_scale;
 };
@@ -478,7 +478,8 @@ int main(int argc, char** argv) {
   pr.m = hdr[0]; pr.n = hdr[1]; pr.k = hdr[2]; pr.kp = hdr[3]; pr.np = hdr[4]; pr.fp16 = hdr[5]; pr.mx = hdr[6];
   pr.out_dtype = hdr[7]; pr.warps = hdr[8]; pr.wr = hdr[9]; pr.bk = hdr[10]; pr.stages = hdr[11]; pr.split = hdr[12];
   pr.has_alpha = hdr[13]; pr.late = hdr[14]; pr.packed = hdr[15];
-  if (std::fread(&pr.alpha, 4, 1, f) != 1) die("short alpha");
+  if (std::fread(&pr.alpha, 4, 1, f) != 1 || std::fread(&pr.w_gs, 4, 1, f) != 1 || std::fread(&pr.a_gs, 4, 1, f) != 1)
+    die("short alpha");
   read_vec(f, pr.act, static_cast<size_t>(pr.m) * pr.k);
   read_vec(f, pr.w, static_cast<size_t>(pr.n) * pr.k / 2);
   read_vec(f, pr.w_scale, static_cast<size_t>(pr.np) * pr.kp);
@@ -505,7 +506,9 @@ int main(int argc, char** argv) {
   p.act = pr.act.data();
   p.w = pr.w.data();
   p.w_scale = pr.w_scale.data();
-  p.alpha = pr.has_alpha ? &pr.alpha : nullptr;
+  p.alpha = pr.has_alpha == 1 ? &pr.alpha : nullptr;
+  p.w_gs = pr.has_alpha >= 2 ? &pr.w_gs : nullptr;
+  p.a_gs = pr.has_alpha == 3 ? &pr.a_gs : nullptr;
   p.out = out.data();
   p.m = pr.m; p.n = pr.n; p.k = pr.k; p.kp = pr.kp;
   p.steps_per_split = (steps + split - 1) / split;
@@ -602,20 +605,22 @@ def emu(tmp_path_factory):
 
 
 def emulate(emu, a16, wd, ws, fmt, out_dtype, tactic, alpha=None, late=True, banks=False, tmp=None,
-            packed=False):
+            packed=False, gs=None):
     """Run the kernel on a16 [M, K] (bf16/fp16), row-major FP4 weight data [N, K/2] (passed to the
-    kernel in the "sm90" layout when `packed`) and 128x4 scales; returns (out, emulator stdout)."""
+    kernel in the "sm90" layout when `packed`) and 128x4 scales; returns (out, emulator stdout).
+    gs = (w_gs, a_gs or None): the kernel forms alpha from these global scales (alpha None)."""
     m, k = a16.shape
     n = wd.shape[0]
     ws8 = ws.view(torch.uint8)
     hdr = [m, n, k, ws8.shape[1], ws8.shape[0], int(a16.dtype == torch.float16), int(fmt is F.MXFP4),
            OUT_CODES[out_dtype], tactic.warps, tactic.tiles_per_warp, tactic.block_k, tactic.stages,
-           tactic.split_k, int(alpha is not None), int(late), int(packed)]
+           tactic.split_k, 3 if gs and gs[1] is not None else 2 if gs else int(alpha is not None), int(late),
+           int(packed)]
     w8 = F.to_weight_layout(wd, "sm90") if packed else wd.view(torch.uint8)
     pf, of = os.path.join(tmp, "problem.bin"), os.path.join(tmp, "out.bin")
     with open(pf, "wb") as f:
         f.write(struct.pack("16i", *hdr))
-        f.write(struct.pack("f", 1.0 if alpha is None else alpha))
+        f.write(struct.pack("3f", 1.0 if alpha is None else alpha, *(gs[0], gs[1] or 1.0) if gs else (1.0, 1.0)))
         f.write(a16.contiguous().view(torch.int16).numpy().tobytes())
         f.write(w8.contiguous().numpy().tobytes())
         f.write(ws8.contiguous().numpy().tobytes())
@@ -699,6 +704,23 @@ def test_compiled_tiles_and_shared_memory_match_the_tactic_space(emu):
 
 
 # ---- results -----------------------------------------------------------------------------------
+def test_alpha_formed_from_the_global_scales(emu, tmp_path):
+    """With the global scales (w_gs, and a_gs for W4A4) instead of alpha, the epilogue forms
+    alpha = RN(1 / RN(a_gs * w_gs)) (RN(1 / w_gs) without a_gs): the bits of the kernel given
+    formats.nvfp4_alpha's alpha, on scales whose product rounds."""
+    g = torch.Generator().manual_seed(7)
+    t = MT.CudaMmTactic(8, 1, 256, 2, 2)
+    for i, (w_gs, a_gs) in enumerate([(3.3e-3, None), (1.7e5, 2.9e-4), (448.0 * 6 / 1.1e-3, 0.37),
+                                      (float(torch.rand(1, generator=g)) * 1e4, float(torch.rand(1, generator=g)))]):
+        a, wd, ws = grid_problem(5, 72, 256, F.NVFP4, torch.bfloat16, seed=i)
+        out_dtype = (torch.float32, torch.bfloat16)[i % 2]
+        got, _ = emulate(emu, a, wd, ws, F.NVFP4, out_dtype, t, tmp=tmp_path, gs=(w_gs, a_gs))
+        alpha = F.nvfp4_alpha(None if a_gs is None else torch.tensor([a_gs]), torch.tensor([w_gs]))
+        given, _ = emulate(emu, a, wd, ws, F.NVFP4, out_dtype, t, float(alpha), tmp=tmp_path)
+        assert torch.equal(got, given), (w_gs, a_gs)
+        assert torch.equal(got, reference(a, wd, ws, F.NVFP4, out_dtype, float(alpha))), (w_gs, a_gs)
+
+
 @pytest.mark.parametrize("fmt_name,act_dtype", FORMATS)
 def test_grid_exact_every_tile(emu, tmp_path, fmt_name, act_dtype):
     """Bit-exact on grid-exact operands (every partial sum exact in fp32) for every compiled tile,

@@ -30,6 +30,7 @@ QUICK = {
         "fp4-128x4-nvfp4-cute-dsl"},
     "test_quantize_a_gives_the_bits_of_the_values_path": {
         "nvfp4-bf16-sm90-cuda", "mxfp4-bf16-row-cuda", "nvfp4-fp16-row-cuda", "nvfp4-bf16-row-triton"},
+    "test_b_global_scale_gives_the_bits_of_alpha": {"sm90-cuda", "row-triton"},
 }
 
 
@@ -252,3 +253,54 @@ def test_quantize_a_gives_the_bits_of_the_values_path(backend, weights, fmt_name
         rows = ~ahat.isnan().any(1) & ~x.cpu().isinf().any(1)   # an Inf's MXFP4 block may overflow fp32 sums
         T.assert_mm_within_bound(got.cpu()[rows], ahat[rows], what, 1.0 if alpha is None else alpha.cpu())
         assert got.cpu()[ahat.isnan().any(1)].isnan().all()
+
+
+@pytest.mark.parametrize("backend", ("cuda", "triton"))
+@pytest.mark.parametrize("weights", ["row", "sm90"])
+def test_b_global_scale_gives_the_bits_of_alpha(backend, weights):
+    """mm_fp4(..., b_global_scale=gs_w) (the cuda GEMMs form alpha in their epilogue) gives, tactic by
+    tactic, the bits of mm_fp4 with alpha = nvfp4_alpha(gs_a, gs_w): W4A16, quantize_a and FP4 a,
+    small-M and Hopper GEMMs, split-K, persistent; global scales whose product rounds. In a CUDA
+    graph the global scales are read at replay: new values in the same tensors give new alphas."""
+    if weights == "sm90" and backend == "triton":
+        pytest.skip("the triton backend reads row-major weights")
+    n, k = 256, 1024
+    g = _gen(11)
+    wq, ws, _ = T.quantized_weight(n, k, F.NVFP4, "cuda")
+    w = t4.prepack_weight(wq) if weights == "sm90" else wq
+    gs_w = torch.tensor([1234.567], device="cuda")
+    for m in (1, 16, 33, 129, 300):
+        x = (torch.randn(m, k, generator=g) * 4).cuda().to(torch.bfloat16)
+        gs_a = t4.compute_global_scale(x) * 1.37
+        d, s_ = t4.nvfp4_quantize(x, gs_a)
+        modes = {"w4a16": ((x, w.T, None, ws.T), {}, None),
+                 "quantize_a": ((x, w.T, None, ws.T), dict(quantize_a=True, a_global_scale=gs_a), gs_a),
+                 "codes": ((d, w.T, s_, ws.T), dict(a_global_scale=gs_a), gs_a)}
+        for mode, (args, kw, gs) in modes.items():
+            alpha = F.nvfp4_alpha(gs, gs_w)
+            kw_alpha = {key: v for key, v in kw.items() if key != "a_global_scale" or mode == "quantize_a"}
+            ts = _sample(t4.mm_fp4_tactics(*args, None, backend=backend, weight_layout=weights,
+                                           b_global_scale=gs_w, **kw), tiles=True)
+            assert ts, (m, mode, "no tactic")
+            for t in ts:
+                with t4.use_tactic(t):
+                    got = t4.mm_fp4(*args, None, torch.float32, weight_layout=weights, b_global_scale=gs_w, **kw)
+                    want = t4.mm_fp4(*args, alpha, torch.float32, weight_layout=weights, **kw_alpha)
+                assert torch.equal(got, want), (m, mode, t.label())
+                assert not got.isnan().any(), (m, mode, t.label())
+    # CUDA graph: the global scales are read when the graph replays
+    x = (torch.randn(16, k, generator=g) * 4).cuda().to(torch.bfloat16)
+    gs_a = t4.compute_global_scale(x)
+    call = lambda: t4.mm_fp4(x, w.T, None, ws.T, None, torch.float32, weight_layout=weights, backend=backend,
+                             quantize_a=True, a_global_scale=gs_a, b_global_scale=gs_w)
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    gs_w.fill_(0.015625 * 3)
+    gs_a.mul_(0.5)
+    graph.replay()
+    want = t4.mm_fp4(x, w.T, None, ws.T, F.nvfp4_alpha(gs_a, gs_w), torch.float32, weight_layout=weights,
+                     backend=backend, quantize_a=True, a_global_scale=gs_a)
+    assert torch.equal(out, want)

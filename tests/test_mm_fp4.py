@@ -354,3 +354,57 @@ def test_quantize_a_errors_name_the_argument():
         torch_fp4.mm_fp4(a, wq.T, None, ws.T, quantize_a=1, a_global_scale=gs)
     with pytest.raises(TypeError, match=r"mm_fp4: a: expected dtype"):
         torch_fp4.mm_fp4(a.float(), wq.T, None, ws.T, quantize_a=True, a_global_scale=gs)
+
+
+# ---------------------------------------------------------------------------------------------
+# alpha formed from the global scales: b_global_scale
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=25, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 70), kblocks=st.integers(1, 4),
+       mode=st.sampled_from(["w4a16", "quantize_a", "codes"]), out_dtype=st.sampled_from(OUT_DTYPES),
+       seed=st.integers(0, 2**16), gs_exp=st.integers(-30, 30))
+def test_b_global_scale_is_alpha_from_the_global_scales(m, n, kblocks, mode, out_dtype, seed, gs_exp):
+    """mm_fp4(..., b_global_scale=gs_w) equals mm_fp4 with alpha = nvfp4_alpha(gs_a, gs_w) bit for
+    bit: 16-bit a (RN(1 / gs_w)), quantize_a and FP4 a (RN(1 / RN(gs_a * gs_w))); global scales
+    over a wide exponent range, so that the product gs_a * gs_w rounds."""
+    k = 32 * kblocks
+    a = (_randn(m, k, seed, torch.float32) * 3).to(torch.bfloat16)
+    wq, ws, _ = T.quantized_weight(n, k, F.NVFP4)
+    g = torch.Generator().manual_seed(seed)
+    gs_w = (torch.rand(1, generator=g) + 0.5) * 2.0 ** gs_exp
+    gs_a = (torch.rand(1, generator=g) + 0.5) * 2.0 ** -gs_exp * 3
+    args, kw = (a, wq.T, None, ws.T), {}
+    if mode == "quantize_a":
+        kw = dict(quantize_a=True, a_global_scale=gs_a)
+    elif mode == "codes":
+        d, s = torch_fp4.nvfp4_quantize(a, gs_a)
+        args, kw = (d, wq.T, s, ws.T), dict(a_global_scale=gs_a)
+    formed = torch_fp4.mm_fp4(*args, None, out_dtype, b_global_scale=gs_w, **kw)
+    alpha = F.nvfp4_alpha(None if mode == "w4a16" else gs_a, gs_w)
+    kw.pop("a_global_scale") if mode == "codes" else None
+    given = torch_fp4.mm_fp4(*args, alpha, out_dtype, **kw)
+    assert torch.equal(_bits(formed), _bits(given))
+
+
+def test_b_global_scale_errors_name_the_argument():
+    a = torch.randn(4, 64, dtype=torch.bfloat16)
+    wq, ws, wgs = T.quantized_weight(32, 64)
+    mq, ms, _ = T.quantized_weight(32, 64, F.MXFP4)
+    gs = torch.ones(1)
+    d, s = torch_fp4.nvfp4_quantize(a, gs)
+    with pytest.raises(ValueError, match=r"mm_fp4: b_global_scale: expected None for MXFP4"):
+        torch_fp4.mm_fp4(a, mq.T, None, ms.T, block_size=32, b_global_scale=gs)
+    with pytest.raises(ValueError, match=r"mm_fp4: alpha: expected None when b_global_scale is given"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, gs, b_global_scale=wgs)
+    with pytest.raises(ValueError, match=r"mm_fp4: b_global_scale: expected shape \[1\]"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, b_global_scale=torch.ones(2))
+    with pytest.raises(TypeError, match=r"mm_fp4: b_global_scale: expected dtype"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, b_global_scale=torch.ones(1, dtype=torch.float16))
+    with pytest.raises(TypeError, match=r"mm_fp4: a_global_scale: expected the global scale a's FP4 codes"):
+        torch_fp4.mm_fp4(d, wq.T, s, ws.T, b_global_scale=wgs)
+    with pytest.raises(ValueError, match=r"mm_fp4: a_global_scale: expected None unless quantize_a=True, or a is FP4"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, a_global_scale=gs, b_global_scale=wgs)
+    with pytest.raises(ValueError, match=r"mm_fp4: a_global_scale: expected None unless"):
+        torch_fp4.mm_fp4(d, wq.T, s, ws.T, a_global_scale=gs)
+    with pytest.raises(ValueError, match=r"mm_fp4: a_global_scale: expected shape \[1\]"):
+        torch_fp4.mm_fp4(d, wq.T, s, ws.T, a_global_scale=torch.ones(3), b_global_scale=wgs)

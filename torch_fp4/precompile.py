@@ -104,13 +104,13 @@ def _linear_steps(n: int, k: int, batches, device: torch.device) -> list[tuple[s
     for m in batches:
         def w4a16(m=m):
             a = torch.zeros(m, k, dtype=torch.bfloat16, device=device)
-            return ops.mm_fp4(a, w.T, None, scale.T, one, weight_layout=layout.value)
+            return ops.mm_fp4(a, w.T, None, scale.T, None, weight_layout=layout.value, b_global_scale=one)
 
         def w4a4(m=m):
             a = torch.zeros(m, k, dtype=torch.bfloat16, device=device)
             gs = ops.compute_global_scale(a)
-            return ops.mm_fp4(a, w.T, None, scale.T, one, weight_layout=layout.value, quantize_a=True,
-                              a_global_scale=gs)
+            return ops.mm_fp4(a, w.T, None, scale.T, None, weight_layout=layout.value, quantize_a=True,
+                              a_global_scale=gs, b_global_scale=one)
         steps += [(f"mm_fp4 W4A16 {layout.value} N={n} K={k} M={m}", w4a16),
                   (f"mm_fp4 W4A4 {layout.value} N={n} K={k} M={m}", w4a4)]
     return steps

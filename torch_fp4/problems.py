@@ -65,7 +65,7 @@ class MmProblem(Problem):
     sf_layout: F.SfLayout           # the layout of a's block scales (W4A4)
     weight_layout: F.WeightLayout   # the byte order of W
     out_dtype: torch.dtype
-    has_alpha: bool
+    has_alpha: bool                 # alpha given, or formed from the global scales (b_global_scale)
     a_align: int                    # byte alignment of a, b and b_scale (1 .. 16)
     b_align: int
     b_scale_align: int
@@ -73,11 +73,13 @@ class MmProblem(Problem):
 
     @classmethod
     def of(cls, a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout,
-           wlayout: F.WeightLayout = F.WeightLayout.ROW, quantize_a: bool = False) -> "MmProblem":
+           wlayout: F.WeightLayout = F.WeightLayout.ROW, quantize_a: bool = False,
+           b_global_scale=None) -> "MmProblem":
         """From validated mm_fp4 launcher arguments (b = w.T, b_scale = w_scale.T)."""
         return cls(m=a.shape[0], n=b.shape[1], k=2 * b.shape[0], fmt=fmt, w4a4=a_scale is not None,
                    a_dtype=a.dtype, sf_layout=F.SfLayout.parse(layout), weight_layout=wlayout,
-                   out_dtype=out_dtype, has_alpha=alpha is not None, a_align=alignment(a),
+                   out_dtype=out_dtype, has_alpha=alpha is not None or b_global_scale is not None,
+                   a_align=alignment(a),
                    b_align=alignment(b), b_scale_align=alignment(b_scale), quantize_a=quantize_a,
                    **_where(a))
 

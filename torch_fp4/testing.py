@@ -163,6 +163,12 @@ def op_samples() -> list[tuple[str, str, tuple]]:
                                              True, gs)))
     out.append(("mm_quantize_a_mxfp4", "mm_fp4", (x, mq.T, None, ms.T, None, torch.float32, 32, "128x4", REF,
                                                    "row", True, None)))
+    out.append(("mm_gs_w4a16", "mm_fp4", (x, wq.T, None, ws.T, None, torch.bfloat16, 16, "128x4", REF, "row",
+                                           False, None, wgs)))
+    out.append(("mm_gs_quantize_a", "mm_fp4", (x, wq.T, None, ws.T, None, torch.bfloat16, 16, "128x4", REF,
+                                                "row", True, gs, wgs)))
+    out.append(("mm_gs_w4a4", "mm_fp4", (d, wq.T, s, ws.T, None, torch.float32, 16, "128x4", REF, "row", False,
+                                          gs, wgs)))
     out.append(("prepack", "prepack_weight", (pq.view(torch.uint8), "sm90")))
     out.append(("unprepack", "unprepack_weight", (packed, "sm90")))
     logits = torch.randn(9, 16)

@@ -8,7 +8,9 @@ namespace torch_fp4 {
 
 // act: [m, k] bf16/fp16 (act_fp16), w: [n, k/2] packed FP4, w_scale: 128x4 [np, kp] bytes (mx:
 // MXFP4, else NVFP4), out: [m, n] of out_dtype (launch.h's DType code), alpha: one fp32 value or
-// null; packed: w is in the "sm90" fragment layout (docs/NUMERICS.md 4b; n % 128 == 0,
+// null; w_gs (NVFP4, with alpha null): the weights' global scale, from which the epilogue forms
+// alpha = RN(1 / RN(a_gs * w_gs)), or RN(1 / w_gs) when a_gs is null (formats.nvfp4_alpha), so that
+// no launch computes it; packed: w is in the "sm90" fragment layout (docs/NUMERICS.md 4b; n % 128 == 0,
 // k % 64 == 0), else row-major. Each GEMM's argument struct adds its tactic.
 //
 // Grouped (block_expert not null; the Hopper GEMM only): the rows of act and out are blocks of
@@ -21,6 +23,8 @@ struct MmOperands {
   const uint8_t* w;
   const uint8_t* w_scale;
   const float* alpha;
+  const float* w_gs;
+  const float* a_gs;
   void* out;
   int64_t m, n, k, kp;
   int act_fp16, mx, out_dtype, packed;
@@ -80,13 +84,15 @@ static_assert(kNumMmVariants == 6, "with_mm_variant covers every variant");
 
 // The operands of a C entry point's arguments (capi.h), in MmOperands' field order.
 inline MmOperands make_mm_operands(const void* act, const void* w, const void* w_scale, const float* alpha,
-                                   void* out, int64_t m, int64_t n, int64_t k, int64_t kp, int act_fp16, int mx,
-                                   int out_dtype, int packed) {
+                                   const float* w_gs, const float* a_gs, void* out, int64_t m, int64_t n,
+                                   int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype, int packed) {
   MmOperands a{};
   a.act = static_cast<const uint16_t*>(act);
   a.w = static_cast<const uint8_t*>(w);
   a.w_scale = static_cast<const uint8_t*>(w_scale);
   a.alpha = alpha;
+  a.w_gs = w_gs;
+  a.a_gs = a_gs;
   a.out = out;
   a.m = m;
   a.n = n;

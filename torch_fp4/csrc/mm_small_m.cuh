@@ -142,6 +142,8 @@ struct Params {
   const uint8_t* w;        // [N, K/2] packed FP4, rows contiguous
   const uint8_t* w_scale;  // 128x4 scale bytes [Np, Kp]
   const float* alpha;      // one fp32 value, or null
+  const float* w_gs;       // or (alpha null) the weights' global scale (NVFP4): epilogue_alpha forms
+  const float* a_gs;       // alpha from it and a_gs (or null)
   void* out;               // [M, N]
   int m, n, k;
   int kp;                  // K blocks padded to a multiple of 4 (scale matrix columns)
@@ -157,8 +159,8 @@ struct Params {
 // the grouped rows [b * kActRows, (b + 1) * kActRows) of expert block_expert[b] (mm_operands.h;
 // < 0: unused, the cluster leaves at once), valid below expert_end[e]; weights and scales are
 // expert e's, and its alpha is formed here from the global scales, RN(1 / RN(a_gs * w_gs[e]))
-// (RN(1 / w_gs[e]) without a_gs; formats.nvfp4_alpha), so that no launch computes the alphas
-// (Params::alpha is unused).
+// (RN(1 / w_gs[e]) without a_gs; formats.nvfp4_alpha, epilogue_alpha), so that no launch
+// computes the alphas (Params::alpha is unused; w_gs and a_gs point at expert 0's).
 struct GroupedParams : Params {
   const int* row_index;    // [blocks * kActRows] the pair t * top_k + j of each grouped row
   const int* expert_end;   // [experts] end of each expert's rows
@@ -169,8 +171,8 @@ struct GroupedParams : Params {
   const float* qdq_gs;     // swiglu: NVFP4 intermediates, global scale qdq_gs[e * qdq_gs_stride]
   int qdq_gs_stride;       // (Ctx::nvfp4_qdq), else null
   int qdq_mx;              // swiglu: MXFP4 intermediates (Ctx::mxfp4_qdq; I % 32 == 0), else 0
-  const float* w_gs;       // [experts] the weights' global scales (NVFP4), null for MXFP4 (alpha 1)
-  const float* a_gs;       // the activations' global scale a_gs[e * a_gs_stride] (W4A4), or null
+  // w_gs: [experts] the weights' global scales (NVFP4), null for MXFP4 (alpha 1); a_gs: the
+  // activations' global scale a_gs[e * a_gs_stride] (W4A4), or null
   int a_gs_stride;
   // gpt-oss's features (spec section 6): bias [experts, bias_cols] (bf16 or fp32, bias_fp32) added
   // to RN(alpha * acc) in fp32 before any rounding (swiglu: gate column c takes bias[c], up
@@ -194,6 +196,8 @@ inline Params operand_params(const MmOperands& a, int steps_per_split) {
   p.w = a.w;
   p.w_scale = a.w_scale;
   p.alpha = a.alpha;
+  p.w_gs = a.w_gs;
+  p.a_gs = a.a_gs;
   p.out = a.out;
   p.m = static_cast<int>(a.m);
   p.n = static_cast<int>(a.n);
@@ -205,6 +209,22 @@ inline Params operand_params(const MmOperands& a, int steps_per_split) {
   p.w_expert = a.w_expert;
   p.s_expert = a.s_expert;
   return p;
+}
+
+// The epilogue's multiplier for `expert` (0 in a dense launch): formed from the global scales
+// when w_gs is set, RN(1 / RN(*a_gs * w_gs[expert])) or RN(1 / w_gs[expert]) without a_gs
+// (formats.nvfp4_alpha, bit for bit), else alpha[expert] when alpha is set, else none (1).
+struct EpilogueAlpha {
+  float value;
+  bool on;
+};
+TORCH_FP4_HD EpilogueAlpha epilogue_alpha(const Params& p, int expert) {
+  if (p.w_gs != nullptr) {
+    const float w = load_alpha(p.w_gs + expert);
+    return {div_rn(1.0f, p.a_gs != nullptr ? mul_rn(load_alpha(p.a_gs), w) : w), true};
+  }
+  if (p.alpha != nullptr) return {load_alpha(p.alpha + expert), true};
+  return {1.0f, false};
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -746,18 +766,10 @@ TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, in
   } else {
     ctx.sync();
   }
-  // grouped: the block's expert's alpha, from its global scales (MXFP4: none, alpha 1)
-  bool has_alpha = p.alpha != nullptr;
-  float alpha = 1.0f;
-  if constexpr (Cfg::kGrouped) {
-    has_alpha = p.w_gs != nullptr;
-    if (has_alpha) {
-      const float w = load_alpha(p.w_gs);
-      alpha = div_rn(1.0f, p.a_gs != nullptr ? mul_rn(load_alpha(p.a_gs), w) : w);
-    }
-  } else if (has_alpha) {
-    alpha = load_alpha(p.alpha);
-  }
+  // the epilogue's alpha (grouped: the block's expert's, from its global scales; MXFP4: none)
+  const EpilogueAlpha ea = epilogue_alpha(p, 0);
+  const bool has_alpha = ea.on;
+  const float alpha = ea.value;
   // The sum over the splits of 4 columns at `local`, 2^7 fold undone, times alpha (fp32, exact
   // order: ranks 0, 1, ...).
   auto finish = [&](const float* local) {

@@ -395,7 +395,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   const int r0 = (ctl >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
   const FragmentSlot<Cfg> slot(ctl, 64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
   const uint32_t lut_addr = smem_u32(lut);
-  const bool has_alpha = p.alpha != nullptr;
+  const bool has_alpha = p.alpha != nullptr || p.w_gs != nullptr;
   float acc[Cfg::kAcc];
   const uint32_t pipe_addr = smem_u32(pipe);
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
@@ -418,7 +418,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     have = more;
     const int t = cur.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
-    const float alpha = has_alpha ? small_m::load_alpha(p.alpha + cur.expert) : 1.0f;
+    const float alpha = small_m::epilogue_alpha(p, cur.expert).value;
 #pragma unroll
     for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
     fence_regs(acc);
@@ -765,13 +765,15 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
 // block_m, stages, split_k, persistent, ctas_per_sm, stream_k, k_groups; a stream-K launch needs
 // torch_fp4_mm_wgmma_workspace_bytes (same arguments) of global memory at `workspace`.
 namespace {
-torch_fp4::WgmmaMmArgs wgmma_args(const void* act, const void* w, const void* w_scale, const float* alpha, void* out,
-                                  int64_t m, int64_t n, int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype,
-                                  int packed, int block_m, int stages, int split_k, int persistent, int ctas_per_sm,
+torch_fp4::WgmmaMmArgs wgmma_args(const void* act, const void* w, const void* w_scale, const float* alpha,
+                                  const float* w_gs, const float* a_gs, void* out, int64_t m, int64_t n,
+                                  int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
+                                  int block_m, int stages, int split_k, int persistent, int ctas_per_sm,
                                   int stream_k, int k_groups, void* workspace) {
   torch_fp4::WgmmaMmArgs a{};
   static_cast<torch_fp4::MmOperands&>(a) =
-      torch_fp4::make_mm_operands(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype, packed);
+      torch_fp4::make_mm_operands(act, w, w_scale, alpha, w_gs, a_gs, out, m, n, k, kp, act_fp16, mx, out_dtype,
+                                  packed);
   a.block_m = block_m;
   a.stages = stages;
   a.split_k = split_k;
@@ -785,30 +787,33 @@ torch_fp4::WgmmaMmArgs wgmma_args(const void* act, const void* w, const void* w_
 }  // namespace
 
 TORCH_FP4_CAPI int torch_fp4_mm_wgmma(int device, void* stream, int pdl, const void* act, const void* w,
-                                      const void* w_scale, const float* alpha, void* out, int64_t m, int64_t n,
-                                      int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
+                                      const void* w_scale, const float* alpha, const float* w_gs,
+                                      const float* a_gs, void* out, int64_t m, int64_t n, int64_t k,
+                                      int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
                                       int block_m, int stages, int split_k, int persistent, int ctas_per_sm,
                                       int stream_k, int k_groups, void* workspace) {
   if (const int e = torch_fp4::capi_begin(device)) return e;
-  const torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype,
-                                              packed, block_m, stages, split_k, persistent, ctas_per_sm, stream_k,
-                                              k_groups, workspace);
+  const torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, w_gs, a_gs, out, m, n, k, kp, act_fp16,
+                                              mx, out_dtype, packed, block_m, stages, split_k, persistent,
+                                              ctas_per_sm, stream_k, k_groups, workspace);
   return torch_fp4::capi_end(torch_fp4::launch_wgmma_mm(a, static_cast<cudaStream_t>(stream), pdl != 0));
 }
 
 // The grouped GEMM (mm_operands.h): m rows in blocks of block_m, block b multiplying expert
 // block_expert[b]'s weights (w_expert and s_expert bytes between experts' weights and scales;
-// alpha: [experts] or null); no stream-K.
+// alpha or w_gs: [experts] or null, a_gs one value or null); no stream-K.
 TORCH_FP4_CAPI int torch_fp4_mm_wgmma_grouped(int device, void* stream, int pdl, const void* act, const void* w,
-                                              const void* w_scale, const float* alpha, void* out, int64_t m,
-                                              int64_t n, int64_t k, int64_t kp, int act_fp16, int mx, int out_dtype,
-                                              int packed, int block_m, int stages, int split_k, int persistent,
+                                              const void* w_scale, const float* alpha, const float* w_gs,
+                                              const float* a_gs, void* out, int64_t m, int64_t n, int64_t k,
+                                              int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
+                                              int block_m, int stages, int split_k, int persistent,
                                               int ctas_per_sm, const int* block_expert, int64_t experts,
                                               int64_t w_expert, int64_t s_expert) {
   if (const int e = torch_fp4::capi_begin(device)) return e;
   if (block_expert == nullptr) return torch_fp4::kNotCompiled;
-  torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx, out_dtype, packed,
-                                        block_m, stages, split_k, persistent, ctas_per_sm, 0, 1, nullptr);
+  torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, w_gs, a_gs, out, m, n, k, kp, act_fp16, mx,
+                                        out_dtype, packed, block_m, stages, split_k, persistent, ctas_per_sm, 0, 1,
+                                        nullptr);
   a.block_expert = block_expert;
   a.experts = experts;
   a.w_expert = w_expert;
@@ -818,13 +823,15 @@ TORCH_FP4_CAPI int torch_fp4_mm_wgmma_grouped(int device, void* stream, int pdl,
 
 // Bytes of workspace the launch with these arguments needs (0: none), or minus a CUDA error.
 TORCH_FP4_CAPI int64_t torch_fp4_mm_wgmma_workspace_bytes(int device, const void* act, const void* w,
-                                                          const void* w_scale, const float* alpha, void* out,
+                                                          const void* w_scale, const float* alpha,
+                                                          const float* w_gs, const float* a_gs, void* out,
                                                           int64_t m, int64_t n, int64_t k, int64_t kp, int act_fp16,
                                                           int mx, int out_dtype, int packed, int block_m, int stages,
                                                           int split_k, int persistent, int ctas_per_sm,
                                                           int stream_k, int k_groups) {
   if (const int e = torch_fp4::capi_begin(device)) return -e;
-  return torch_fp4::wgmma_mm_workspace_bytes(wgmma_args(act, w, w_scale, alpha, out, m, n, k, kp, act_fp16, mx,
-                                                        out_dtype, packed, block_m, stages, split_k, persistent,
-                                                        ctas_per_sm, stream_k, k_groups, nullptr));
+  return torch_fp4::wgmma_mm_workspace_bytes(wgmma_args(act, w, w_scale, alpha, w_gs, a_gs, out, m, n, k, kp,
+                                                        act_fp16, mx, out_dtype, packed, block_m, stages,
+                                                        split_k, persistent, ctas_per_sm, stream_k, k_groups,
+                                                        nullptr));
 }

@@ -34,9 +34,7 @@ struct SmallMMoeArgs : SmallMMmArgs {
   const float* qdq_gs;
   int qdq_gs_stride;
   int qdq_mx;              // swiglu: MXFP4 intermediates (no global scale)
-  const float* w_gs;
-  const float* a_gs;
-  int a_gs_stride;
+  int a_gs_stride;         // (w_gs and a_gs, the experts' global scales: MmOperands')
   const void* bias;        // gpt-oss's features (GroupedParams): bias [experts, bias_cols] or null,
   int64_t bias_cols;       // the clamped SwiGLU
   int bias_fp32, clamped;
@@ -74,8 +72,6 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   p.qdq_gs = a.swiglu ? a.qdq_gs : nullptr;
   p.qdq_gs_stride = a.qdq_gs_stride;
   p.qdq_mx = a.swiglu ? a.qdq_mx : 0;
-  p.w_gs = a.w_gs;
-  p.a_gs = a.a_gs;
   p.a_gs_stride = a.a_gs_stride;
   p.bias = a.bias;
   p.bias_cols = a.bias_cols;
@@ -152,8 +148,8 @@ SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, 
                           const void* bias, int64_t bias_cols, int64_t bias_dtype) {
   SmallMMoeArgs a{};
   static_cast<SmallMMmArgs&>(a) = small_m_args(
-      make_mm_operands(act, w, w_scale, nullptr, out, ws.rows, n, k, kp, act_fp16, static_cast<int>(p.mx), kBFloat16,
-                       static_cast<int>(p.packed)),
+      make_mm_operands(act, w, w_scale, nullptr, w_gs, nullptr, out, ws.rows, n, k, kp, act_fp16,
+                       static_cast<int>(p.mx), kBFloat16, static_cast<int>(p.packed)),
                    static_cast<int>(p.warps), static_cast<int>(p.tiles_per_warp), static_cast<int>(p.block_k),
                    static_cast<int>(p.stages), static_cast<int>(split));
   a.block_m = static_cast<int>(p.block_m);
@@ -165,7 +161,6 @@ SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, 
   a.row_index = reinterpret_cast<const int*>(base + ws.sorted_pairs);
   a.expert_end = reinterpret_cast<const int*>(base + ws.expert_end);
   a.top_k = static_cast<int>(p.top_k);
-  a.w_gs = w_gs;
   a.bias = bias;
   a.bias_cols = bias_cols;
   a.bias_fp32 = bias_dtype == kFloat32 ? 1 : 0;

@@ -23,6 +23,13 @@ def use_pdl(device: torch.device) -> bool:
     return PDL and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def formed_alpha(alpha: Optional[torch.Tensor], a_global_scale: Optional[torch.Tensor],
+                 b_global_scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """mm_fp4's alpha as a tensor, for a launcher whose kernels take alpha only: alpha itself, or
+    with b_global_scale formats.nvfp4_alpha(a_global_scale, b_global_scale) (torch launches)."""
+    return alpha if b_global_scale is None else F.nvfp4_alpha(a_global_scale, b_global_scale)
+
+
 # Tests set this to True so every freshly allocated output starts as 0xFF bytes: an element a
 # kernel forgets to write then shows up as a mismatch against the reference.
 POISON_OUTPUTS = False

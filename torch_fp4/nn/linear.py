@@ -20,7 +20,8 @@ class FP4Linear(torch.nn.Module):
     `mm_fp4(x, ..., quantize_a=True)`: the GEMM multiplies the quantized activations' exact
     values (code * block scale, `fp4_quantized_values`) with W4A4's alpha, which is W4A4's
     product (bit for bit on the reference) without FP4 codes and scales in memory (on the GPU
-    backends two launches: the values, then the W4A16 GEMM).
+    backends two launches: the values, then the W4A16 GEMM). NVFP4's alpha is formed by mm_fp4
+    from the global scales (`b_global_scale`; on the cuda backend inside the GEMM's epilogue).
 
     Batch invariance (W4A4 NVFP4): without a fixed input scale, the activation global scale is
     computed on each call over the whole x, so one token's output depends on the other tokens
@@ -229,10 +230,11 @@ class FP4Linear(torch.nn.Module):
         lead = x.shape[:-1]
         a = x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous()
         nv = self.fmt is F.NVFP4
+        # NVFP4: mm_fp4 forms alpha from the global scales (no launch of its own)
+        gs_w = self.weight_global_scale if nv else None
         if self.activations == "bf16":
-            alpha = F.nvfp4_alpha(None, self.weight_global_scale) if nv else None
-            y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, alpha, out_dtype,
-                           self.fmt.block_size, weight_layout=self.weight_layout)
+            y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, None, out_dtype,
+                           self.fmt.block_size, weight_layout=self.weight_layout, b_global_scale=gs_w)
         else:
             # W4A4: mm_fp4 quantizes the 16-bit activations and multiplies their FP4 values
             # (code * block scale, exact in bf16) with W4A4's alpha: W4A4's product without FP4
@@ -240,10 +242,9 @@ class FP4Linear(torch.nn.Module):
             gs_a = None
             if nv:
                 gs_a = self.input_global_scale if self.static_input_scale else ops.compute_global_scale(a)
-            alpha = F.nvfp4_alpha(gs_a, self.weight_global_scale) if nv else None
-            y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, alpha, out_dtype,
+            y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, None, out_dtype,
                            self.fmt.block_size, weight_layout=self.weight_layout, quantize_a=True,
-                           a_global_scale=gs_a)
+                           a_global_scale=gs_a, b_global_scale=gs_w)
         if self.bias is not None:
             y = y + self.bias.to(y.dtype)
         return _widen(y.reshape(*lead, self.out_features), x.dtype)

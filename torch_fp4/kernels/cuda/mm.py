@@ -3,7 +3,8 @@ the small-M FP4 GEMM of torch_fp4/csrc/mm_small_m.cu (M <= 64) or the Hopper wgm
 torch_fp4/csrc/mm_wgmma.cu (sm_90, any M), whichever family the tactic belongs to. Both read
 weights in the "sm90" layout (torch_fp4.prepack_weight); the small-M GEMM for M <= 16.
 
-W4A16 feeds the bf16/fp16 activations to the kernel as they are. W4A4 first dequantizes the FP4
+W4A16 feeds the bf16/fp16 activations to the kernel as they are. Given the global scales
+(b_global_scale), the kernels form alpha in their epilogue (csrc/mm_small_m.cuh epilogue_alpha). W4A4 first dequantizes the FP4
 activations to bf16 with the backend's dequantize kernel (exact: every NVFP4/MXFP4 value is a bf16
 value), then runs the same kernel; the weights are decoded in registers inside the GEMM.
 W4A4 from 16-bit activations (quantize_a, FP4Linear's W4A4): the quantize kernel's exact-values
@@ -30,9 +31,11 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
            quantize_a: bool = False, a_global_scale: torch.Tensor | None = None,
+           b_global_scale: torch.Tensor | None = None,
            tactic: CudaMmTactic | WgmmaMmTactic | None = None,
            problem: MmProblem | None = None) -> torch.Tensor:
-    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout, quantize_a)
+    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout, quantize_a,
+                                b_global_scale)
     t = tactic_or_default(tactic, MM_SPACE, p)
     m, n, k = p.m, p.n, p.k
     out = prepare_outputs(cuda_empty((m, n), out_dtype, a))
@@ -50,9 +53,14 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     fp16, mx = act.dtype == torch.float16, fmt.block_size == 32
     # Operands in make_mm_operands' order (csrc/mm_operands.h); b and b_scale are w.T and w_scale.T,
     # whose storage is w [N, K/2] and its 128x4 scales [Np, Kp] (kp = the padded scale columns).
+    # With b_global_scale the epilogue forms alpha from the global scales (w_gs, a_gs).
     kp = -(-(k // fmt.block_size) // 4) * 4
-    ops = (act.data_ptr(), b.data_ptr(), b_scale.data_ptr(), None if alpha is None else alpha.data_ptr(),
-           out.data_ptr(), m, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], int(p.packed))
+    w_gs = a_gs = None
+    if b_global_scale is not None:
+        w_gs = b_global_scale.data_ptr()
+        a_gs = None if a_global_scale is None else a_global_scale.data_ptr()
+    ops = (act.data_ptr(), b.data_ptr(), b_scale.data_ptr(), None if alpha is None else alpha.data_ptr(), w_gs,
+           a_gs, out.data_ptr(), m, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], int(p.packed))
     variant = mm_variant(fp16, mx, p.packed)
     if isinstance(t, WgmmaMmTactic):
         lib = library(i, f"wgmma{variant}")

@@ -82,7 +82,7 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
         pdl = _common.PDL
         status = lib.mm_wgmma_grouped(
             i, raw_stream(i), pdl, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(), alpha.data_ptr(),
-            out.data_ptr(), rows, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], int(packed),
+            None, None, out.data_ptr(), rows, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], int(packed),
             tactic.block_m, tactic.stages, 1, 1, tactic.ctas_per_sm, block_expert.data_ptr(), experts,
             w.stride(0), w_scale.stride(0) * w_scale.element_size())
         if status:

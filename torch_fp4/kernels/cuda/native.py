@@ -17,7 +17,7 @@ from . import build
 
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 _HEAD = (_I, _P, _I)                                              # device, stream, pdl
-_MM = (_P, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I, _I, _I)        # make_mm_operands (mm_operands.h)
+_MM = (_P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I, _I, _I)  # make_mm_operands (mm_operands.h)
 _QUANTIZE = (_P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _I, _I)
 # (result, arguments) of every entry point, by name (without the torch_fp4_ prefix); the test
 # tests/test_cuda_capi.py compares them with the C declarations.

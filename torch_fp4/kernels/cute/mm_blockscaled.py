@@ -64,7 +64,7 @@ from ... import formats as F
 from ... import meta
 from ...tactics import Tactic
 from ...problems import MmProblem
-from .._common import prepare_outputs, tactic_or_default
+from .._common import formed_alpha, prepare_outputs, tactic_or_default
 from .mm_tactics import MM_SPACE, Sm100MmTactic, Sm120MmTactic
 
 OUT_TYPES = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
@@ -526,6 +526,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: tor
            alpha: Optional[torch.Tensor], out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
            quantize_a: bool = False, a_global_scale: Optional[torch.Tensor] = None,
+           b_global_scale: Optional[torch.Tensor] = None,
            tactic: Optional[Tactic] = None, problem: Optional[MmProblem] = None) -> torch.Tensor:
     """W4A4 out [M, N] = alpha * A @ B^T on the current stream (b = w.T, b_scale = w_scale.T,
     both views of row-major [N, K/2] / [Np, Kp]). tactic None: MM_SPACE.default. Dispatch has
@@ -535,7 +536,9 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: tor
         raise ValueError("mm_fp4: the cute-dsl backend multiplies FP4 codes with scales, not quantize_a")
     if wlayout is not F.WeightLayout.ROW:
         raise ValueError(f"mm_fp4: the cute-dsl backend reads row-major weights, got {wlayout.value!r}")
-    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout)
+    p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout,
+                                b_global_scale=b_global_scale)
+    alpha = formed_alpha(alpha, a_global_scale, b_global_scale)
     tactic = tactic_or_default(tactic, MM_SPACE, p)
     out = prepare_outputs(meta.mm_fp4(a, b, out_dtype))
     m, n, k = p.m, p.n, p.k
