@@ -6,7 +6,6 @@ weights, in FP4Linear's preferred layout; W4A4 with a fixed input scale).
 
     python scripts/ab_linear_alpha.py 1,16,64,128 out.csv
 """
-import statistics
 import sys
 
 import torch
@@ -15,12 +14,11 @@ import torch.nn.functional as TF
 from torch_fp4 import formats as F
 from torch_fp4 import ops
 from torch_fp4.bench.mm import SHAPES, nvfp4_weight
-from torch_fp4.bench.timing import graph_time_us, write_csv
+from torch_fp4.bench.timing import same_round_medians, write_csv
 from torch_fp4.nn import FP4Linear
 
 dev = torch.device("cuda")
 MS = [int(x) for x in sys.argv[1].split(",")]
-ROUNDS = 5
 rows = []
 name = torch.cuda.get_device_name(dev)
 print(name)
@@ -54,12 +52,7 @@ for n, k in SHAPES:
                 "a4_old": a4_old, "a4_new": lambda x=x: lin4(x)}
         want16, want4 = a16_old(), a4_old()
         assert torch.equal(lin16(x), want16) and torch.equal(lin4(x), want4), "bits differ"
-        torch.cuda.synchronize()
-        res = {c: [] for c in cols}
-        for _ in range(ROUNDS):
-            for c, f in cols.items():
-                res[c].append(graph_time_us(f, [()]))
-        md = {c: statistics.median(v) for c, v in res.items()}
+        md = same_round_medians(cols)
         rows.append(dict(gpu=name, n=n, k=k, m=m, layout=layout, **{c + "_us": v for c, v in md.items()},
                          a16_old_over_new=md["a16_old"] / md["a16_new"], a4_old_over_new=md["a4_old"] / md["a4_new"],
                          a4_over_a16_new=md["a4_new"] / md["a16_new"], a4_over_a16_old=md["a4_old"] / md["a16_old"]))

@@ -7,17 +7,15 @@ FP4Linear keeps there).
 
     python scripts/ab_w4a4_values.py 1,16,64,128 out.csv
 """
-import statistics
 import sys
 
 import torch
 from torch_fp4 import ops
 from torch_fp4.bench.mm import Problem, nvfp4_weight, SHAPES
-from torch_fp4.bench.timing import graph_time_us, write_csv
+from torch_fp4.bench.timing import same_round_medians, write_csv
 
 dev = torch.device("cuda")
 MS = [int(x) for x in sys.argv[1].split(",")]
-ROUNDS = 5
 rows = []
 name = torch.cuda.get_device_name(dev)
 print(name)
@@ -35,14 +33,7 @@ for n, k in SHAPES:
         if packed is not None:
             cols["a16_sm90"] = lambda p=p: p.w4a16_sm90(packed)
             cols["a4_sm90"] = lambda p=p: p.w4a4(packed)
-        for f in cols.values():
-            f()
-        torch.cuda.synchronize()
-        res = {c: [] for c in cols}
-        for _ in range(ROUNDS):
-            for c, f in cols.items():
-                res[c].append(graph_time_us(f, [()]))
-        md = {c: statistics.median(v) for c, v in res.items()}
+        md = same_round_medians(cols)
         nan = float("nan")
         s16, s4 = md.get("a16_sm90", nan), md.get("a4_sm90", nan)
         rows.append(dict(gpu=name, n=n, k=k, m=m, **{c + "_us": v for c, v in md.items()},

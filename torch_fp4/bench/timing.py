@@ -58,6 +58,17 @@ def graph_time_us(fn: Callable, inputs: Sequence[tuple], calls: int | None = Non
     return statistics.median(times)
 
 
+def same_round_medians(cols: dict[str, Callable], rounds: int = 5) -> dict[str, float]:
+    """Each column's graph_time_us (one call per replay, no arguments), timed once per round in
+    turn for `rounds` interleaved rounds: the median per column, so that a drift of the GPU's
+    clock or the host over the run falls on every column alike."""
+    times: dict[str, list[float]] = {c: [] for c in cols}
+    for _ in range(rounds):
+        for c, f in cols.items():
+            times[c].append(graph_time_us(f, [()]))
+    return {c: statistics.median(v) for c, v in times.items()}
+
+
 def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> float:
     """Device-to-device copy bandwidth, bytes read plus bytes written, in GB/s: the faster of a
     memcpy (`copy_`, a copy-engine node inside a graph) and an SM-driven elementwise copy
