@@ -228,25 +228,34 @@ class FP4Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = _input("FP4Linear", x, self.in_features, "in_features")
         lead = x.shape[:-1]
-        a = x.reshape(-1, self.in_features).to(self.compute_dtype).contiguous()
+        a = x.reshape(-1, self.in_features)
+        if a.dtype != self.compute_dtype:
+            a = a.to(self.compute_dtype)
+        a = a.contiguous()
+        # The tensors straight from the module's dicts: Module.__getattr__ costs host time on
+        # every call of a layer that runs once per token step.
+        buffers = self._buffers
+        w, w_scale = buffers["weight"].T, buffers["weight_scale"].T
         nv = self.fmt is F.NVFP4
         # NVFP4: mm_fp4 forms alpha from the global scales (no launch of its own)
-        gs_w = self.weight_global_scale if nv else None
+        gs_w = buffers["weight_global_scale_bits"].view(torch.float32) if nv else None
         if self.activations == "bf16":
-            y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, None, out_dtype,
-                           self.fmt.block_size, weight_layout=self.weight_layout, b_global_scale=gs_w)
+            y = ops.mm_fp4(a, w, None, w_scale, None, out_dtype, self.fmt.block_size,
+                           weight_layout=self.weight_layout, b_global_scale=gs_w)
         else:
             # W4A4: mm_fp4 quantizes the 16-bit activations and multiplies their FP4 values
             # (code * block scale, exact in bf16) with W4A4's alpha: W4A4's product without FP4
             # codes and scales in memory (no GEMM here multiplies FP4 natively)
             gs_a = None
             if nv:
-                gs_a = self.input_global_scale if self.static_input_scale else ops.compute_global_scale(a)
-            y = ops.mm_fp4(a, self.weight.T, None, self.weight_scale.T, None, out_dtype,
-                           self.fmt.block_size, weight_layout=self.weight_layout, quantize_a=True,
-                           a_global_scale=gs_a, b_global_scale=gs_w)
-        if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
+                gs_a = (buffers["input_global_scale_bits"].view(torch.float32) if self.static_input_scale
+                        else ops.compute_global_scale(a))
+            y = ops.mm_fp4(a, w, None, w_scale, None, out_dtype, self.fmt.block_size,
+                           weight_layout=self.weight_layout, quantize_a=True, a_global_scale=gs_a,
+                           b_global_scale=gs_w)
+        bias = self.bias
+        if bias is not None:
+            y = y + bias.to(y.dtype)
         return _widen(y.reshape(*lead, self.out_features), x.dtype)
 
     def extra_repr(self) -> str:
