@@ -223,6 +223,36 @@ def test_from_checkpoint_uses_the_stored_weight():
 
 
 # -- FP4MoE ------------------------------------------------------------------------------------
+_VIEWS = {"reshape", "view", "numpy_T", "t", "permute", "detach", "alias", "expand", "_unsafe_view"}
+
+
+class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+    """The ops a call dispatches at the top level (an op's own implementation is not entered)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(func.overloadpacket.__name__ if func.namespace == "aten" else f"{func.namespace}.{func._opname}")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("activations,bias", [("bf16", False), ("fp4", False), ("bf16", True)])
+def test_forward_is_one_mm_fp4_call(activations, bias):
+    """FP4Linear's forward computes nothing beside the one mm_fp4 call (and the bias add): mm_fp4
+    forms alpha from the global scales, so no torch op (one launch each on the GPU) computes it."""
+    import torch.utils._python_dispatch  # noqa: F401  (the mode's module)
+    lin = FP4Linear.from_linear(torch.nn.Linear(64, 32, bias=bias).to(torch.bfloat16), activations=activations)
+    if activations == "fp4":
+        lin.calibrate(torch.randn(4, 64))
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    with torch.inference_mode(), _OpRecorder() as rec:
+        lin(x)
+    work = [op for op in rec.ops if op not in _VIEWS and op != "to"]   # bias.to(bf16): no copy
+    assert work == ["torch_fp4.mm_fp4"] + (["add"] if bias else []), rec.ops
+
+
 from torch_fp4.nn import FP4MoE  # noqa: E402
 
 H, I, E = 64, 32, 4
