@@ -5,6 +5,7 @@ import warnings
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_fp4 as t4
 from torch_fp4.nn import FP4Linear, QuantConfig, quantize_model
@@ -226,7 +227,7 @@ def test_from_checkpoint_uses_the_stored_weight():
 _VIEWS = {"reshape", "view", "numpy_T", "t", "permute", "detach", "alias", "expand", "_unsafe_view"}
 
 
-class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
+class _OpRecorder(TorchDispatchMode):
     """The ops a call dispatches at the top level (an op's own implementation is not entered)."""
 
     def __init__(self):
@@ -242,7 +243,6 @@ class _OpRecorder(torch.utils._python_dispatch.TorchDispatchMode):
 def test_forward_is_one_mm_fp4_call(activations, bias):
     """FP4Linear's forward computes nothing beside the one mm_fp4 call (and the bias add): mm_fp4
     forms alpha from the global scales, so no torch op (one launch each on the GPU) computes it."""
-    import torch.utils._python_dispatch  # noqa: F401  (the mode's module)
     lin = FP4Linear.from_linear(torch.nn.Linear(64, 32, bias=bias).to(torch.bfloat16), activations=activations)
     if activations == "fp4":
         lin.calibrate(torch.randn(4, 64))
