@@ -16,6 +16,19 @@ def pytest_addoption(parser):
                      help="also run the full GPU sweep (tests and cases marked `full`)")
 
 
+def pytest_sessionstart(session):
+    """TORCH_FP4_TEST_PREBUILD=1 on a CUDA machine: every cuda kernel library is built once, all
+    their units in parallel, before any test runs (and before pytest-xdist starts its workers),
+    instead of by whichever test first needs each library."""
+    if os.environ.get("TORCH_FP4_TEST_PREBUILD") != "1" or hasattr(session.config, "workerinput"):
+        return
+    if not torch.cuda.is_available():
+        return
+    from torch_fp4.kernels.cuda import build
+
+    build.build(torch.cuda.get_device_capability(0), list(build.LIBRARIES))
+
+
 def _in_quick_tier(item) -> bool:
     """A GPU test module may name, in QUICK = {test name: {case ids}}, the cases of a
     parametrized test that the quick tier runs; its other cases belong to the full sweep."""
