@@ -334,12 +334,18 @@ def test_quantize_a_is_mm_of_quantized_values_and_of_codes(m, n, kblocks, fmt_na
     assert T.same_bits_up_to_nan_payload(fused, via_codes)   # a NaN block's NaNs form differently
 
 
-def test_quantize_a_errors_name_the_argument():
+def _error_operands():
+    """bf16 a [4, 64], NVFP4 and MXFP4 weights [32, 64], a global scale and a's NVFP4 codes."""
     a = torch.randn(4, 64, dtype=torch.bfloat16)
     wq, ws, wgs = T.quantized_weight(32, 64)
     mq, ms, _ = T.quantized_weight(32, 64, F.MXFP4)
     gs = torch.ones(1)
     d, s = torch_fp4.nvfp4_quantize(a, gs)
+    return a, wq, ws, wgs, mq, ms, gs, d, s
+
+
+def test_quantize_a_errors_name_the_argument():
+    a, wq, ws, wgs, mq, ms, gs, d, s = _error_operands()
     with pytest.raises(ValueError, match=r"mm_fp4: a_global_scale: expected None unless quantize_a=True"):
         torch_fp4.mm_fp4(a, wq.T, None, ws.T, a_global_scale=gs)
     with pytest.raises(TypeError, match=r"mm_fp4: a_global_scale: expected an fp32 tensor \[1\] with quantize_a"):
@@ -387,11 +393,7 @@ def test_b_global_scale_is_alpha_from_the_global_scales(m, n, kblocks, mode, out
 
 
 def test_b_global_scale_errors_name_the_argument():
-    a = torch.randn(4, 64, dtype=torch.bfloat16)
-    wq, ws, wgs = T.quantized_weight(32, 64)
-    mq, ms, _ = T.quantized_weight(32, 64, F.MXFP4)
-    gs = torch.ones(1)
-    d, s = torch_fp4.nvfp4_quantize(a, gs)
+    a, wq, ws, wgs, mq, ms, gs, d, s = _error_operands()
     with pytest.raises(ValueError, match=r"mm_fp4: b_global_scale: expected None for MXFP4"):
         torch_fp4.mm_fp4(a, mq.T, None, ms.T, block_size=32, b_global_scale=gs)
     with pytest.raises(ValueError, match=r"mm_fp4: alpha: expected None when b_global_scale is given"):

@@ -395,7 +395,6 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   const int r0 = (ctl >> 5) * 16 + g;  // accumulator rows r0 and r0 + 8
   const FragmentSlot<Cfg> slot(ctl, 64 * mwg + 16 * ((ct >> 5) & 3) + g, c);
   const uint32_t lut_addr = smem_u32(lut);
-  const bool has_alpha = p.alpha != nullptr || p.w_gs != nullptr;
   float acc[Cfg::kAcc];
   const uint32_t pipe_addr = smem_u32(pipe);
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
@@ -418,7 +417,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     have = more;
     const int t = cur.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
-    const float alpha = small_m::epilogue_alpha(p, cur.expert).value;
+    const small_m::EpilogueAlpha ea = small_m::epilogue_alpha(p, cur.expert);
+    const float alpha = ea.value;
+    const bool has_alpha = ea.on;
 #pragma unroll
     for (int i = 0; i < Cfg::kAcc; ++i) acc[i] = 0.0f;
     fence_regs(acc);

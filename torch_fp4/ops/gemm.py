@@ -87,9 +87,7 @@ def _check_global_scales(fmt: F.Fp4Format, a_scale, quantize_a, alpha, a_global_
     scale of a's quantization (quantize_a), or the one a's FP4 codes were quantized with."""
     if b_global_scale is None:
         return
-    if not fmt.has_global_scale:
-        C.fail(OP, "b_global_scale", "None for MXFP4 (block_size=32 has no global scale)", "a tensor")
-    C.global_scale(OP, "b_global_scale", b_global_scale, None)
+    check_quantize_global_scale(OP, "b_global_scale", b_global_scale, fmt, None, "")
     if alpha is not None:
         C.fail(OP, "alpha", "None when b_global_scale is given (alpha is then formed from the global scales)",
                "a tensor")
