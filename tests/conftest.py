@@ -72,11 +72,13 @@ def _fresh_dispatch_decisions():
 @pytest.fixture
 def poisoned_fresh_tactics(tmp_path, monkeypatch):
     """Outputs poisoned at allocation (an element a kernel forgets to write shows as a mismatch)
-    and an empty tactic cache in the test's temporary directory."""
+    and an empty tactic cache in the test's temporary directory. Only the tactic cache moves:
+    the built cuda libraries stay in the shared cache ($TORCH_FP4_CACHE_DIR/cuda), so no test
+    builds them again."""
     from torch_fp4 import tactics
     from torch_fp4.kernels import _common
 
-    monkeypatch.setenv("TORCH_FP4_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(tactics, "cache_path", lambda: tmp_path / "tactics.json")
     tactics.forget()
     _common.POISON_OUTPUTS = True
     yield
