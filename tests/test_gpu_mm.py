@@ -20,6 +20,8 @@ FMTS = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}
 GPU_BACKENDS = ("triton", "cute-dsl", "cuda")
 # The quick GPU tier (conftest.py): one case per kernel family, activation kind and backend; the
 # other cases run with --full. Case ids: m-activations-layout-format-backend.
+QUANTIZE_A_MS = (1, 5, 16, 33, 64)
+B_GLOBAL_SCALE_MS = (1, 16, 33, 129, 300)
 QUICK = {
     "test_grid_exact_every_structural_tactic": {
         "1-bf16-128x4-nvfp4-cuda", "129-fp4-8x4-nvfp4-cuda", "1-fp16-128x4-mxfp4-cuda",
@@ -28,9 +30,13 @@ QUICK = {
     "test_random_within_bound": {
         "fp4-128x4-nvfp4-cuda", "bf16-128x4-mxfp4-cuda", "bf16-128x4-nvfp4-triton",
         "fp4-128x4-nvfp4-cute-dsl"},
+    # one case per M: the tier's workers share a case's M values out
     "test_quantize_a_gives_the_bits_of_the_values_path": {
-        "nvfp4-bf16-sm90-cuda", "mxfp4-bf16-row-cuda", "nvfp4-fp16-row-cuda", "nvfp4-bf16-row-triton"},
-    "test_b_global_scale_gives_the_bits_of_alpha": {"sm90-cuda", "row-triton"},
+        f"{m}-{case}" for m in QUANTIZE_A_MS
+        for case in ("nvfp4-bf16-sm90-cuda", "mxfp4-bf16-row-cuda", "nvfp4-fp16-row-cuda", "nvfp4-bf16-row-triton")},
+    "test_b_global_scale_gives_the_bits_of_alpha": {
+        f"{m}-{case}" for m in B_GLOBAL_SCALE_MS for case in ("sm90-cuda", "row-triton")},
+    "test_b_global_scale_is_read_at_graph_replay": {"sm90-cuda", "row-triton"},
 }
 
 
@@ -211,7 +217,8 @@ def test_tactic_that_cannot_run_says_why():
 @pytest.mark.parametrize("weights", ["row", "sm90"])
 @pytest.mark.parametrize("fmt_name,a_dtype", [("nvfp4", torch.bfloat16), ("nvfp4", torch.float16),
                                               ("mxfp4", torch.bfloat16)], ids=["nvfp4-bf16", "nvfp4-fp16", "mxfp4-bf16"])
-def test_quantize_a_gives_the_bits_of_the_values_path(backend, weights, fmt_name, a_dtype):
+@pytest.mark.parametrize("m", QUANTIZE_A_MS)
+def test_quantize_a_gives_the_bits_of_the_values_path(backend, weights, fmt_name, a_dtype, m):
     """mm_fp4(x, quantize_a=True) gives, tactic by tactic, the bits of mm_fp4 on
     fp4_quantized_values(x) with the same tactic: every small-M tile shape, split-K, M tails,
     K % 32 == 16 (NVFP4 row-major),
@@ -221,76 +228,85 @@ def test_quantize_a_gives_the_bits_of_the_values_path(backend, weights, fmt_name
     if weights == "sm90" and backend == "triton":
         pytest.skip("the triton backend reads row-major weights")
     n, k = (256, 1024) if weights == "sm90" else (200, 1040 if fmt is F.NVFP4 else 1056)
-    g = _gen(k)
+    g = _gen(k + m)
     wq, ws, wgs = T.quantized_weight(n, k, fmt, "cuda")
     w = t4.prepack_weight(wq) if weights == "sm90" else wq
-    for m in (1, 5, 16, 33, 64):
-        x = (torch.randn(m, k, generator=g) * 4).cuda()
-        if m > 2:   # every E2M1 rounding tie (MXFP4: block scale 1, so x * o = x)
-            x[1] = (torch.arange(k) % 32) * 0.25 - 4.0
-        x[0, 3], x[m - 1, 17], x[m // 2, 40], x[m // 2, 41] = float("inf"), float("nan"), 3.0e4, 1.0e-6
-        x = x.to(a_dtype)
-        gs = t4.compute_global_scale(x.nan_to_num(0.0, 0.0, 0.0)) if fmt is F.NVFP4 else None
-        alpha = F.nvfp4_alpha(gs, wgs) if fmt is F.NVFP4 else None
-        kw = dict(block_size=fmt.block_size, weight_layout=weights)
-        if t4.unsupported_reason("mm_fp4", Backend.parse(backend), x, w.T, None, ws.T, alpha, torch.float32,
-                                 quantize_a=True, a_global_scale=gs, **kw) is not None:
-            continue
-        values = t4.fp4_quantized_values(x, gs, fmt.block_size)
-        ts = _sample(t4.mm_fp4_tactics(x, w.T, None, ws.T, alpha, backend=backend, quantize_a=True,
-                                       a_global_scale=gs, **kw), tiles=True)
-        assert ts, (m, "no tactic")
-        for t in ts:
-            with t4.use_tactic(t):
-                got = t4.mm_fp4(x, w.T, None, ws.T, alpha, torch.float32, quantize_a=True, a_global_scale=gs, **kw)
-                want = t4.mm_fp4(values, w.T, None, ws.T, alpha, torch.float32, **kw)
-            assert T.same_bits_up_to_nan_payload(got, want), (m, t.label())
-        got = t4.mm_fp4(x, w.T, None, ws.T, alpha, torch.bfloat16, quantize_a=True, a_global_scale=gs,
-                        backend=backend, **kw)
-        d, s = t4.nvfp4_quantize(x.cpu(), gs.cpu()) if fmt is F.NVFP4 else t4.mxfp4_quantize(x.cpu())
-        ahat = t4.fp4_dequantize(d, s, None, block_size=fmt.block_size, out_dtype=torch.float32)
-        what = t4.fp4_dequantize(wq.cpu(), ws.cpu(), None, block_size=fmt.block_size, out_dtype=torch.float32)
-        rows = ~ahat.isnan().any(1) & ~x.cpu().isinf().any(1)   # an Inf's MXFP4 block may overflow fp32 sums
-        T.assert_mm_within_bound(got.cpu()[rows], ahat[rows], what, 1.0 if alpha is None else alpha.cpu())
-        assert got.cpu()[ahat.isnan().any(1)].isnan().all()
+    x = (torch.randn(m, k, generator=g) * 4).cuda()
+    if m > 2:   # every E2M1 rounding tie (MXFP4: block scale 1, so x * o = x)
+        x[1] = (torch.arange(k) % 32) * 0.25 - 4.0
+    x[0, 3], x[m - 1, 17], x[m // 2, 40], x[m // 2, 41] = float("inf"), float("nan"), 3.0e4, 1.0e-6
+    x = x.to(a_dtype)
+    gs = t4.compute_global_scale(x.nan_to_num(0.0, 0.0, 0.0)) if fmt is F.NVFP4 else None
+    alpha = F.nvfp4_alpha(gs, wgs) if fmt is F.NVFP4 else None
+    kw = dict(block_size=fmt.block_size, weight_layout=weights)
+    if t4.unsupported_reason("mm_fp4", Backend.parse(backend), x, w.T, None, ws.T, alpha, torch.float32,
+                             quantize_a=True, a_global_scale=gs, **kw) is not None:
+        pytest.skip(f"{backend} cannot run quantize_a at M = {m} here")
+    values = t4.fp4_quantized_values(x, gs, fmt.block_size)
+    ts = _sample(t4.mm_fp4_tactics(x, w.T, None, ws.T, alpha, backend=backend, quantize_a=True,
+                                   a_global_scale=gs, **kw), tiles=True)
+    assert ts, (m, "no tactic")
+    for t in ts:
+        with t4.use_tactic(t):
+            got = t4.mm_fp4(x, w.T, None, ws.T, alpha, torch.float32, quantize_a=True, a_global_scale=gs, **kw)
+            want = t4.mm_fp4(values, w.T, None, ws.T, alpha, torch.float32, **kw)
+        assert T.same_bits_up_to_nan_payload(got, want), (m, t.label())
+    got = t4.mm_fp4(x, w.T, None, ws.T, alpha, torch.bfloat16, quantize_a=True, a_global_scale=gs,
+                    backend=backend, **kw)
+    d, s = t4.nvfp4_quantize(x.cpu(), gs.cpu()) if fmt is F.NVFP4 else t4.mxfp4_quantize(x.cpu())
+    ahat = t4.fp4_dequantize(d, s, None, block_size=fmt.block_size, out_dtype=torch.float32)
+    what = t4.fp4_dequantize(wq.cpu(), ws.cpu(), None, block_size=fmt.block_size, out_dtype=torch.float32)
+    rows = ~ahat.isnan().any(1) & ~x.cpu().isinf().any(1)   # an Inf's MXFP4 block may overflow fp32 sums
+    T.assert_mm_within_bound(got.cpu()[rows], ahat[rows], what, 1.0 if alpha is None else alpha.cpu())
+    assert got.cpu()[ahat.isnan().any(1)].isnan().all()
+
+
+def _b_global_scale_weight(backend, weights):
+    if weights == "sm90" and backend == "triton":
+        pytest.skip("the triton backend reads row-major weights")
+    wq, ws, _ = T.quantized_weight(256, 1024, F.NVFP4, "cuda")
+    return (t4.prepack_weight(wq) if weights == "sm90" else wq), ws
 
 
 @pytest.mark.parametrize("backend", ("cuda", "triton"))
 @pytest.mark.parametrize("weights", ["row", "sm90"])
-def test_b_global_scale_gives_the_bits_of_alpha(backend, weights):
+@pytest.mark.parametrize("m", B_GLOBAL_SCALE_MS)
+def test_b_global_scale_gives_the_bits_of_alpha(backend, weights, m):
     """mm_fp4(..., b_global_scale=gs_w) (the cuda GEMMs form alpha in their epilogue) gives, tactic by
     tactic, the bits of mm_fp4 with alpha = nvfp4_alpha(gs_a, gs_w): W4A16, quantize_a and FP4 a,
-    small-M and Hopper GEMMs, split-K, persistent; global scales whose product rounds. In a CUDA
-    graph the global scales are read at replay: new values in the same tensors give new alphas."""
-    if weights == "sm90" and backend == "triton":
-        pytest.skip("the triton backend reads row-major weights")
-    n, k = 256, 1024
-    g = _gen(11)
-    wq, ws, _ = T.quantized_weight(n, k, F.NVFP4, "cuda")
-    w = t4.prepack_weight(wq) if weights == "sm90" else wq
+    small-M and Hopper GEMMs, split-K, persistent; global scales whose product rounds."""
+    w, ws = _b_global_scale_weight(backend, weights)
+    g = _gen(11 + m)
     gs_w = torch.tensor([1234.567], device="cuda")
-    for m in (1, 16, 33, 129, 300):
-        x = (torch.randn(m, k, generator=g) * 4).cuda().to(torch.bfloat16)
-        gs_a = t4.compute_global_scale(x) * 1.37
-        d, s_ = t4.nvfp4_quantize(x, gs_a)
-        modes = {"w4a16": ((x, w.T, None, ws.T), {}, None),
-                 "quantize_a": ((x, w.T, None, ws.T), dict(quantize_a=True, a_global_scale=gs_a), gs_a),
-                 "codes": ((d, w.T, s_, ws.T), dict(a_global_scale=gs_a), gs_a)}
-        for mode, (args, kw, gs) in modes.items():
-            alpha = F.nvfp4_alpha(gs, gs_w)
-            kw_alpha = {key: v for key, v in kw.items() if key != "a_global_scale" or mode == "quantize_a"}
-            ts = _sample(t4.mm_fp4_tactics(*args, None, backend=backend, weight_layout=weights,
-                                           b_global_scale=gs_w, **kw), tiles=True)
-            assert ts, (m, mode, "no tactic")
-            for t in ts:
-                with t4.use_tactic(t):
-                    got = t4.mm_fp4(*args, None, torch.float32, weight_layout=weights, b_global_scale=gs_w, **kw)
-                    want = t4.mm_fp4(*args, alpha, torch.float32, weight_layout=weights, **kw_alpha)
-                assert torch.equal(got, want), (m, mode, t.label())
-                assert not got.isnan().any(), (m, mode, t.label())
-    # CUDA graph: the global scales are read when the graph replays
-    x = (torch.randn(16, k, generator=g) * 4).cuda().to(torch.bfloat16)
+    x = (torch.randn(m, w.shape[1] * 2, generator=g) * 4).cuda().to(torch.bfloat16)
+    gs_a = t4.compute_global_scale(x) * 1.37
+    d, s_ = t4.nvfp4_quantize(x, gs_a)
+    modes = {"w4a16": ((x, w.T, None, ws.T), {}, None),
+             "quantize_a": ((x, w.T, None, ws.T), dict(quantize_a=True, a_global_scale=gs_a), gs_a),
+             "codes": ((d, w.T, s_, ws.T), dict(a_global_scale=gs_a), gs_a)}
+    for mode, (args, kw, gs) in modes.items():
+        alpha = F.nvfp4_alpha(gs, gs_w)
+        kw_alpha = {key: v for key, v in kw.items() if key != "a_global_scale" or mode == "quantize_a"}
+        ts = _sample(t4.mm_fp4_tactics(*args, None, backend=backend, weight_layout=weights,
+                                       b_global_scale=gs_w, **kw), tiles=True)
+        assert ts, (m, mode, "no tactic")
+        for t in ts:
+            with t4.use_tactic(t):
+                got = t4.mm_fp4(*args, None, torch.float32, weight_layout=weights, b_global_scale=gs_w, **kw)
+                want = t4.mm_fp4(*args, alpha, torch.float32, weight_layout=weights, **kw_alpha)
+            assert torch.equal(got, want), (m, mode, t.label())
+            assert not got.isnan().any(), (m, mode, t.label())
+
+
+@pytest.mark.parametrize("backend", ("cuda", "triton"))
+@pytest.mark.parametrize("weights", ["row", "sm90"])
+def test_b_global_scale_is_read_at_graph_replay(backend, weights):
+    """In a CUDA graph the global scales are read when it replays: new values in the same tensors
+    give new alphas."""
+    w, ws = _b_global_scale_weight(backend, weights)
+    x = (torch.randn(16, w.shape[1] * 2, generator=_gen(11)) * 4).cuda().to(torch.bfloat16)
     gs_a = t4.compute_global_scale(x)
+    gs_w = torch.tensor([1234.567], device="cuda")
     call = lambda: t4.mm_fp4(x, w.T, None, ws.T, None, torch.float32, weight_layout=weights, backend=backend,
                              quantize_a=True, a_global_scale=gs_a, b_global_scale=gs_w)
     call()
