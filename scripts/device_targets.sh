@@ -6,8 +6,8 @@
 # Llama-3.1-70B shapes with quack and fp8 in the same run (issue 12); moe: `bench moe` on
 # Mixtral-8x7B, Qwen3-30B-A3B and DeepSeek-V3 at T = 1..4096, row-major and "sm90" experts
 # (issue 13); gpt-oss: the gpt-oss shapes (issue 16); overhead: `bench overhead` twice (issue 18);
-# tier: the quick GPU test tier, timed, with its slowest tests (TORCH_FP4_TEST_PREBUILD=1 in the
-# environment: the cuda libraries built first, in parallel); sanitize: initcheck over the triton
+# tier: the quick GPU test tier as README runs it, timed, with its slowest tests (its workers make
+# the session build the cuda libraries first, in parallel); sanitize: initcheck over the triton
 # mm_fp4 cases, one format per sanitizer process (issue 14).
 source "$(dirname "$0")/device_common.sh"
 t0=$(date +%s)

@@ -16,16 +16,27 @@ def pytest_addoption(parser):
                      help="also run the full GPU sweep (tests and cases marked `full`)")
 
 
+def _prebuild_wanted(config) -> bool:
+    """TORCH_FP4_TEST_PREBUILD=1 / 0 asks for it or not; by default a run with pytest-xdist
+    workers (`-n N`) prebuilds, a single process builds each library when a test first needs it."""
+    flag = os.environ.get("TORCH_FP4_TEST_PREBUILD")
+    if flag is not None:
+        return flag == "1"
+    return bool(getattr(config.option, "numprocesses", None))
+
+
 def pytest_sessionstart(session):
-    """TORCH_FP4_TEST_PREBUILD=1 on a CUDA machine: every cuda kernel library is built once, all
-    their units in parallel, before any test runs (and before pytest-xdist starts its workers),
-    instead of by whichever test first needs each library."""
-    if os.environ.get("TORCH_FP4_TEST_PREBUILD") != "1" or hasattr(session.config, "workerinput"):
+    """On a CUDA machine with nvcc (see _prebuild_wanted): every cuda kernel library is built once,
+    all their units in parallel, before any test runs (and before pytest-xdist starts its
+    workers), instead of by whichever worker first needs each library while the others wait."""
+    if hasattr(session.config, "workerinput") or not _prebuild_wanted(session.config):
         return
     if not torch.cuda.is_available():
         return
     from torch_fp4.kernels.cuda import build
 
+    if build.nvcc() is None:
+        return
     build.build(torch.cuda.get_device_capability(0), list(build.LIBRARIES))
 
 
