@@ -143,3 +143,18 @@ def test_triton_fused_moe_tactic_space():
     assert "fc1_block_k=256 must be one of" in MT.why_not(MT.TritonMoeTactic(16, True, 64, 256, 64, 128), p)
     assert "leaves empty K slices" in MT.why_not(MT.TritonMoeTactic(16, True, 64, 128, 64, 128, 4), p)
     assert "not a Triton fused_moe tactic" in MT.why_not(t4.fused_moe_tactics(**kw, backend="cuda")[0], p)
+
+
+def test_the_gpu_tests_fresh_tactic_cache_keeps_the_built_kernels_shared(poisoned_fresh_tactics, tmp_path):
+    """The GPU modules' fixture gives each test an empty tactic cache of its own, and only that:
+    the cache folder of the built cuda libraries stays the shared one, so no test worker builds
+    them again (a test's temporary folder as TORCH_FP4_CACHE_DIR made every worker rebuild
+    them and the quick tier took minutes longer)."""
+    from torch_fp4.kernels.cuda import build
+
+    assert tactics.cache_path() == tmp_path / "tactics.json"
+    build.build_dir.cache_clear()   # computed afresh under the fixture
+    try:
+        assert tmp_path not in build.build_dir((9, 0)).parents
+    finally:
+        build.build_dir.cache_clear()
