@@ -219,11 +219,12 @@ class FP4Linear(torch.nn.Module):
     # -- views used by forward -----------------------------------------------------------------
     @property
     def weight_global_scale(self) -> torch.Tensor:
-        return self.weight_global_scale_bits.view(torch.float32)
+        # from the buffer dict: Module.__getattr__ costs host time in every forward
+        return self._buffers["weight_global_scale_bits"].view(torch.float32)
 
     @property
     def input_global_scale(self) -> torch.Tensor:
-        return self.input_global_scale_bits.view(torch.float32)
+        return self._buffers["input_global_scale_bits"].view(torch.float32)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = _input("FP4Linear", x, self.in_features, "in_features")
@@ -238,7 +239,7 @@ class FP4Linear(torch.nn.Module):
         w, w_scale = buffers["weight"].T, buffers["weight_scale"].T
         nv = self.fmt is F.NVFP4
         # NVFP4: mm_fp4 forms alpha from the global scales (no launch of its own)
-        gs_w = buffers["weight_global_scale_bits"].view(torch.float32) if nv else None
+        gs_w = self.weight_global_scale if nv else None
         if self.activations == "bf16":
             y = ops.mm_fp4(a, w, None, w_scale, None, out_dtype, self.fmt.block_size,
                            weight_layout=self.weight_layout, b_global_scale=gs_w)
@@ -248,8 +249,7 @@ class FP4Linear(torch.nn.Module):
             # codes and scales in memory (no GEMM here multiplies FP4 natively)
             gs_a = None
             if nv:
-                gs_a = (buffers["input_global_scale_bits"].view(torch.float32) if self.static_input_scale
-                        else ops.compute_global_scale(a))
+                gs_a = self.input_global_scale if self.static_input_scale else ops.compute_global_scale(a)
             y = ops.mm_fp4(a, w, None, w_scale, None, out_dtype, self.fmt.block_size,
                            weight_layout=self.weight_layout, quantize_a=True, a_global_scale=gs_a,
                            b_global_scale=gs_w)
