@@ -157,9 +157,15 @@ def test_fp4linear_sm90_equals_row(acts):
     lin = torch.nn.Linear(512, 384, device="cuda", dtype=torch.bfloat16)
     row = t4.FP4Linear.from_linear(lin, "nvfp4", acts, weight_layout="row")
     sm90 = t4.FP4Linear.from_linear(lin, "nvfp4", acts, weight_layout="sm90")
-    for m in (1, 16, 129, 300):   # the same kernel and tactic for both layouts: the same bits
+    for m in (1, 16, 129, 300):
         x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
-        assert torch.equal(row(x), sm90(x)), m
+        y_row, y_sm90 = row(x), sm90(x)
+        if m > mm_space.SMALL_M_MAX:   # the Hopper GEMM, the same tactic for both layouts: the same bits
+            assert torch.equal(y_row, y_sm90), m
+        else:   # the small-M GEMM groups K differently per MMA step in the two layouts (spec 4b): the
+            # fp32 sums differ in their last bits, so RN(v + bias) may differ by one bf16 ulp
+            ulp = torch.exp2(torch.floor(torch.log2(torch.maximum(y_row.float().abs(), y_sm90.float().abs()))) - 7)
+            assert ((y_row.float() - y_sm90.float()).abs() <= ulp).all(), m
     assert torch.equal(sm90.state_dict()["weight"], row.weight)
 
 

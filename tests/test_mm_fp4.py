@@ -410,3 +410,70 @@ def test_b_global_scale_errors_name_the_argument():
         torch_fp4.mm_fp4(d, wq.T, s, ws.T, a_global_scale=gs)
     with pytest.raises(ValueError, match=r"mm_fp4: a_global_scale: expected shape \[1\]"):
         torch_fp4.mm_fp4(d, wq.T, s, ws.T, a_global_scale=torch.ones(3), b_global_scale=wgs)
+
+
+# ---------------------------------------------------------------------------------------------
+# bias: added in fp32 before the one rounding
+# ---------------------------------------------------------------------------------------------
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 40), n=st.integers(1, 70), kblocks=st.integers(1, 4),
+       mode=st.sampled_from(["w4a16", "quantize_a", "codes", "mxfp4"]), out_dtype=st.sampled_from(OUT_DTYPES),
+       bias_dtype=st.sampled_from(OUT_DTYPES), alpha=st.booleans(), seed=st.integers(0, 2**16))
+def test_bias_is_added_in_fp32_before_the_rounding(m, n, kblocks, mode, out_dtype, bias_dtype, alpha, seed):
+    """mm_fp4(..., bias=b) is RN_out(RN_fp32(v + b)) with v = RN_fp32(alpha * acc), mm_fp4's fp32
+    output without the bias (spec section 5): one rounding to out_dtype, not a separate add after
+    it; every bias dtype, with alpha, b_global_scale or neither."""
+    k = 32 * kblocks
+    fmt = F.MXFP4 if mode == "mxfp4" else F.NVFP4
+    a = (_randn(m, k, seed, torch.float32) * 3).to(torch.bfloat16)
+    wq, ws, wgs = T.quantized_weight(n, k, fmt)
+    bias = (_randn(1, n, seed + 1, torch.float32).reshape(n) * 4).to(bias_dtype)
+    args, kw = (a, wq.T, None, ws.T), dict(block_size=fmt.block_size)
+    if mode == "quantize_a":
+        kw.update(quantize_a=True, a_global_scale=torch_fp4.compute_global_scale(a))
+    elif mode == "codes":
+        gs = torch_fp4.compute_global_scale(a)
+        d, s = torch_fp4.nvfp4_quantize(a, gs)
+        args = (d, wq.T, s, ws.T)
+        if alpha:   # codes' alpha from the global scales; without: alpha None
+            kw.update(a_global_scale=gs)
+    if fmt is F.NVFP4 and alpha:
+        kw.update(b_global_scale=wgs)
+    elif alpha:
+        args = args + (torch.tensor([0.37]),)
+    v = torch_fp4.mm_fp4(*args, out_dtype=torch.float32, **kw)
+    got = torch_fp4.mm_fp4(*args, out_dtype=out_dtype, bias=bias, **kw)
+    want = (v + bias.float()).to(out_dtype)
+    assert torch.equal(_bits(got), _bits(want))
+
+
+def test_bias_rounds_once():
+    """Where a separate add (round, add, round again) and mm_fp4's bias differ: v = 6 + 6 * 2^-9
+    (exact in fp32) rounds to 6 in bf16, and 6 + 2^-6 (the bias, half an ulp) then ties to even at
+    6; RN(v + 2^-6) = 6 + 2^-5."""
+    a = torch.zeros(1, 32, dtype=torch.bfloat16)
+    a[0, 0], a[0, 1] = 1.0, 2.0 ** -9
+    w = torch.zeros(1, 32)
+    w[0, :2] = 6.0            # block scale 1, codes 6: the weights are exact
+    wq, ws = torch_fp4.nvfp4_quantize(w, torch.ones(1))
+    bias = torch.tensor([2.0 ** -6])
+    assert torch_fp4.mm_fp4(a, wq.T, None, ws.T, out_dtype=torch.float32).item() == 6.0 + 6 * 2.0 ** -9
+    assert torch_fp4.mm_fp4(a, wq.T, None, ws.T, bias=bias).item() == 6.0 + 2.0 ** -5
+    assert (torch_fp4.mm_fp4(a, wq.T, None, ws.T) + bias.to(torch.bfloat16)).item() == 6.0
+
+
+def test_bias_errors_name_the_argument():
+    a, wq, ws, wgs, mq, ms, gs, d, s = _error_operands()
+    n = wq.shape[0]
+    with pytest.raises(ValueError, match=rf"mm_fp4: bias: expected shape \({n},\)"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, bias=torch.zeros(n + 1))
+    with pytest.raises(ValueError, match=rf"mm_fp4: bias: expected shape \({n},\)"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, bias=torch.zeros(1, n))
+    with pytest.raises(TypeError, match=r"mm_fp4: bias: expected dtype"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, bias=torch.zeros(n, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"mm_fp4: bias: expected a contiguous"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, bias=torch.zeros(2 * n)[::2])
+    with pytest.raises(TypeError, match=r"mm_fp4: bias"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, bias=[0.0] * n)
+    with pytest.raises(ValueError, match=r"mm_fp4: .*bias.*meta|mm_fp4: expected .*same device"):
+        torch_fp4.mm_fp4(a, wq.T, None, ws.T, bias=torch.zeros(n, device="meta"))

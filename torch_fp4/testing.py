@@ -169,6 +169,10 @@ def op_samples() -> list[tuple[str, str, tuple]]:
                                                 "row", True, gs, wgs)))
     out.append(("mm_gs_w4a4", "mm_fp4", (d, wq.T, s, ws.T, None, torch.float32, 16, "128x4", REF, "row", False,
                                           gs, wgs)))
+    out.append(("mm_bias", "mm_fp4", (x, wq.T, None, ws.T, None, torch.bfloat16, 16, "128x4", REF, "row", False,
+                                       None, wgs, torch.randn(72))))
+    out.append(("mm_bias_w4a4_bf16", "mm_fp4", (d, wq.T, s, ws.T, alpha, torch.float16, 16, "128x4", REF, "row",
+                                                 False, None, None, torch.randn(72).to(torch.bfloat16))))
     out.append(("prepack", "prepack_weight", (pq.view(torch.uint8), "sm90")))
     out.append(("unprepack", "unprepack_weight", (packed, "sm90")))
     logits = torch.randn(9, 16)

@@ -101,6 +101,7 @@ def cases(device: torch.device) -> list[Case]:
     w = torch.randn(N, K, device=device, dtype=torch.bfloat16)
     wq, ws, gs = T.quantized_weight(N, K, F.NVFP4, device)
     alpha = F.nvfp4_alpha(None, gs)
+    bias = torch.randn(N, device=device, dtype=torch.bfloat16)
     xq, xs = ops.nvfp4_quantize(x, gs)
     lin = nn.FP4Linear.from_linear(torch.nn.Linear(K, N, device=device, dtype=torch.bfloat16))
     lin4 = nn.FP4Linear.from_linear(torch.nn.Linear(K, N, device=device, dtype=torch.bfloat16), activations="fp4")
@@ -115,6 +116,7 @@ def cases(device: torch.device) -> list[Case]:
         Case("fp4_dequantize", lambda: ops.fp4_dequantize(xq, xs, gs), 3),
         Case("fp4_quantized_values", lambda: ops.fp4_quantized_values(x, gs), 2),
         Case("mm_fp4 W4A16", lambda: ops.mm_fp4(x, wq.T, None, ws.T, alpha), 4),
+        Case("mm_fp4 W4A16 bias", lambda: ops.mm_fp4(x, wq.T, None, ws.T, alpha, bias=bias), 5),
         Case("torch.ops.torch_fp4.mm_fp4 W4A16",
              lambda: tops.mm_fp4(x, wq.T, None, ws.T, alpha, torch.bfloat16, 16, "128x4", 0, "row"), 4),
         Case("mm_fp4 W4A4", lambda: ops.mm_fp4(xq, wq.T, xs, ws.T, alpha), 5),

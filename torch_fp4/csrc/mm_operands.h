@@ -30,6 +30,10 @@ struct MmOperands {
   int act_fp16, mx, out_dtype, packed;
   const int* block_expert;
   int64_t experts, w_expert, s_expert;
+  // Dense launches: bias [n] (bias_dtype: launch.h's DType, bf16 / fp16 / fp32) added in fp32 to
+  // RN(alpha * acc) before the output's rounding (docs/NUMERICS.md section 5), or null.
+  const void* bias;
+  int bias_dtype;
 };
 
 // The kernel variants of each GEMM, by index: (fp16 activations ? 2 : MXFP4 ? 4 : 0) + "sm90"

@@ -92,17 +92,19 @@ bool launch_small_m_mm(const SmallMMmArgs& args, cudaStream_t stream, bool pdl) 
 
 }  // namespace torch_fp4
 
-// C entry point (capi.h): the small-M GEMM on MmOperands (make_mm_operands) with the tactic warps,
-// tiles_per_warp, block_k, stages, split_k.
+// C entry point (capi.h): the small-M GEMM on MmOperands (make_mm_operands) and a bias [n] (or null;
+// bias_dtype: launch.h's DType) with the tactic warps, tiles_per_warp, block_k, stages, split_k.
 TORCH_FP4_CAPI int torch_fp4_mm_small_m(int device, void* stream, int pdl, const void* act, const void* w,
                                         const void* w_scale, const float* alpha, const float* w_gs,
                                         const float* a_gs, void* out, int64_t m, int64_t n, int64_t k, int64_t kp,
-                                        int act_fp16, int mx, int out_dtype, int packed, int warps,
-                                        int tiles_per_warp, int block_k, int stages, int split_k) {
+                                        int act_fp16, int mx, int out_dtype, int packed, const void* bias,
+                                        int bias_dtype, int warps, int tiles_per_warp, int block_k, int stages,
+                                        int split_k) {
   if (const int e = torch_fp4::capi_begin(device)) return e;
-  const torch_fp4::SmallMMmArgs a = torch_fp4::small_m_args(
-      torch_fp4::make_mm_operands(act, w, w_scale, alpha, w_gs, a_gs, out, m, n, k, kp, act_fp16, mx, out_dtype,
-                                  packed),
-      warps, tiles_per_warp, block_k, stages, split_k);
+  torch_fp4::MmOperands ops = torch_fp4::make_mm_operands(act, w, w_scale, alpha, w_gs, a_gs, out, m, n, k, kp,
+                                                          act_fp16, mx, out_dtype, packed);
+  ops.bias = bias;
+  ops.bias_dtype = bias_dtype;
+  const torch_fp4::SmallMMmArgs a = torch_fp4::small_m_args(ops, warps, tiles_per_warp, block_k, stages, split_k);
   return torch_fp4::capi_end(torch_fp4::launch_small_m_mm(a, static_cast<cudaStream_t>(stream), pdl != 0));
 }

@@ -152,6 +152,12 @@ struct Params {
   int w_aligned16;         // weight rows 16-byte aligned (K % 32 == 0), else 8-byte copies
   const int* block_expert; // grouped launches (GroupedParams): expert of each block of rows
   int64_t w_expert, s_expert;  // bytes between experts' weights and scales (grouped)
+  // bias (bias_dtype: kOutBf16 / kOutF16 / kOutF32 codes) added in fp32 to RN(alpha * acc) before
+  // any rounding (spec sections 5 and 6), or null: dense launches [n]; grouped launches (gpt-oss)
+  // [experts, bias_cols], pointing at the block expert's row once a tile runs (swiglu: gate
+  // column c takes bias[c], up column c bias[n + c])
+  const void* bias;
+  int bias_dtype;
 };
 
 // Grouped launches (Cfg::kGrouped, moe_small_m.cu), a type of their own so that the dense
@@ -174,12 +180,9 @@ struct GroupedParams : Params {
   // w_gs: [experts] the weights' global scales (NVFP4), null for MXFP4 (alpha 1); a_gs: the
   // activations' global scale a_gs[e * a_gs_stride] (W4A4), or null
   int a_gs_stride;
-  // gpt-oss's features (spec section 6): bias [experts, bias_cols] (bf16 or fp32, bias_fp32) added
-  // to RN(alpha * acc) in fp32 before any rounding (swiglu: gate column c takes bias[c], up
-  // column c bias[n + c]); clamped (swiglu): gpt-oss's clamped SwiGLU with glu_alpha, glu_limit
-  const void* bias;
+  // gpt-oss's features (spec section 6): Params::bias per expert (bias_cols values each);
+  // clamped (swiglu): gpt-oss's clamped SwiGLU with glu_alpha, glu_limit
   int64_t bias_cols;
-  int bias_fp32;
   int clamped;
   float glu_alpha, glu_limit;
 };
@@ -208,6 +211,8 @@ inline Params operand_params(const MmOperands& a, int steps_per_split) {
   p.block_expert = a.block_expert;
   p.w_expert = a.w_expert;
   p.s_expert = a.s_expert;
+  p.bias = a.bias;
+  p.bias_dtype = a.bias_dtype;
   return p;
 }
 
@@ -665,14 +670,22 @@ TORCH_FP4_DEV void store_out(const Params& p, int m, int n, F4 v) {
 
 TORCH_FP4_HD F4 add4(F4 a, F4 b) { return F4{add_rn(a.x, b.x), add_rn(a.y, b.y), add_rn(a.z, b.z), add_rn(a.w, b.w)}; }
 
-// Four fp32 bias values of columns c..c+3 (bf16 or fp32; exact in fp32).
-TORCH_FP4_DEV F4 load_bias4(const void* bias, int64_t c, int fp32) {
-  if (fp32) {
-    const float* b = static_cast<const float*>(bias) + c;
-    return F4{b[0], b[1], b[2], b[3]};
-  }
-  const uint16_t* b = static_cast<const uint16_t*>(bias) + c;
-  return F4{host_bf16_to_f32(b[0]), host_bf16_to_f32(b[1]), host_bf16_to_f32(b[2]), host_bf16_to_f32(b[3])};
+// The fp32 value of bias element c (dtype: kOutBf16 / kOutF16 / kOutF32; exact in fp32).
+TORCH_FP4_DEV float load_bias(const void* bias, int64_t c, int dtype) {
+  if (dtype == kOutF32) return static_cast<const float*>(bias)[c];
+  const uint16_t h = static_cast<const uint16_t*>(bias)[c];
+  return dtype == kOutF16 ? host_f16_to_f32(h) : host_bf16_to_f32(h);
+}
+
+// Four fp32 bias values of columns c..c+3, zero from column `end` on (never read).
+TORCH_FP4_DEV F4 load_bias4(const void* bias, int64_t c, int dtype, int64_t end) {
+  return F4{load_bias(bias, c, dtype), c + 1 < end ? load_bias(bias, c + 1, dtype) : 0.0f,
+            c + 2 < end ? load_bias(bias, c + 2, dtype) : 0.0f, c + 3 < end ? load_bias(bias, c + 3, dtype) : 0.0f};
+}
+
+// RN(alpha * acc) of columns c..c+3 plus their bias (spec section 5), when the launch has one.
+TORCH_FP4_DEV F4 add_bias4(const Params& p, F4 s, int64_t c) {
+  return p.bias == nullptr ? s : add4(s, load_bias4(p.bias, c, p.bias_dtype, p.n));
 }
 
 // The CTA's work: weight rows (swiglu: output columns) from n0, rows of p (grouped: the block's,
@@ -792,14 +805,13 @@ TORCH_FP4_DEV void small_m_tile(const ParamsOf<Cfg>& p, Ctx& ctx, int stages, in
     const int m = c / per_row, r4 = c % per_row;
     if (n0 + 4 * r4 >= p.n) continue;
     const float* local = part + m * kPitch + 4 * r4;
-    F4 s = finish(local);
+    const int col = n0 + 4 * r4;
+    F4 s = add_bias4(p, finish(local), col);
     int orow = m;
     if constexpr (Cfg::kGrouped) {
-      const int col = n0 + 4 * r4;
-      if (p.bias != nullptr) s = add4(s, load_bias4(p.bias, col, p.bias_fp32));
       if (glu) {
         F4 u = finish(local + kHalf);
-        if (p.bias != nullptr) u = add4(u, load_bias4(p.bias, p.n + col, p.bias_fp32));
+        if (p.bias != nullptr) u = add4(u, load_bias4(p.bias, p.n + col, p.bias_dtype, 2 * int64_t{p.n}));
         if (p.clamped) {
           const float a = p.glu_alpha, l = p.glu_limit;
           s = F4{clamped_swiglu_of(s.x, u.x, a, l), clamped_swiglu_of(s.y, u.y, a, l),
@@ -836,7 +848,7 @@ TORCH_FP4_DEV void small_m_mm(const ParamsOf<Cfg>& p, Ctx& ctx, int stages) {
     q.w_scale = p.w_scale + e * p.s_expert;
     if (p.w_gs != nullptr) q.w_gs = p.w_gs + e;
     if (p.bias != nullptr)
-      q.bias = static_cast<const char*>(p.bias) + e * p.bias_cols * (p.bias_fp32 ? 4 : 2);
+      q.bias = static_cast<const char*>(p.bias) + e * p.bias_cols * (p.bias_dtype == kOutF32 ? 4 : 2);
     if (p.a_gs != nullptr) q.a_gs = p.a_gs + e * p.a_gs_stride;
     if (p.qdq_gs != nullptr) q.qdq_gs = p.qdq_gs + e * p.qdq_gs_stride;
     if (!p.gather) q.act = p.act + static_cast<int64_t>(row0) * p.k;

@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
                   small_m::add_rn(v4.w, v.w)};
         }
       }
-      small_m::store_out(p, m0 + m, n0 + 4 * r4, finish<Cfg>(v4, alpha, has_alpha));
+      small_m::store_out(p, m0 + m, n0 + 4 * r4, small_m::add_bias4(p, finish<Cfg>(v4, alpha, has_alpha), n0 + 4 * r4));
     }
     if (splits > 1) cluster_sync_all();  // keep this CTA's partials alive until every rank read them
   }
@@ -762,8 +762,9 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
 
 }  // namespace torch_fp4
 
-// C entry points (capi.h): the Hopper GEMM on MmOperands (make_mm_operands) with the tactic
-// block_m, stages, split_k, persistent, ctas_per_sm, stream_k, k_groups; a stream-K launch needs
+// C entry points (capi.h): the Hopper GEMM on MmOperands (make_mm_operands) and a bias [n] (or null;
+// bias_dtype: launch.h's DType) with the tactic block_m, stages, split_k, persistent, ctas_per_sm,
+// stream_k, k_groups; a stream-K launch needs
 // torch_fp4_mm_wgmma_workspace_bytes (same arguments) of global memory at `workspace`.
 namespace {
 torch_fp4::WgmmaMmArgs wgmma_args(const void* act, const void* w, const void* w_scale, const float* alpha,
@@ -791,12 +792,15 @@ TORCH_FP4_CAPI int torch_fp4_mm_wgmma(int device, void* stream, int pdl, const v
                                       const void* w_scale, const float* alpha, const float* w_gs,
                                       const float* a_gs, void* out, int64_t m, int64_t n, int64_t k,
                                       int64_t kp, int act_fp16, int mx, int out_dtype, int packed,
-                                      int block_m, int stages, int split_k, int persistent, int ctas_per_sm,
-                                      int stream_k, int k_groups, void* workspace) {
+                                      const void* bias, int bias_dtype, int block_m, int stages, int split_k,
+                                      int persistent, int ctas_per_sm, int stream_k, int k_groups,
+                                      void* workspace) {
   if (const int e = torch_fp4::capi_begin(device)) return e;
-  const torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, w_gs, a_gs, out, m, n, k, kp, act_fp16,
-                                              mx, out_dtype, packed, block_m, stages, split_k, persistent,
-                                              ctas_per_sm, stream_k, k_groups, workspace);
+  torch_fp4::WgmmaMmArgs a = wgmma_args(act, w, w_scale, alpha, w_gs, a_gs, out, m, n, k, kp, act_fp16, mx,
+                                        out_dtype, packed, block_m, stages, split_k, persistent, ctas_per_sm,
+                                        stream_k, k_groups, workspace);
+  a.bias = bias;
+  a.bias_dtype = bias_dtype;
   return torch_fp4::capi_end(torch_fp4::launch_wgmma_mm(a, static_cast<cudaStream_t>(stream), pdl != 0));
 }
 

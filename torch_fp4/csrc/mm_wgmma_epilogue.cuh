@@ -72,18 +72,22 @@ __device__ __forceinline__ void store_staged(const Params& p, const float (&acc)
         if (n_base + 4 * r4 >= p.n) continue;
         const U128 w = lds128(stage + 4u * (m * kP + 4 * r4));
         const F4 v{__uint_as_float(w.x), __uint_as_float(w.y), __uint_as_float(w.z), __uint_as_float(w.w)};
-        small_m::store_out(p, m0 + ch * kChunk + m, n_base + 4 * r4, finish<Cfg>(v, alpha, has_alpha));
+        small_m::store_out(p, m0 + ch * kChunk + m, n_base + 4 * r4,
+                           small_m::add_bias4(p, finish<Cfg>(v, alpha, has_alpha), n_base + 4 * r4));
       }
       asm volatile("bar.sync %0, 128;" ::"r"(2 + mwg) : "memory");
     }
   }
 }
 
-// Two outputs of one weight row (activation rows m, m + 1) rounded to the 16-bit output type and
-// packed low-first: one register of a transposed stmatrix fragment.
+// Two outputs of one weight row (activation rows m, m + 1), plus that row's bias `b` when `has_bias`,
+// rounded to the 16-bit output type and packed low-first: one register of a transposed stmatrix
+// fragment.
 template <class Cfg>
-__device__ __forceinline__ uint32_t pack_out(float x, float y, float alpha, bool has_alpha, bool fp16) {
-  const F4 v = finish<Cfg>(F4{x, y, 0.0f, 0.0f}, alpha, has_alpha);
+__device__ __forceinline__ uint32_t pack_out(float x, float y, float alpha, bool has_alpha, bool fp16, bool has_bias,
+                                             float b) {
+  F4 v = finish<Cfg>(F4{x, y, 0.0f, 0.0f}, alpha, has_alpha);
+  if (has_bias) v = F4{small_m::add_rn(v.x, b), small_m::add_rn(v.y, b), 0.0f, 0.0f};
   const uint32_t lo = fp16 ? small_m::round_out<small_m::kOutF16>(v.x) : small_m::round_out<small_m::kOutBf16>(v.x);
   const uint32_t hi = fp16 ? small_m::round_out<small_m::kOutF16>(v.y) : small_m::round_out<small_m::kOutBf16>(v.y);
   return lo | (hi << 16);
@@ -106,6 +110,14 @@ __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* ou
   const bool fp16 = p.out_dtype == small_m::kOutF16;
   const int lane = wct & 31, w = wct >> 5;
   const int j = lane & 7, mat = lane >> 3;  // this lane addresses row j of matrix `mat`
+  // The bias of the thread's two weight rows (16 w + lane / 4, + 8), zero past N (never stored).
+  const bool has_bias = p.bias != nullptr;
+  float bias[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = n_base + 16 * w + (lane >> 2) + 8 * h;
+    if (has_bias && n < p.n) bias[h] = small_m::load_bias(p.bias, n, p.bias_dtype);
+  }
 #pragma unroll
   for (int ch = 0; ch < Cfg::kBM / kChunkM; ++ch) {
     if (ch * kChunkM < rows) {  // uniform over the warpgroup
@@ -118,7 +130,7 @@ __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* ou
 #pragma unroll
         for (int i = 0; i < 4; ++i) {
           const int a = 4 * (ch * (kChunkM / 8) + 2 * u + (i >> 1)) + 2 * (i & 1);
-          r[i] = pack_out<Cfg>(acc[a], acc[a + 1], alpha, has_alpha, fp16);
+          r[i] = pack_out<Cfg>(acc[a], acc[a + 1], alpha, has_alpha, fp16, has_bias, bias[i & 1]);
         }
         const int m = 8 * (2 * u + (mat >> 1)) + j, blk = 2 * w + (mat & 1);
         const uint32_t addr = buf + 128u * m + (static_cast<uint32_t>(blk ^ j) << 4);

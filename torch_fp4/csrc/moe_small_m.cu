@@ -35,9 +35,10 @@ struct SmallMMoeArgs : SmallMMmArgs {
   int qdq_gs_stride;
   int qdq_mx;              // swiglu: MXFP4 intermediates (no global scale)
   int a_gs_stride;         // (w_gs and a_gs, the experts' global scales: MmOperands')
-  const void* bias;        // gpt-oss's features (GroupedParams): bias [experts, bias_cols] or null,
-  int64_t bias_cols;       // the clamped SwiGLU
-  int bias_fp32, clamped;
+  // gpt-oss's features (GroupedParams): MmOperands' bias as [experts, bias_cols] (or null), the
+  // clamped SwiGLU
+  int64_t bias_cols;
+  int clamped;
   float glu_alpha, glu_limit;
 };
 
@@ -73,9 +74,7 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   p.qdq_gs_stride = a.qdq_gs_stride;
   p.qdq_mx = a.swiglu ? a.qdq_mx : 0;
   p.a_gs_stride = a.a_gs_stride;
-  p.bias = a.bias;
   p.bias_cols = a.bias_cols;
-  p.bias_fp32 = a.bias_fp32;
   p.clamped = a.swiglu ? a.clamped : 0;
   p.glu_alpha = a.glu_alpha;
   p.glu_limit = a.glu_limit;
@@ -163,7 +162,7 @@ SmallMMoeArgs decode_gemm(const MoeDecodePlan& p, const MoeDecodeWorkspace& ws, 
   a.top_k = static_cast<int>(p.top_k);
   a.bias = bias;
   a.bias_cols = bias_cols;
-  a.bias_fp32 = bias_dtype == kFloat32 ? 1 : 0;
+  a.bias_dtype = bias_dtype == kFloat32 ? small_m::kOutF32 : small_m::kOutBf16;
   return a;
 }
 

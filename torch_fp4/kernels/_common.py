@@ -1,6 +1,7 @@
 """Shared by every GPU backend: requirement checks, device facts, output allocation."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import threading
@@ -28,6 +29,18 @@ def formed_alpha(alpha: Optional[torch.Tensor], a_global_scale: Optional[torch.T
     """mm_fp4's alpha as a tensor, for a launcher whose kernels take alpha only: alpha itself, or
     with b_global_scale formats.nvfp4_alpha(a_global_scale, b_global_scale) (torch launches)."""
     return alpha if b_global_scale is None else F.nvfp4_alpha(a_global_scale, b_global_scale)
+
+
+def with_bias(gemm, problem: Optional[MmProblem], out_dtype: torch.dtype,
+              bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """mm_fp4's bias for a launcher whose kernels take none: gemm(out_dtype, problem) when bias is
+    None; else the spec's RN_out(RN_fp32(v + bias)) from the GEMM's fp32 output v = RN_fp32(alpha *
+    acc) (its problem with an fp32 output; two more torch launches)."""
+    if bias is None:
+        return gemm(out_dtype, problem)
+    p32 = None if problem is None else dataclasses.replace(problem, out_dtype=torch.float32)
+    v = gemm(torch.float32, p32)
+    return (v + bias.float()).to(out_dtype)
 
 
 # Tests set this to True so every freshly allocated output starts as 0xFF bytes: an element a

@@ -21,7 +21,9 @@ class FP4Linear(torch.nn.Module):
     values (code * block scale, `fp4_quantized_values`) with W4A4's alpha, which is W4A4's
     product (bit for bit on the reference) without FP4 codes and scales in memory (on the GPU
     backends two launches: the values, then the W4A16 GEMM). NVFP4's alpha is formed by mm_fp4
-    from the global scales (`b_global_scale`; on the cuda backend inside the GEMM's epilogue).
+    from the global scales (`b_global_scale`; on the cuda backend inside the GEMM's epilogue),
+    and the bias is mm_fp4's `bias`: added in fp32 before the output's one rounding, as F.linear
+    does (y = RN(RN_fp32(alpha * acc) + bias), not a second rounding after a separate add).
 
     Batch invariance (W4A4 NVFP4): without a fixed input scale, the activation global scale is
     computed on each call over the whole x, so one token's output depends on the other tokens
@@ -238,11 +240,15 @@ class FP4Linear(torch.nn.Module):
         buffers = self._buffers
         w, w_scale = buffers["weight"].T, buffers["weight_scale"].T
         nv = self.fmt is F.NVFP4
-        # NVFP4: mm_fp4 forms alpha from the global scales (no launch of its own)
+        # NVFP4: mm_fp4 forms alpha from the global scales (no launch of its own); the bias is added
+        # in fp32 before the output's one rounding (no launch of its own either)
         gs_w = self.weight_global_scale if nv else None
+        bias = self._parameters.get("bias")
+        if bias is not None and bias.dtype not in _BIAS_DTYPES:   # e.g. after .double()
+            bias = bias.float()
         if self.activations == "bf16":
             y = ops.mm_fp4(a, w, None, w_scale, None, out_dtype, self.fmt.block_size,
-                           weight_layout=self.weight_layout, b_global_scale=gs_w)
+                           weight_layout=self.weight_layout, b_global_scale=gs_w, bias=bias)
         else:
             # W4A4: mm_fp4 quantizes the 16-bit activations and multiplies their FP4 values
             # (code * block scale, exact in bf16) with W4A4's alpha: W4A4's product without FP4
@@ -252,10 +258,7 @@ class FP4Linear(torch.nn.Module):
                 gs_a = self.input_global_scale if self.static_input_scale else ops.compute_global_scale(a)
             y = ops.mm_fp4(a, w, None, w_scale, None, out_dtype, self.fmt.block_size,
                            weight_layout=self.weight_layout, quantize_a=True, a_global_scale=gs_a,
-                           b_global_scale=gs_w)
-        bias = self.bias
-        if bias is not None:
-            y = y + bias.to(y.dtype)
+                           b_global_scale=gs_w, bias=bias)
         return _widen(y.reshape(*lead, self.out_features), x.dtype)
 
     def extra_repr(self) -> str:
@@ -266,6 +269,7 @@ class FP4Linear(torch.nn.Module):
                 + ("" if self.weight_layout == "row" else f", weight_layout={self.weight_layout}"))
 
 
+_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # what mm_fp4 adds as given
 _UNSET_SCALE_BITS = 0x3F800000   # the bits of 1.0, input_global_scale_bits until a scale is fixed
 
 

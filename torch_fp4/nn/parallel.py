@@ -14,7 +14,7 @@ the output dtype once.
   block size, 16 for NVFP4 and 32 for MXFP4, else an error: a block cut in two would be silent
   garbage); forward(x) takes this rank's K slice (input_is_parallel=True, as a column-parallel
   layer without gather gives it) or the whole x, and all-reduces the fp32 partial products, bias
-  added after. W4A4 row shards need a fixed activation scale (calibrate first): a per-call scale
+  added to the fp32 sum before its one rounding (as FP4Linear adds it). W4A4 row shards need a fixed activation scale (calibrate first): a per-call scale
   computed over a K slice would differ between ranks.
 - ExpertParallelFP4MoE (of an FP4MoE, or of a transformers block's FP4SparseMoeBlock, whose
   forward, routing, return structure and shared experts it keeps): experts [r E/w, (r+1) E/w).
@@ -144,11 +144,11 @@ class TensorParallelFP4Linear(torch.nn.Module):
         if not self.input_is_parallel:
             x = x[..., self.rank * part:(self.rank + 1) * part]
         # fp32 partial products (an fp32 input makes the shard's GEMM write fp32), summed over the
-        # ranks, rounded once, then the bias as FP4Linear adds it
-        y = _all_reduce(self.shard(x.float()), self.group).to(out_dtype)
+        # ranks, plus the bias in fp32 as FP4Linear adds it (mm_fp4's bias), then rounded once
+        y = _all_reduce(self.shard(x.float()), self.group)
         if self.bias is not None:
-            y = y + self.bias.to(y.dtype)
-        return _widen(y, x.dtype)
+            y = y + self.bias.float()
+        return _widen(y.to(out_dtype), x.dtype)
 
 
 class _CollectiveExperts:

@@ -17,7 +17,7 @@ OP = "mm_fp4"
 
 
 def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout,
-              quantize_a=False, a_global_scale=None, b_global_scale=None):
+              quantize_a=False, a_global_scale=None, b_global_scale=None, bias=None):
     fmt = C.block_size(OP, block_size)
     layout = F.SfLayout.parse(sf_layout, f"{OP}: sf_layout")
     wlayout = F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout")
@@ -59,8 +59,13 @@ def _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, b
         if alpha.numel() != 1:
             C.fail(OP, "alpha", "a one-element fp32 tensor", f"shape {tuple(alpha.shape)}")
     C.dtype_arg(OP, "out_dtype", out_dtype, C.OUT_DTYPES)
+    if bias is not None:
+        C.tensor(OP, "bias", bias)
+        C.dtype(OP, "bias", bias, C.OUT_DTYPES)
+        C.shape(OP, "bias", bias, (n,), "(one value per output column, N = b.shape[1])")
+        C.contiguous(OP, "bias", bias)
     C.same_device(OP, a=a, b=b, a_scale=a_scale, b_scale=b_scale, alpha=alpha, a_global_scale=a_global_scale,
-                  b_global_scale=b_global_scale)
+                  b_global_scale=b_global_scale, bias=bias)
     return fmt, layout, wlayout, Backend.parse(backend, f"{OP}: backend")
 
 
@@ -100,10 +105,10 @@ def _check_global_scales(fmt: F.Fp4Format, a_scale, quantize_a, alpha, a_global_
 
 def _problem(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
              weight_layout, quantize_a=False, a_global_scale=None,
-             b_global_scale=None) -> tuple[MmProblem, Backend]:
+             b_global_scale=None, bias=None) -> tuple[MmProblem, Backend]:
     """The validated arguments as one problem object, and the requested backend."""
     fmt, layout, wlayout, bk = _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout,
-                                         backend, weight_layout, quantize_a, a_global_scale, b_global_scale)
+                                         backend, weight_layout, quantize_a, a_global_scale, b_global_scale, bias)
     return MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout, quantize_a,
                         b_global_scale), bk
 
@@ -112,17 +117,18 @@ def _mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b
             alpha: Optional[torch.Tensor], out_dtype: torch.dtype, block_size: int, sf_layout: str,
             backend: int, weight_layout: str = "row", quantize_a: bool = False,
             a_global_scale: Optional[torch.Tensor] = None,
-            b_global_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+            b_global_scale: Optional[torch.Tensor] = None,
+            bias: Optional[torch.Tensor] = None) -> torch.Tensor:
     return run(OP, _problem, (a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
-                              weight_layout, quantize_a, a_global_scale, b_global_scale),
+                              weight_layout, quantize_a, a_global_scale, b_global_scale, bias),
                lambda p: (a, b, a_scale, b_scale, alpha, out_dtype, p.fmt, p.sf_layout, p.weight_layout,
-                          p.quantize_a, a_global_scale, b_global_scale))
+                          p.quantize_a, a_global_scale, b_global_scale, bias))
 
 
 def _mm_fp4_fake(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout="row",
-                 quantize_a=False, a_global_scale=None, b_global_scale=None):
+                 quantize_a=False, a_global_scale=None, b_global_scale=None, bias=None):
     _validate(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout,
-              quantize_a, a_global_scale, b_global_scale)
+              quantize_a, a_global_scale, b_global_scale, bias)
     return meta.mm_fp4(a, b, out_dtype)
 
 
@@ -136,8 +142,9 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_
            backend: Backend | str = "auto",
            weight_layout: F.WeightLayout | str = "row", quantize_a: bool = False,
            a_global_scale: Optional[torch.Tensor] = None,
-           b_global_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """out [M, N] = alpha * A @ W^T with FP4 weights W [N, K/2] passed transposed (b = w.T).
+           b_global_scale: Optional[torch.Tensor] = None,
+           bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """out [M, N] = alpha * A @ W^T (+ bias) with FP4 weights W [N, K/2] passed transposed (b = w.T).
 
     - W4A4: a is FP4 [M, K/2] with block scales a_scale in `sf_layout` ("128x4", "8x4" or
       "linear"); NVFP4 (block_size=16, e4m3 scales) or MXFP4 (block_size=32, e8m0 scales).
@@ -157,15 +164,18 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor], b_
     or FP4 a: the global scale its codes were quantized with), and RN(1 / gs_w) for 16-bit a.
     weight_layout: the byte order of W: "row" (row-major, as quantized) or "sm90" (W made by
     `torch_fp4.prepack_weight`, read by the cuda backend's Hopper GEMM; N % 128 == 0, K % 64 == 0).
+    bias: [N] bf16 / fp16 / fp32 (contiguous), added in fp32 to RN_fp32(alpha * acc) before the one
+    rounding to out_dtype (docs/NUMERICS.md section 5; the cuda backend adds it in its GEMMs'
+    epilogue, no launch of its own).
     """
-    if eager(a, b, a_scale, b_scale, alpha, a_global_scale, b_global_scale):
+    if eager(a, b, a_scale, b_scale, alpha, a_global_scale, b_global_scale, bias):
         return _mm_fp4(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend, weight_layout,
-                       quantize_a, a_global_scale, b_global_scale)
-    C.tensors(OP, a=a, b=b, b_scale=b_scale)
+                       quantize_a, a_global_scale, b_global_scale, bias)
+    C.tensors(OP, a=a, b=b, b_scale=b_scale, **({} if bias is None else {"bias": bias}))
     return mm_fp4_op(a, b, a_scale, b_scale, alpha, out_dtype, block_size,
                      F.SfLayout.parse(sf_layout, f"{OP}: sf_layout").value, int(Backend.parse(backend, f"{OP}: backend")),
                      F.WeightLayout.parse(weight_layout, f"{OP}: weight_layout").value, quantize_a, a_global_scale,
-                     b_global_scale)
+                     b_global_scale, bias)
 
 
 def mm_fp4_tactics(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Tensor],
@@ -174,11 +184,12 @@ def mm_fp4_tactics(a: torch.Tensor, b: torch.Tensor, a_scale: Optional[torch.Ten
                    sf_layout: F.SfLayout | str = "128x4", backend: Backend | str = "auto",
                    weight_layout: F.WeightLayout | str = "row", quantize_a: bool = False,
                    a_global_scale: Optional[torch.Tensor] = None,
-                   b_global_scale: Optional[torch.Tensor] = None) -> list:
+                   b_global_scale: Optional[torch.Tensor] = None,
+                   bias: Optional[torch.Tensor] = None) -> list:
     """The tactics that can run this mm_fp4 problem (every supported backend's for "auto"),
     the heuristic default of each backend first. Run one with `torch_fp4.use_tactic(t)`."""
     return tactics_for(OP, *_problem(a, b, a_scale, b_scale, alpha, out_dtype, block_size, sf_layout, backend,
-                                     weight_layout, quantize_a, a_global_scale, b_global_scale))
+                                     weight_layout, quantize_a, a_global_scale, b_global_scale, bias))
 
 
 register_problem(OP, mm_fp4, _problem)

@@ -10,6 +10,7 @@ value), then runs the same kernel; the weights are decoded in registers inside t
 W4A4 from 16-bit activations (quantize_a, FP4Linear's W4A4): the quantize kernel's exact-values
 mode writes the activations' quantized values as bf16 (fp4_quantized_values, one launch), then
 the same GEMM runs on them (BENCHMARKS.md: quantizing inside the small-M GEMM was slower).
+A bias is added in both kernels' epilogues, in fp32 before the output's one rounding.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
            quantize_a: bool = False, a_global_scale: torch.Tensor | None = None,
-           b_global_scale: torch.Tensor | None = None,
+           b_global_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
            tactic: CudaMmTactic | WgmmaMmTactic | None = None,
            problem: MmProblem | None = None) -> torch.Tensor:
     p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout, quantize_a,
@@ -62,6 +63,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     ops = (act.data_ptr(), b.data_ptr(), b_scale.data_ptr(), None if alpha is None else alpha.data_ptr(), w_gs,
            a_gs, out.data_ptr(), m, n, k, kp, int(fp16), int(mx), DTYPE_CODES[out_dtype], int(p.packed))
     variant = mm_variant(fp16, mx, p.packed)
+    bias_args = (None, 0) if bias is None else (bias.data_ptr(), DTYPE_CODES[bias.dtype])
     if isinstance(t, WgmmaMmTactic):
         lib = library(i, f"wgmma{variant}")
         tactic_args = (t.block_m, t.stages, t.split_k, int(t.persistent), t.ctas_per_sm, int(t.stream_k),
@@ -73,11 +75,12 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
                 lib.check(-size, "mm_fp4 stream-K workspace size")
             if size > 0:
                 workspace = cuda_empty((size,), torch.uint8, a)
-        status = lib.mm_wgmma(i, stream, pdl, *ops, *tactic_args,
+        status = lib.mm_wgmma(i, stream, pdl, *ops, *bias_args, *tactic_args,
                               None if workspace is None else workspace.data_ptr())
     else:
         lib = library(i, f"small_m{variant}")
-        status = lib.mm_small_m(i, stream, pdl, *ops, t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k)
+        status = lib.mm_small_m(i, stream, pdl, *ops, *bias_args, t.warps, t.tiles_per_warp, t.block_k, t.stages,
+                                t.split_k)
     if status:
         lib.check(status, f"mm_fp4 (M={m}, N={n}, K={k}) with {t}")
     return out

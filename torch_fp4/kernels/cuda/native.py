@@ -18,6 +18,7 @@ from . import build
 _P, _I, _L = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
 _HEAD = (_I, _P, _I)                                              # device, stream, pdl
 _MM = (_P, _P, _P, _P, _P, _P, _P, _L, _L, _L, _L, _I, _I, _I, _I)  # make_mm_operands (mm_operands.h)
+_BIAS = (_P, _I)     # a dense GEMM's bias [N] and its DTYPE_CODES code (null, 0: none)
 _QUANTIZE = (_P, _P, _L, _P, _P, _L, _L, _L, _L, _L, _I, _I)
 # (result, arguments) of every entry point, by name (without the torch_fp4_ prefix); the test
 # tests/test_cuda_capi.py compares them with the C declarations.
@@ -28,8 +29,8 @@ SIGNATURES = {
     "moe_swiglu": (_I, _HEAD + (_P, _I, _P, _I, _P, _L, _L, _L, _I, _L, _L, _I, _P, _L, _P)),
     "dequantize": (_I, _HEAD + (_P, _P, _P, _L, _P, _L, _L, _L, _L, _L, _I, _I, _I)),
     "global_scale": (_I, _HEAD + (_P, _L, _I, _P, _P)),
-    "mm_small_m": (_I, _HEAD + _MM + (_I,) * 5),
-    "mm_wgmma": (_I, _HEAD + _MM + (_I,) * 7 + (_P,)),
+    "mm_small_m": (_I, _HEAD + _MM + _BIAS + (_I,) * 5),
+    "mm_wgmma": (_I, _HEAD + _MM + _BIAS + (_I,) * 7 + (_P,)),
     "mm_wgmma_workspace_bytes": (_L, (_I,) + _MM + (_I,) * 7),
     "mm_wgmma_grouped": (_I, _HEAD + _MM + (_I,) * 5 + (_P, _L, _L, _L)),
     "moe_decode_workspace_bytes": (_L, (_P,)),

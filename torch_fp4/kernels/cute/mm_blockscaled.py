@@ -64,7 +64,7 @@ from ... import formats as F
 from ... import meta
 from ...tactics import Tactic
 from ...problems import MmProblem
-from .._common import formed_alpha, prepare_outputs, tactic_or_default
+from .._common import formed_alpha, prepare_outputs, tactic_or_default, with_bias
 from .mm_tactics import MM_SPACE, Sm100MmTactic, Sm120MmTactic
 
 OUT_TYPES = {"bf16": cutlass.BFloat16, "f16": cutlass.Float16, "f32": cutlass.Float32}
@@ -526,12 +526,16 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: tor
            alpha: Optional[torch.Tensor], out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
            quantize_a: bool = False, a_global_scale: Optional[torch.Tensor] = None,
-           b_global_scale: Optional[torch.Tensor] = None,
+           b_global_scale: Optional[torch.Tensor] = None, bias: Optional[torch.Tensor] = None,
            tactic: Optional[Tactic] = None, problem: Optional[MmProblem] = None) -> torch.Tensor:
     """W4A4 out [M, N] = alpha * A @ B^T on the current stream (b = w.T, b_scale = w_scale.T,
     both views of row-major [N, K/2] / [Np, Kp]). tactic None: MM_SPACE.default. Dispatch has
     checked the problem (the backend's requirement) and the tactic: FP4 codes with scales, never
-    quantize_a."""
+    quantize_a. A bias is added to the fp32 result (_common.with_bias)."""
+    if bias is not None:
+        return with_bias(lambda d, q: mm_fp4(a, b, a_scale, b_scale, alpha, d, fmt, layout, wlayout, quantize_a,
+                                             a_global_scale, b_global_scale, tactic=tactic, problem=q),
+                         problem, out_dtype, bias)
     if quantize_a:
         raise ValueError("mm_fp4: the cute-dsl backend multiplies FP4 codes with scales, not quantize_a")
     if wlayout is not F.WeightLayout.ROW:

@@ -22,7 +22,7 @@ import triton.language as tl
 from ... import formats as F
 from ... import meta
 from ...problems import MmProblem
-from .._common import formed_alpha, prepare_outputs, tactic_or_default, use_pdl
+from .._common import formed_alpha, prepare_outputs, tactic_or_default, use_pdl, with_bias
 from .mm_dot_scaled_tactics import DotScaledMmTactic
 from .mm_tactics import MM_SPACE, DequantMmTactic, TritonMmTactic, dot_dtype, k_per_split
 from .numerics import LAYOUT_128x4, LAYOUT_LINEAR, grouped_tile, scale_offsets, scale_word_offsets
@@ -211,10 +211,14 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
            alpha: torch.Tensor | None, out_dtype: torch.dtype, fmt: F.Fp4Format,
            layout: F.SfLayout, wlayout: F.WeightLayout = F.WeightLayout.ROW,
            quantize_a: bool = False, a_global_scale: torch.Tensor | None = None,
-           b_global_scale: torch.Tensor | None = None,
+           b_global_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None,
            tactic: TritonMmTactic | None = None, problem: MmProblem | None = None) -> torch.Tensor:
     if wlayout is not F.WeightLayout.ROW:
         raise ValueError(f"mm_fp4: the triton backend reads row-major weights, got {wlayout.value!r}")
+    if bias is not None:   # the kernels take no bias: _common.with_bias adds it to their fp32 result
+        return with_bias(lambda d, q: mm_fp4(a, b, a_scale, b_scale, alpha, d, fmt, layout, wlayout, quantize_a,
+                                             a_global_scale, b_global_scale, tactic=tactic, problem=q),
+                         problem, out_dtype, bias)
     p = problem or MmProblem.of(a, b, a_scale, b_scale, alpha, out_dtype, fmt, layout, wlayout, quantize_a,
                                 b_global_scale)
     alpha = formed_alpha(alpha, a_global_scale, b_global_scale)
