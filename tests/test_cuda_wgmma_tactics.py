@@ -57,6 +57,25 @@ def test_heuristic_from_h100_sweeps(m, n, want):
     assert WT.why_not(t, _args(m, n)) is None
 
 
+@pytest.mark.parametrize("m,n,k,want", [
+    (64, 4096, 4096, (32, 2, 1, False)), (128, 4096, 4096, (64, 2, 1, False)),
+    (256, 4096, 4096, (128, 2, 1, False)), (32, 4096, 4096, (32, 8, 2, False)),
+    (32, 4096, 14336, (32, 1, 1, True)), (128, 4096, 14336, (128, 1, 1, True)),
+    (64, 2048, 4096, (64, 8, 2, False)), (128, 2048, 4096, (32, 2, 1, False)),
+    (128, 1024, 4096, (128, 8, 1, False)), (128, 1024, 14336, (128, 8, 1, False)),
+    (128, 8192, 8192, (128, 2, 1, False))])
+def test_few_tiles_take_no_cluster_of_4_or_8_one_cta_per_sm(m, n, k, want):
+    """Where split 2 cannot fill the SMs (mm_wgmma_tactics._few_tiles): stream-K over every slot
+    for long K (each tile over at most SK_MAX_PARTS CTAs), else a smaller block_m at split 2, else
+    two CTAs per SM with split-K, else the cluster split (1024 x 4096 M = 128); (block_m, split_k,
+    ctas_per_sm, stream_k)."""
+    p = _args(m, n, k, layout=F.WeightLayout.SM90)
+    t = WT.default(p)
+    assert (t.block_m, t.split_k, t.ctas_per_sm, t.stream_k) == want, t
+    assert t.persistent == (t.split_k == 1) and WT.why_not(t, p) is None
+    assert t.k_groups == (2 if t.split_k > 1 and t.ctas_per_sm == 1 and t.block_m <= 64 else 1)
+
+
 def test_candidates_valid_unique_default_first():
     for m in (17, 33, 64, 129, 300, 4097):
         for n, k in ((8192, 28672), (28672, 8192), (200, 704)):

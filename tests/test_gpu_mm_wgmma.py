@@ -164,6 +164,28 @@ def test_persistent_ctas_take_many_tiles(n):
                 assert torch.equal(value, got[True, 1, False]), (bm, out_dtype, key)
 
 
+@pytest.mark.parametrize("m", [33, 100, 256])
+def test_stream_k_with_fewer_tiles_than_slots(m):
+    """Stream-K where every tile is shared out (fewer tiles than CTA slots, long K: the heuristic
+    for N <= ~5600 and K >= 8192, mm_wgmma_tactics._few_tiles): each tile's K steps run on several
+    CTAs whose partials its owner adds. Exact on grid-exact operands, every output dtype, and
+    identical bits run to run; the heuristic picks it for this shape."""
+    fmt, n, k = F.NVFP4, 2304, 8192             # 18 weight tiles, 128 K steps
+    args, ahat, what = _operands(m, n, k, fmt, "bf16", True, seed=m)
+    want = (ahat.double() @ what.double().T).float()
+    a, b, a_scale, b_scale = args
+    problem = MmProblem.of(a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
+    auto = WT.default(problem)
+    assert auto.persistent and auto.stream_k, auto
+    bm = auto.block_m
+    for t in (auto, WT.WgmmaMmTactic(bm, WT.MIN_STAGES, 1, True, stream_k=True)):
+        with t4.use_tactic(t):
+            for out_dtype in (torch.float32, torch.bfloat16):
+                got = _call(args, fmt, out_dtype)
+                assert torch.equal(got, want.to(out_dtype)), (t.label(), out_dtype)
+                assert torch.equal(got, _call(args, fmt, out_dtype)), t.label()
+
+
 def test_stream_k_under_cuda_graph_replay():
     """A stream-K launch allocates its workspace and clears its flags on the stream, so it captures:
     replays equal eager bit for bit, with the alpha and activations changed between replays."""

@@ -186,18 +186,56 @@ def default(p: MmProblem) -> Tactic:
     stream-K where stream_k_pays; two K groups for the split-K launches at block_m <= 64 on "sm90"
     weights (H200, against one K group in the same rounds: N x K = 8192 x 28672 M = 32 65.7 ->
     61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128, not
-    compiled, the accumulators spilled: 97.6 -> 105.7 us)."""
+    compiled, the accumulators spilled: 97.6 -> 105.7 us). Where split 2 would leave the SMs
+    short (N <= ~5600 at M <= block_m), no split-K cluster of 4 or 8 one-CTA-per-SM CTAs:
+    _few_tiles."""
     m, n, k = p.m, p.n, p.k
     bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
-    tiles = -(-m // bm) * -(-n // ROWS)
+    n_tiles = -(-n // ROWS)
+    tiles = -(-m // bm) * n_tiles
     sms = problem_sm_count(p)
     split = _split_for(tiles, k, sms)
+    ctas, stream_k = (2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1), False
+    if split > MAX_CLUSTER_SPLIT:
+        bm, split, ctas, stream_k = _few_tiles(m, n_tiles, k, sms, bm, split)
+        tiles = -(-m // bm) * n_tiles
     persistent = split == 1
-    ctas = 2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1
-    kg = 2 if p.weight_layout is F.WeightLayout.SM90 and bm <= K_GROUPS_MAX_BLOCK_M and not persistent else 1
+    kg = 2 if (p.weight_layout is F.WeightLayout.SM90 and bm <= K_GROUPS_MAX_BLOCK_M and not persistent
+               and ctas == 1) else 1
     stages = max_stages(bm, smem_limit(p, ctas), persistent, kg)
-    sk = persistent and stream_k_pays(tiles, ctas * sms, -(-n // ROWS), bm, k)
+    sk = persistent and (stream_k or stream_k_pays(tiles, ctas * sms, n_tiles, bm, k))
     return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk, kg)
+
+
+MAX_CLUSTER_SPLIT = 2     # clusters of 4 or 8 one-CTA-per-SM CTAs do not all fit on the GPU at once
+FILL = 0.9                # share of the SMs a split-2 launch should occupy
+LONG_K_STEPS = 128        # K >= 8192: stream-K over every CTA slot ...
+SK_MAX_PARTS = 8          # ... while each tile's K steps go to at most about this many CTAs
+
+
+def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int) -> tuple[int, int, int, bool]:
+    """(block_m, split_k, ctas_per_sm, stream_k) where the tiles are too few for split 2 to fill
+    the SMs (N <= ~5600 at M <= block_m), instead of `split` (4 or 8) CTAs along K per tile, whose
+    clusters of one-CTA-per-SM CTAs do not all fit on the GPU at once. H200, "sm90" weights,
+    against that split (BENCHMARKS.md, docs/benchmarks/mm_few_tiles_heuristic_h200.csv): long K,
+    every tile's steps over at most SK_MAX_PARTS CTAs: persistent stream-K over every slot (N x K
+    = 4096 x 14336, M = 32 / 128 / 256: 38.1 -> 26.1, 55.1 -> 35.5, 85.8 -> 55.4 us); else the
+    largest smaller block_m whose tiles fill the SMs at split 2 (4096 x 4096 M = 64 / 128 / 256:
+    20.8 -> 13.9, 25.5 -> 15.9, 38.3 -> 20.2 us; 2048 x 4096 M = 128: 19.7 -> 13.6); else, at
+    block_m <= 64, two CTAs per SM with split-K up to one wave of them (2048 x 4096 M = 32: 14.9
+    -> 10.2, M = 64: 17.0 -> 11.7 us); else `split` (1024 x 4096 M = 128: 10.6 us, where stream-K
+    took 27.3: 16 CTAs' partials per tile)."""
+    tiles = -(-m // bm) * n_tiles
+    if -(-k // BLOCK_K) >= LONG_K_STEPS and tiles * SK_MAX_PARTS >= sms:
+        return bm, 1, 1, True
+    b = bm
+    while b > BLOCK_MS[0]:
+        b //= 2
+        if 2 * -(-m // b) * n_tiles >= FILL * sms:
+            return b, 2, 1, False
+    if bm <= TWO_CTA_MAX_BLOCK_M:
+        return bm, _split_for(tiles, k, 2 * sms), 2, False
+    return bm, split, 1, False
 
 
 SK_MIN_IDLE = 0.10                 # idle share of the last wave's CTA slots that stream-K wins back
