@@ -171,6 +171,9 @@ def _split_for(t: CudaMmTactic, p: MmProblem, per_sm: Optional[int] = None) -> i
     return largest_split(split, steps)
 
 
+FEW_TILES = 4   # "sm90" weights with at most SMs / FEW_TILES 128-row tiles take 64-row CTAs
+
+
 def default(p: MmProblem) -> Tactic:
     """Heuristic, from `bench mm --tactics` sweeps on H100 (N=8192, K=28672): M <= 8: 4 warps of
     two 16-row tiles (128 weight rows per CTA), 4 stages of K=256 (54.4 us at M = 1, 3.0x bf16);
@@ -186,6 +189,13 @@ def default(p: MmProblem) -> Tactic:
     56.0 against 61.7 us; with fewer tiles the 8 x 1 tile of 256 stays best)."""
     nb = n_blocks(p.m)
     packed = p.packed
+    if packed and nb <= 2 and -(-p.n // 128) * FEW_TILES <= problem_sm_count(p):
+        # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)
+        # or about one wave (M <= 16). H200, against the 128-row default (4 CTAs per tile):
+        # 4096 x 14336 M = 1 / 8 / 16: 24.4 -> 17.7, 25.1 -> 18.4, 29.3 -> 21.5 us; 4096 x 4096:
+        # 10.1 -> 8.3, 10.6 -> 8.8, 12.0 -> 9.0 us (docs/benchmarks/mm_small_m_few_tiles_h200.csv)
+        t = CudaMmTactic(4, 1, 256, 2 if nb == 1 else 4, 1)
+        return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=None if nb == 1 else 1))
     if nb == 1:
         t = CudaMmTactic(8, 1, 256, 4, 1) if packed else CudaMmTactic(4, 2, 256, 4, 1)
     elif nb == 2:
