@@ -230,8 +230,8 @@ class FP4Linear(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = _input("FP4Linear", x, self.in_features, "in_features")
-        lead = x.shape[:-1]
-        a = x.reshape(-1, self.in_features)
+        flat = x.dim() == 2   # [tokens, in_features] as it is: no reshape in or out (host time)
+        a = x if flat else x.reshape(-1, self.in_features)
         if a.dtype != self.compute_dtype:
             a = a.to(self.compute_dtype)
         a = a.contiguous()
@@ -259,7 +259,7 @@ class FP4Linear(torch.nn.Module):
             y = ops.mm_fp4(a, w, None, w_scale, None, out_dtype, self.fmt.block_size,
                            weight_layout=self.weight_layout, quantize_a=True, a_global_scale=gs_a,
                            b_global_scale=gs_w, bias=bias)
-        return _widen(y.reshape(*lead, self.out_features), x.dtype)
+        return _widen(y if flat else y.reshape(*x.shape[:-1], self.out_features), x.dtype)
 
     def extra_repr(self) -> str:
         mode = "W4A16" if self.activations == "bf16" else "W4A4"
