@@ -764,8 +764,8 @@ bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl) {
 
 // C entry points (capi.h): the Hopper GEMM on MmOperands (make_mm_operands) and a bias [n] (or null;
 // bias_dtype: launch.h's DType) with the tactic block_m, stages, split_k, persistent, ctas_per_sm,
-// stream_k, k_groups; a stream-K launch needs
-// torch_fp4_mm_wgmma_workspace_bytes (same arguments) of global memory at `workspace`.
+// stream_k, k_groups; a stream-K launch needs torch_fp4_mm_wgmma_workspace_bytes (same arguments)
+// of global memory at `workspace`.
 namespace {
 torch_fp4::WgmmaMmArgs wgmma_args(const void* act, const void* w, const void* w_scale, const float* alpha,
                                   const float* w_gs, const float* a_gs, void* out, int64_t m, int64_t n,

@@ -244,7 +244,7 @@ class FP4Linear(torch.nn.Module):
         # in fp32 before the output's one rounding (no launch of its own either)
         gs_w = self.weight_global_scale if nv else None
         bias = self._parameters.get("bias")
-        if bias is not None and bias.dtype not in _BIAS_DTYPES:   # e.g. after .double()
+        if bias is not None and bias.dtype not in C.OUT_DTYPES:   # what mm_fp4 adds; e.g. after .double()
             bias = bias.float()
         if self.activations == "bf16":
             y = ops.mm_fp4(a, w, None, w_scale, None, out_dtype, self.fmt.block_size,
@@ -269,7 +269,6 @@ class FP4Linear(torch.nn.Module):
                 + ("" if self.weight_layout == "row" else f", weight_layout={self.weight_layout}"))
 
 
-_BIAS_DTYPES = (torch.bfloat16, torch.float16, torch.float32)   # what mm_fp4 adds as given
 _UNSET_SCALE_BITS = 0x3F800000   # the bits of 1.0, input_global_scale_bits until a scale is fixed
 
 

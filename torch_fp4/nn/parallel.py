@@ -14,8 +14,9 @@ the output dtype once.
   block size, 16 for NVFP4 and 32 for MXFP4, else an error: a block cut in two would be silent
   garbage); forward(x) takes this rank's K slice (input_is_parallel=True, as a column-parallel
   layer without gather gives it) or the whole x, and all-reduces the fp32 partial products, bias
-  added to the fp32 sum before its one rounding (as FP4Linear adds it). W4A4 row shards need a fixed activation scale (calibrate first): a per-call scale
-  computed over a K slice would differ between ranks.
+  added to the fp32 sum before its one rounding (as FP4Linear adds it). W4A4 row shards need a
+  fixed activation scale (calibrate first): a per-call scale computed over a K slice would differ
+  between ranks.
 - ExpertParallelFP4MoE (of an FP4MoE, or of a transformers block's FP4SparseMoeBlock, whose
   forward, routing, return structure and shared experts it keeps): experts [r E/w, (r+1) E/w).
   tokens="replicated": every rank holds every token, routes them with the whole router (the same
