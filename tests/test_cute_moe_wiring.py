@@ -120,7 +120,9 @@ def check_wiring_interpreted():
     from torch_fp4.kernels import _common
     from torch_fp4.kernels.cute import moe_fused as MF
     from torch_fp4.kernels.triton import moe_grouped as MG
+    from tests.interpreted_exp import use_torch_exp
     _common.POISON_OUTPUTS = True
+    use_torch_exp()
     harness = Harness(MG)
     MG.align, MF._grouped_gemm = harness.align, harness.gemm
 
