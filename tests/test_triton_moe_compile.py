@@ -293,7 +293,8 @@ def test_triton_backend_refuses_cpu_tensors_and_auto_falls_back():
 # ---------------------------------------------------------------------------------------------
 def _run_interpreted(check: str):
     env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="0")
-    code = f"import tests.test_triton_moe_compile as t; t.{check}(); print('{check} ok')"
+    code = (f"import tests.interpreted_exp as e; e.use_torch_exp(); import tests.test_triton_moe_compile as t; "
+            f"t.{check}(); print('{check} ok')")
     res = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0 and f"{check} ok" in res.stdout, (res.stdout[-3000:] + res.stderr[-6000:])
