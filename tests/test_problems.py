@@ -61,6 +61,21 @@ def test_alignment_of_a_view():
     assert [alignment(buf[i:]) for i in (1, 2, 4, 8, 12)] == [1, 2, 4, 8, 4]
 
 
+def test_alignment_of_tensors_without_memory():
+    """Meta and fake tensors (tactic listings without memory): storage 16-byte aligned, views by
+    their offset; a fake tensor's address is never read (deprecated: a warning, later an error)."""
+    import warnings
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake = torch.empty(64, dtype=torch.uint8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert [alignment(fake[i:]) for i in (0, 1, 2, 4, 8, 12)] == [16, 1, 2, 4, 8, 4]
+    meta = torch.empty(64, dtype=torch.uint8, device="meta")
+    assert [alignment(meta[i:]) for i in (0, 1, 2, 4, 8, 12)] == [16, 1, 2, 4, 8, 4]
+
+
 def test_quantize_family_problems():
     x = torch.randn(3, 8, 64)
     gs = torch.ones(3)

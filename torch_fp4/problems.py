@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from . import formats as F
 
@@ -29,8 +30,13 @@ def device_capability(device: torch.device) -> tuple[int, int]:
 
 
 def alignment(t: torch.Tensor) -> int:
-    """The largest power of two up to 16 that divides the tensor's data address (bytes)."""
-    low = t.data_ptr() & 15
+    """The largest power of two up to 16 that divides the tensor's data address (bytes). A fake
+    tensor (tactic listings without memory) has none: its storage counts as 16-byte aligned, as a
+    meta tensor's does (whose address is its storage offset)."""
+    if isinstance(t, FakeTensor):
+        low = t.storage_offset() * t.element_size() & 15
+    else:
+        low = t.data_ptr() & 15
     return 16 if low == 0 else low & -low
 
 
