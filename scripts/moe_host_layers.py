@@ -21,6 +21,7 @@ def main(rounds: int = 3) -> None:
     x, w1, s1, g1, w2, s2, g2, ids, tw = moe.values()
     args = (x, w1, s1, g1, w2, s2, g2, ids, tw, None, None, 0, None, None, 0)
     p, _ = M._moe_problem(*args)
+    run_args = args + (16, None, None, "swiglu", 1.702, 7.0, None, "row")   # run()'s: every schema argument
     _, t = R.decide("fused_moe", t4.Backend.CUDA, p, ())
     d = K._decode(p, t, s1, s2)
     lib = library(0, d.library)
@@ -33,7 +34,7 @@ def main(rounds: int = 3) -> None:
         "empty custom op, 9 tensors": lambda: empty9(*moe.values()),
         "public fused_moe": lambda: t4.fused_moe(**moe),
         "eager() check": lambda: R.eager(*args[:11]),
-        "_problem_key": lambda: R._problem_key(M._moe_problem, args),
+        "plan key (the op's key_function)": lambda: R._KEYS["fused_moe"](M._moe_problem, run_args),
         "ops.moe._fused_moe (run)": lambda: M._fused_moe(*args),
         "backend fused_moe (p, t given)": lambda: K.fused_moe(x, w1, s1, g1, w2, s2, g2, ids, tw, None, None, 0,
                                                               torch.bfloat16, True, tactic=t, problem=p),

@@ -193,6 +193,41 @@ def _problem_key(validate: Callable, args: tuple) -> tuple:
                         else (a.__class__, a) for a in args])
 
 
+def _tensor_or_value(a: Any) -> tuple:
+    """An optional tensor argument's part of the key, as _problem_key forms it."""
+    if isinstance(a, _Tensor):
+        return (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 15)
+    return (a.__class__, a)
+
+
+def key_function(schema: torch.FunctionSchema) -> Callable[[Callable, tuple], tuple]:
+    """_problem_key specialized to an op's schema, for run(): it tells calls apart exactly as
+    _problem_key does (tests/test_dispatch.py compares the two) in about half its host time: a
+    Tensor argument's five fields read in line, an optional tensor's through _tensor_or_value
+    (None in line), any other argument with its type. Arguments of another kind than the schema says (a
+    non-tensor for a Tensor: AttributeError; another count: ValueError) get no key, so run()
+    validates them, which raises; a tensor where the schema has no tensor fails validation, so
+    no plan is ever kept under such a key."""
+    names, parts = [], []
+    for i, arg in enumerate(schema.arguments):
+        a = f"a{i}"
+        names.append(a)
+        if isinstance(arg.type, torch.TensorType):
+            parts += [f"{a}.dtype", f"{a}.shape", f"{a}.stride()", f"{a}.device", f"{a}.data_ptr() & 15"]
+        elif isinstance(arg.type, torch.OptionalType) and isinstance(arg.type.getElementType(), torch.TensorType):
+            parts.append(f"_NONE if {a} is None else _tensor_or_value({a})")
+        else:
+            parts += [f"{a}.__class__", a]
+    src = (f"def key(validate, args):\n    {', '.join(names)}, = args\n"
+           f"    return (validate, {', '.join(parts)})\n")
+    scope: dict = {"_tensor_or_value": _tensor_or_value, "_NONE": (type(None), None)}
+    exec(compile(src, f"<torch_fp4 key of {schema.name}>", "exec"), scope)
+    return scope["key"]
+
+
+_KEYS: dict[str, Callable[[Callable, tuple], tuple]] = {}   # op -> its key_function (define())
+
+
 def _launch(plan: Plan, launch: tuple) -> Any:
     if plan.tactic is None:
         return plan.fn(*launch)
@@ -207,17 +242,18 @@ def run(op: str, validate: Callable, args: tuple, build: Callable[[Problem], tup
     the problem, and the backend's implementation runs on the launcher arguments (a backend with
     a tactic space gets the tactic and the problem too).
 
-    The plan (problem, tactic, implementation) is cached per problem (_problem_key and the tactic
-    cache's generation), so a repeated call is one key and one dict lookup: nothing is validated
+    The plan (problem, tactic, implementation) is cached per problem (_problem_key, in the op's
+    key_function form, and the tactic cache's generation), so a repeated call is one key and one
+    dict lookup: nothing is validated
     or built again. An input that fails raises every time (failures are not cached); inside
     `use_tactic` or `autotune` everything is done afresh. Fake implementations validate on their
     own, uncached."""
     key = None
     if tactics.forced() is None and not tactics.tuning():
         try:
-            key = _problem_key(validate, args)
+            key = _KEYS.get(op, _problem_key)(validate, args)
             plan = _PLANS.get(key)
-        except TypeError:  # an unhashable argument: no cache
+        except (TypeError, AttributeError, ValueError):   # unhashable, or not of the schema's kinds
             key, plan = None, None
         if plan is not None and plan.generation == tactics.generation():
             return _launch(plan, build(plan.problem))
@@ -288,4 +324,5 @@ def define(name: str, fn: Callable, fake: Callable) -> "torch.library.CustomOpDe
     op = torch.library.custom_op(f"torch_fp4::{name}", fn, mutates_args=())
     op.register_fake(fake)
     inference_only(op)
+    _KEYS[name] = key_function(op._opoverload._schema)
     return op
