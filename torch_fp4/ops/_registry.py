@@ -202,12 +202,12 @@ def _tensor_or_value(a: Any) -> tuple:
 
 def key_function(schema: torch.FunctionSchema) -> Callable[[Callable, tuple], tuple]:
     """_problem_key specialized to an op's schema, for run(): it tells calls apart exactly as
-    _problem_key does (tests/test_dispatch.py compares the two) in about half its host time: a
-    Tensor argument's five fields read in line, an optional tensor's through _tensor_or_value
-    (None in line), any other argument with its type. Arguments of another kind than the schema says (a
-    non-tensor for a Tensor: AttributeError; another count: ValueError) get no key, so run()
-    validates them, which raises; a tensor where the schema has no tensor fails validation, so
-    no plan is ever kept under such a key."""
+    _problem_key does (tests/test_dispatch.py compares the two) in about two thirds of its host
+    time: a Tensor argument's five fields read in line, an optional tensor's through
+    _tensor_or_value (None in line), any other argument with its type. Arguments of another kind
+    than the schema says (a non-tensor for a Tensor: AttributeError; another count: ValueError)
+    get no key, so run() validates them, which raises; a tensor where the schema has no tensor
+    fails validation, so no plan is ever kept under such a key."""
     names, parts = [], []
     for i, arg in enumerate(schema.arguments):
         a = f"a{i}"
