@@ -95,7 +95,11 @@ for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float8_e4m3fn)
             if dtype != torch.float8_e4m3fn:
                 x.view(-1)[50] = 6e4 if dtype == torch.float16 else 3e38
             x = x.to(dtype)
-            gs = None if fmt is F.MXFP4 else (torch.rand(3, generator=torch.Generator().manual_seed(1)) * 50 + 0.5 if len(shape) == 3 else torch.tensor([37.5]))
+            gs = None
+            if fmt is F.NVFP4 and len(shape) == 2:
+                gs = torch.tensor([37.5])
+            elif fmt is F.NVFP4:
+                gs = torch.rand(3, generator=torch.Generator().manual_seed(1)) * 50 + 0.5
             lay = F.SfLayout.LINEAR
             two = Q.fp4_dequantize(*Q._quantize(x, gs, fmt, lay), None, fmt, lay, torch.bfloat16)
             bad += not torch.equal(Q.fp4_quantized_values(x, gs, fmt).view(torch.int16), two.view(torch.int16))

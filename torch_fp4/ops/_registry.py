@@ -185,19 +185,23 @@ _MAX_PLANS = 4096
 _Tensor = torch.Tensor
 
 
-def _problem_key(validate: Callable, args: tuple) -> tuple:
-    """What validation, requirements and tactics may look at: each tensor's dtype, shape, strides,
-    device and 16-byte alignment (never its values), any other argument itself with its type (so
-    2.0 or True never reuses the plan of 2 or 1: validation sees every type)."""
-    return (validate, *[(a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 15) if isinstance(a, _Tensor)
-                        else (a.__class__, a) for a in args])
-
-
 def _tensor_or_value(a: Any) -> tuple:
-    """An optional tensor argument's part of the key, as _problem_key forms it."""
+    """One argument's part of _problem_key: a tensor's dtype, shape, strides, device and 16-byte
+    alignment (_TENSOR_FIELDS), anything else itself with its type."""
     if isinstance(a, _Tensor):
         return (a.dtype, a.shape, a.stride(), a.device, a.data_ptr() & 15)
     return (a.__class__, a)
+
+
+# _tensor_or_value's fields of a tensor `{a}`, as key_function writes them in line
+_TENSOR_FIELDS = ("{a}.dtype", "{a}.shape", "{a}.stride()", "{a}.device", "{a}.data_ptr() & 15")
+
+
+def _problem_key(validate: Callable, args: tuple) -> tuple:
+    """What validation, requirements and tactics may look at: each tensor's metadata (never its
+    values), any other argument itself with its type (so 2.0 or True never reuses the plan of 2
+    or 1: validation sees every type). run() uses each op's key_function form of it."""
+    return (validate, *map(_tensor_or_value, args))
 
 
 def key_function(schema: torch.FunctionSchema) -> Callable[[Callable, tuple], tuple]:
@@ -213,7 +217,7 @@ def key_function(schema: torch.FunctionSchema) -> Callable[[Callable, tuple], tu
         a = f"a{i}"
         names.append(a)
         if isinstance(arg.type, torch.TensorType):
-            parts += [f"{a}.dtype", f"{a}.shape", f"{a}.stride()", f"{a}.device", f"{a}.data_ptr() & 15"]
+            parts += [f.format(a=a) for f in _TENSOR_FIELDS]
         elif isinstance(arg.type, torch.OptionalType) and isinstance(arg.type.getElementType(), torch.TensorType):
             parts.append(f"_NONE if {a} is None else _tensor_or_value({a})")
         else:
@@ -244,10 +248,9 @@ def run(op: str, validate: Callable, args: tuple, build: Callable[[Problem], tup
 
     The plan (problem, tactic, implementation) is cached per problem (_problem_key, in the op's
     key_function form, and the tactic cache's generation), so a repeated call is one key and one
-    dict lookup: nothing is validated
-    or built again. An input that fails raises every time (failures are not cached); inside
-    `use_tactic` or `autotune` everything is done afresh. Fake implementations validate on their
-    own, uncached."""
+    dict lookup: nothing is validated or built again. An input that fails raises every time
+    (failures are not cached); inside `use_tactic` or `autotune` everything is done afresh. Fake
+    implementations validate on their own, uncached."""
     key = None
     if tactics.forced() is None and not tactics.tuning():
         try:
