@@ -403,6 +403,7 @@ static bool dispatch(const Problem& pr, const Params& p, int split) {
     if (pr.n % 128 != 0 || pr.k % 64 != 0) return false;
     if (nb <= 1) return dispatch_nb<1, kFp16, kMx, true>(pr, p, split);
     if (nb <= 2) return dispatch_nb<2, kFp16, kMx, true>(pr, p, split);
+    if (nb <= 4) return dispatch_nb<4, kFp16, kMx, true>(pr, p, split);
     return false;
   }
   if (nb <= 1) return dispatch_nb<1, kFp16, kMx, false>(pr, p, split);
@@ -573,6 +574,7 @@ static int smem_query(int nb, int warps, int wr, int bk, int fp16, int mx, int s
     if (packed) {
       if (nb == 1) return smem_nb<1, F, X, true>(warps, wr, bk, stages);
       if (nb == 2) return smem_nb<2, F, X, true>(warps, wr, bk, stages);
+      if (nb == 4) return smem_nb<4, F, X, true>(warps, wr, bk, stages);
       return -1;
     }
     if (nb == 1) return smem_nb<1, F, X, false>(warps, wr, bk, stages);
@@ -742,13 +744,13 @@ def test_grid_exact_every_tile(emu, tmp_path, fmt_name, act_dtype):
 
 @pytest.mark.parametrize("fmt_name,act_dtype", FORMATS)
 def test_sm90_weights_grid_exact_every_tile(emu, tmp_path, fmt_name, act_dtype):
-    """Weights in the "sm90" layout (M <= 16): bit-exact against the reference and bit-identical
+    """Weights in the "sm90" layout (M <= 32): bit-exact against the reference and bit-identical
     to the same tactic on row-major weights, for every compiled tile, with a partial last stage
     (K = 640 or 192: 64-K tiles past K zero-filled), 64-row CTAs inside a 128-row group, split-K,
     stages, output types, alpha, copies landing late or early."""
     fmt = FMTS[fmt_name]
     i = 0
-    for m in (1, 7, 16):
+    for m in (1, 7, 16, 17, 32):
         for warps, tiles, bk in tiles_for(m):
             k = 640 if i % 3 else 192
             out_dtype = (torch.float32, torch.bfloat16, torch.float16)[i % 3]
@@ -952,10 +954,10 @@ def test_key_buckets_m_by_n_blocks():
     assert MT.key(_args(16, fp4=True)) != MT.key(_args(16))
 
 
-def test_sm90_weights_take_the_small_m_kernel_up_to_m_16():
+def test_sm90_weights_take_the_small_m_kernel_up_to_m_32():
     """"sm90" weights: the small-M kernel up to PACKED_MAX_M (first in the cuda space's order, with
-    the small-M heuristic's tile for those weights), the Hopper GEMM above; the refusal names the
-    limit."""
+    the small-M heuristic's tile for those weights, up to mm_space.SMALL_M_MAX; a candidate to
+    M = 32), the Hopper GEMM above; the refusal names the limit."""
     from torch_fp4.kernels.cuda import mm_space
     from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
@@ -965,9 +967,12 @@ def test_sm90_weights_take_the_small_m_kernel_up_to_m_16():
         assert isinstance(t, MT.CudaMmTactic) and t == MT.default(args)
         assert all(MT.why_not(c, args) is None for c in MT.candidates(args))
         assert MT.key(args) != MT.key(_args(m))
-    args = _args(17, wlayout=F.WeightLayout.SM90)
-    assert "reads 'sm90' weights for M <= 16" in MT.problem_reason(args)
-    assert "reads 'sm90' weights for M <= 16" in mm_space.MM_SPACE.why_not(MT.CudaMmTactic(), args)
+    args = _args(32, wlayout=F.WeightLayout.SM90)
+    assert isinstance(mm_space.MM_SPACE.default(args), WT.WgmmaMmTactic)
+    assert any(isinstance(c, MT.CudaMmTactic) for c in mm_space.MM_SPACE.candidates(args))
+    args = _args(33, wlayout=F.WeightLayout.SM90)
+    assert "reads 'sm90' weights for M <= 32" in MT.problem_reason(args)
+    assert "reads 'sm90' weights for M <= 32" in mm_space.MM_SPACE.why_not(MT.CudaMmTactic(), args)
     assert MT.candidates(args) == []
     assert isinstance(mm_space.MM_SPACE.default(args), WT.WgmmaMmTactic)
     t = MT.CudaMmTactic(8, 1, 256, 4, 1)

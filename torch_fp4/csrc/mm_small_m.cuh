@@ -24,7 +24,7 @@
 // Products whose magnitude is below 2^-119 fall into fp32's subnormal range inside the MMA with
 // the 2^-7 fold (below 2^-126 without it): activations below about 2^-110.
 //
-// Weights in the "sm90" layout (docs/NUMERICS.md 4b; Config::kPacked, M <= 16): a 16-row MMA tile's
+// Weights in the "sm90" layout (docs/NUMERICS.md 4b; Config::kPacked, M <= 32): a 16-row MMA tile's
 // 64 K are 512 contiguous bytes whose lane l holds, at 16 l, the four A fragments (k16 steps) of
 // mma.sync in natural K order; a stage copies its tiles' bytes unchanged, a lane reads 16 bytes
 // per 64 K and decodes each word with place_sm90_bf16 (1 to 4 integer instructions per register,
@@ -117,7 +117,7 @@ struct Config {
   static_assert(kNB >= 1 && kNB <= 8 && kWR >= 1 && kWR <= 2, "unsupported tile");
   // A CTA's rows lie in one 128-row group of the 128x4 scale layout.
   static_assert(kBN == 64 || kBN == 128, "64 or 128 weight rows per CTA");
-  static_assert(!kPacked || kNB <= 2, "the \"sm90\" reader is compiled for M <= 16");
+  static_assert(!kPacked || kNB <= 4, "the \"sm90\" reader is compiled for M <= 32");
 };
 
 // The tile shapes compiled for each n-block count (mirrored by tile_compiled in
@@ -133,8 +133,8 @@ constexpr bool tile_compiled(int nb, int warps, int wr, int bk) {
 }
 
 // The n-block counts whose kernels read "sm90" weights (mirrored by PACKED_MAX_M in mm_tactics.py):
-// M <= 16, where this kernel is faster than the Hopper GEMM.
-constexpr bool packed_compiled(int nb) { return nb <= 2; }
+// M <= 32 (mm_fp4; fused_moe's grouped decode path reads "sm90" experts at block_m <= 16).
+constexpr bool packed_compiled(int nb) { return nb <= 4; }
 
 // Runtime parameters of one launch (filled by the launcher).
 struct Params {

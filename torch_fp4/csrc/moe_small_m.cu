@@ -93,7 +93,7 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
 // The tile shapes of mm_small_m.cu (with_tile), grouped; "sm90" experts where packed_compiled.
 template <int kNB, bool kFp16, bool kMx, bool kPacked>
 bool launch_nb(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
-  if constexpr (kPacked && !packed_compiled(kNB)) {
+  if constexpr (kPacked && kNB > 2) {   // "sm90" experts: block_m <= 16
     return false;
   } else {
     return with_tile<kNB, kFp16, kMx, kPacked, true>(a, [&](auto cfg) {
@@ -177,7 +177,7 @@ bool decode_plan_ok(const MoeDecodePlan& p) {
   for (const int64_t d : {p.bias1_dtype, p.bias2_dtype})
     if (d != kBFloat16 && d != kFloat32) return false;
   if (p.activation != 0 && p.activation != 1) return false;
-  // "sm90" experts: block_m <= 16 (packed_compiled), whole 128 x 64 tiles in w1 [2I, H] and w2 [H, I]
+  // "sm90" experts: block_m <= 16, whole 128 x 64 tiles in w1 [2I, H] and w2 [H, I]
   if (p.packed != 0 && (p.packed != 1 || p.block_m > 16 || (2 * p.inter) % 128 || p.hidden % 128 || p.inter % 64))
     return false;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);

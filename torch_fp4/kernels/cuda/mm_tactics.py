@@ -22,7 +22,7 @@ from .._common import (empty_k_slice, largest_split, mm_key, problem_sm_count, p
                        smem_reason)
 
 MAX_M = 64
-PACKED_MAX_M = 16         # M range compiled for "sm90" weights (packed_compiled in mm_small_m.cuh)
+PACKED_MAX_M = 32         # M range compiled for "sm90" weights (packed_compiled in mm_small_m.cuh)
 MAX_MM_OPERAND = 2**31 - 1   # the kernel indexes its operands with 32-bit offsets
 MAX_SPLIT = 8             # a portable cluster size
 STAGES = (2, 3, 4, 5, 6)  # cp.async.wait_group takes stages - 2 as an immediate (0..4)

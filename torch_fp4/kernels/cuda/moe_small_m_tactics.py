@@ -26,6 +26,8 @@ BLOCK_MS = (8, 16, 32, 64)
 MAX_OPERAND = 2**31 - 1       # 32-bit element offsets inside one expert's operands
 MAX_EXPERTS = 2048            # the decode path's one-CTA grouping (csrc/moe_route.cuh kMaxExperts)
 
+PACKED_MAX_BLOCK_M = 16   # "sm90" experts: the grouped decode path reads them at block_m <= 16
+
 
 @register_family
 @dataclass(frozen=True)
@@ -86,8 +88,8 @@ def why_not(t: SmallMMoeTactic, p: MoeProblem) -> Optional[str]:
         return reason
     if t.block_m not in BLOCK_MS:
         return f"block_m={t.block_m} must be one of {BLOCK_MS}"
-    if p.packed and t.block_m > sm.PACKED_MAX_M:
-        return f"'sm90' experts are read at block_m <= {sm.PACKED_MAX_M} (packed_compiled), got block_m={t.block_m}"
+    if p.packed and t.block_m > PACKED_MAX_BLOCK_M:
+        return f"'sm90' experts are read at block_m <= {PACKED_MAX_BLOCK_M} (csrc/moe_small_m.cu), got block_m={t.block_m}"
     nb = t.block_m // 8
     if not sm.tile_compiled(nb, t.warps, t.tiles_per_warp, t.block_k):
         return (f"warps={t.warps}, tiles_per_warp={t.tiles_per_warp}, block_k={t.block_k} is not "
@@ -157,7 +159,7 @@ def default(p: MoeProblem) -> SmallMMoeTactic:
     """block_m from rows_per_block (at most 16 for "sm90" experts); the tile for that many rows
     (_TILES, _TILES_SM90); splits for about one CTA per SM over the expected routed experts."""
     rows = rows_per_block(p)
-    nb = sm.n_blocks(min(rows, sm.PACKED_MAX_M) if p.packed else rows)
+    nb = sm.n_blocks(min(rows, PACKED_MAX_BLOCK_M) if p.packed else rows)
     tile = (_TILES_SM90 if p.packed else _TILES)[nb]
     if nb <= 2 and -(-p.hidden // 128) * expected_experts(p) < problem_sm_count(p):
         tile = _FEW_TILES

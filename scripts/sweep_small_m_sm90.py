@@ -1,0 +1,61 @@
+"""The small-M GEMM on "sm90" weights at M = 17-32 (compiled up to mm_tactics.PACKED_MAX_M) against
+the Hopper GEMM that `auto` runs there, with torch bf16 in the same rounds, on an sm_90 GPU:
+
+    python scripts/sweep_small_m_sm90.py [CSV]
+
+Per problem: every small-M candidate timed once (time_tactics), then the fastest of them and the
+default in three interleaved rounds (medians); the outputs of the two compared bit for bit on
+grid-exact data (both exact there)."""
+import statistics
+import sys
+
+import torch
+
+from torch_fp4 import formats as F
+from torch_fp4 import ops, tactics
+from torch_fp4.bench.mm import Problem, nvfp4_weight
+from torch_fp4.bench.timing import write_csv
+from torch_fp4.bench.tune import interleaved_rounds, time_tactics
+from torch_fp4.kernels.cuda import mm_space, mm_tactics as MT
+from torch_fp4.problems import MmProblem
+from torch_fp4.testing import grid_exact_operand
+
+SHAPES = ((4096, 4096), (2048, 4096), (1024, 4096), (4096, 14336), (6144, 4096), (8192, 8192), (28672, 8192))
+MS = (17, 24, 32)
+
+
+def launch(*a, tactic):
+    with tactics.use_tactic(tactic):
+        return ops.mm_fp4(*a, backend="cuda", weight_layout="sm90")
+
+
+def main(csv=None):
+    dev, rows = torch.device("cuda"), []
+    for n, k in SHAPES:
+        w = nvfp4_weight(n, k, dev)
+        packed = ops.prepack_weight(w[0])
+        w16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        g = torch.Generator().manual_seed(n + k)
+        wd, ws, _ = grid_exact_operand(n, k, F.NVFP4, "128x4", g)
+        wd_packed = ops.prepack_weight(wd.to(dev))
+        for m in MS:
+            p = Problem(m, n, k, w, dev)
+            args = (p.a, packed.T, None, p.w_scale.T, p.alpha)
+            prob = MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+            default = mm_space.default(prob)
+            small = [t for t in mm_space.candidates(prob) if isinstance(t, MT.CudaMmTactic)]
+            best = min(time_tactics(small, launch, args), key=lambda r: r[1])[0]
+            times, bf16 = interleaved_rounds([default, best], launch, args, 3, lambda: torch.matmul(p.a, w16.T))
+            d, s, b = (statistics.median(v) for v in (times[default], times[best], bf16))
+            a_exact = grid_exact_operand(m, k, F.NVFP4, "128x4", g)[2].to(dev, torch.bfloat16)   # exact in bf16
+            exact = (a_exact, wd_packed.T, None, ws.to(dev).T, None)
+            same = torch.equal(launch(*exact, tactic=default), launch(*exact, tactic=best))
+            rows.append(dict(m=m, n=n, k=k, bf16_us=round(b, 2), default_us=round(d, 2), small_m_us=round(s, 2),
+                             same_bits=same, default=default.label(), small_m=best.label()))
+            print(f"M={m:3d} N={n:5d} K={k:5d} bf16 {b:6.1f}  default {d:6.1f} (x{b / d:.2f})  small-M "
+                  f"{s:6.1f} (x{b / s:.2f})  bits {'same' if same else 'DIFFER'}  {best.label()[16:]}", flush=True)
+    write_csv(csv, rows)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
