@@ -1,11 +1,12 @@
 """The small-M GEMM on "sm90" weights at M = 17-32 (compiled up to mm_tactics.PACKED_MAX_M) against
-the Hopper GEMM that `auto` runs there, with torch bf16 in the same rounds, on an sm_90 GPU:
+the Hopper GEMM's heuristic tactic, with `auto`'s choice (mm_space.default) and torch bf16 in the
+same rounds, on an sm_90 GPU:
 
     python scripts/sweep_small_m_sm90.py [CSV]
 
-Per problem: every small-M candidate timed once (time_tactics), then the fastest of them and the
-default in three interleaved rounds (medians); the outputs of the two compared bit for bit on
-grid-exact data (both exact there)."""
+Per problem: every small-M candidate timed once (time_tactics), then the fastest of them, the
+Hopper GEMM's heuristic and `auto`'s tactic in three interleaved rounds (medians); the outputs of
+the fastest and the Hopper GEMM compared bit for bit on grid-exact data (both exact there)."""
 import statistics
 import sys
 
@@ -16,7 +17,7 @@ from torch_fp4 import ops, tactics
 from torch_fp4.bench.mm import Problem, nvfp4_weight
 from torch_fp4.bench.timing import write_csv
 from torch_fp4.bench.tune import interleaved_rounds, time_tactics
-from torch_fp4.kernels.cuda import mm_space, mm_tactics as MT
+from torch_fp4.kernels.cuda import mm_space, mm_tactics as MT, mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
 from torch_fp4.testing import grid_exact_operand
 
@@ -42,18 +43,21 @@ def main(csv=None):
             p = Problem(m, n, k, w, dev)
             args = (p.a, packed.T, None, p.w_scale.T, p.alpha)
             prob = MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
-            default = mm_space.default(prob)
+            auto, hopper = mm_space.default(prob), WT.default(prob)
             small = [t for t in mm_space.candidates(prob) if isinstance(t, MT.CudaMmTactic)]
             best = min(time_tactics(small, launch, args), key=lambda r: r[1])[0]
-            times, bf16 = interleaved_rounds([default, best], launch, args, 3, lambda: torch.matmul(p.a, w16.T))
-            d, s, b = (statistics.median(v) for v in (times[default], times[best], bf16))
+            compared = list(dict.fromkeys([hopper, best, auto]))
+            times, bf16 = interleaved_rounds(compared, launch, args, 3, lambda: torch.matmul(p.a, w16.T))
+            h, s, a, b = (statistics.median(v) for v in (times[hopper], times[best], times[auto], bf16))
             a_exact = grid_exact_operand(m, k, F.NVFP4, "128x4", g)[2].to(dev, torch.bfloat16)   # exact in bf16
             exact = (a_exact, wd_packed.T, None, ws.to(dev).T, None)
-            same = torch.equal(launch(*exact, tactic=default), launch(*exact, tactic=best))
-            rows.append(dict(m=m, n=n, k=k, bf16_us=round(b, 2), default_us=round(d, 2), small_m_us=round(s, 2),
-                             same_bits=same, default=default.label(), small_m=best.label()))
-            print(f"M={m:3d} N={n:5d} K={k:5d} bf16 {b:6.1f}  default {d:6.1f} (x{b / d:.2f})  small-M "
-                  f"{s:6.1f} (x{b / s:.2f})  bits {'same' if same else 'DIFFER'}  {best.label()[16:]}", flush=True)
+            same = torch.equal(launch(*exact, tactic=hopper), launch(*exact, tactic=best))
+            rows.append(dict(m=m, n=n, k=k, bf16_us=round(b, 2), hopper_us=round(h, 2), small_m_us=round(s, 2),
+                             auto_us=round(a, 2), same_bits=same, hopper=hopper.label(), small_m=best.label(),
+                             auto=auto.label()))
+            print(f"M={m:3d} N={n:5d} K={k:5d} bf16 {b:6.1f}  hopper {h:6.1f} (x{b / h:.2f})  best small-M "
+                  f"{s:6.1f} (x{b / s:.2f})  auto {a:6.1f} (x{b / a:.2f})  bits {'same' if same else 'DIFFER'}  "
+                  f"{best.label()[16:]}  auto {auto.family}", flush=True)
     write_csv(csv, rows)
 
 

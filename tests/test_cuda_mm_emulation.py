@@ -462,7 +462,7 @@ int main(int argc, char** argv) {
     for (int nb : {1, 2, 4, 8})
       for (const auto& t : shapes)
         if (tile_compiled(nb, t[0], t[1], t[2]))
-          std::printf("%d %d %d %d %d\n", nb, t[0], t[1], t[2], packed_compiled(nb) ? 1 : 0);
+          std::printf("%d %d %d %d %d\n", nb, t[0], t[1], t[2], packed_compiled(nb, t[0], t[1]) ? 1 : 0);
     return 0;
   }
   if (argc == 10 && std::strcmp(argv[1], "smem") == 0) {
@@ -657,9 +657,9 @@ def random_weight(n, k, fmt, g):
     return wd, ws, what
 
 
-def tiles_for(m):
+def tiles_for(m, packed=False):
     nb = MT.n_blocks(m)
-    return [s for s in MT.TILE_SHAPES if MT.tile_compiled(nb, *s)]
+    return [s for s in MT.TILE_SHAPES if MT.compiled(nb, *s, packed)]
 
 
 def layouts_for(m):
@@ -690,7 +690,7 @@ def test_decode_of_every_code_and_scale_byte_is_exact(emu, fmt_name, act_dtype):
 def test_compiled_tiles_and_shared_memory_match_the_tactic_space(emu):
     out = subprocess.run([str(emu), "tiles"], capture_output=True, text=True, check=True).stdout
     cpp = {tuple(int(x) for x in line.split()) for line in out.splitlines()}
-    py = {(nb, *s, int(8 * nb <= MT.PACKED_MAX_M)) for nb in (1, 2, 4, 8) for s in MT.TILE_SHAPES
+    py = {(nb, *s, int(MT.packed_compiled(nb, *s[:2]))) for nb in (1, 2, 4, 8) for s in MT.TILE_SHAPES
           if MT.tile_compiled(nb, *s)}
     assert cpp == py
     for nb, warps, tiles, bk, packed_too in sorted(py):
@@ -751,7 +751,7 @@ def test_sm90_weights_grid_exact_every_tile(emu, tmp_path, fmt_name, act_dtype):
     fmt = FMTS[fmt_name]
     i = 0
     for m in (1, 7, 16, 17, 32):
-        for warps, tiles, bk in tiles_for(m):
+        for warps, tiles, bk in tiles_for(m, packed=True):
             k = 640 if i % 3 else 192
             out_dtype = (torch.float32, torch.bfloat16, torch.float16)[i % 3]
             t = MT.CudaMmTactic(warps, tiles, bk, 2 + i % 3, 1 + i % 2)
@@ -859,8 +859,8 @@ def test_shared_loads_are_bank_conflict_free(emu, tmp_path):
     compiled tile, format and weight layout. (The scale-table lookups are left out: their banks
     depend on the scale values.)"""
     for m in (8, 16, 32, 64):
-        for warps, tiles, bk in tiles_for(m):
-            for packed in layouts_for(m):
+        for packed in layouts_for(m):
+            for warps, tiles, bk in tiles_for(m, packed):
                 for fmt_name, act_dtype in FORMATS:
                     fmt = FMTS[fmt_name]
                     t = MT.CudaMmTactic(warps, tiles, bk, 3, 1)
@@ -956,8 +956,9 @@ def test_key_buckets_m_by_n_blocks():
 
 def test_sm90_weights_take_the_small_m_kernel_up_to_m_32():
     """"sm90" weights: the small-M kernel up to PACKED_MAX_M (first in the cuda space's order, with
-    the small-M heuristic's tile for those weights, up to mm_space.SMALL_M_MAX; a candidate to
-    M = 32), the Hopper GEMM above; the refusal names the limit."""
+    the small-M heuristic's tile for those weights, up to mm_space.SMALL_M_MAX and, for weights of
+    at most SMALL_WEIGHT elements, up to M = 32; a candidate to M = 32), the Hopper GEMM above; the
+    refusal names the limit."""
     from torch_fp4.kernels.cuda import mm_space
     from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
@@ -970,6 +971,15 @@ def test_sm90_weights_take_the_small_m_kernel_up_to_m_32():
     args = _args(32, wlayout=F.WeightLayout.SM90)
     assert isinstance(mm_space.MM_SPACE.default(args), WT.WgmmaMmTactic)
     assert any(isinstance(c, MT.CudaMmTactic) for c in mm_space.MM_SPACE.candidates(args))
+    for m in (17, 32):   # small "sm90" weights: the small-M kernel's 64-row CTAs, the only tile compiled there
+        for n, k in ((4096, 4096), (1024, 4096)):
+            args = _args(m, n, k, wlayout=F.WeightLayout.SM90)
+            t = mm_space.MM_SPACE.default(args)
+            assert isinstance(t, MT.CudaMmTactic) and (t.warps, t.tiles_per_warp) == (4, 1), t
+            assert all((c.warps, c.tiles_per_warp) == (4, 1) for c in MT.candidates(args))
+            assert "with sm90 weights" in MT.why_not(MT.CudaMmTactic(8, 1, 256, 3, 1), args)
+        assert isinstance(mm_space.MM_SPACE.default(_args(m, 6144, 4096, wlayout=F.WeightLayout.SM90)),
+                          WT.WgmmaMmTactic)
     args = _args(33, wlayout=F.WeightLayout.SM90)
     assert "reads 'sm90' weights for M <= 32" in MT.problem_reason(args)
     assert "reads 'sm90' weights for M <= 32" in mm_space.MM_SPACE.why_not(MT.CudaMmTactic(), args)

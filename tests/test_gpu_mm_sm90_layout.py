@@ -124,7 +124,8 @@ def test_random_bits_equal_row_major_auto_picks_by_m_and_graph_replay():
     for m in (1, 16, 17, 64, 300):
         a = torch.randn(m, 2048, device="cuda", dtype=torch.bfloat16)
         ts = t4.mm_fp4_tactics(a, packed.T, None, ws.T, weight_layout="sm90")
-        assert isinstance(ts[0], MT.CudaMmTactic if m <= 16 else WT.WgmmaMmTactic), (m, ts[0])
+        # 1024 x 2048: a small weight (mm_space.SMALL_WEIGHT), the small-M GEMM up to M = 32
+        assert isinstance(ts[0], MT.CudaMmTactic if m <= MT.PACKED_MAX_M else WT.WgmmaMmTactic), (m, ts[0])
         # Row-major weights run one K group: the same tactic otherwise, the same bits (the Hopper
         # GEMM); the small-M GEMM groups K differently per MMA step in the two layouts (spec 4b):
         # each within the bound.
@@ -132,7 +133,7 @@ def test_random_bits_equal_row_major_auto_picks_by_m_and_graph_replay():
         with t4.use_tactic(one):
             row = t4.mm_fp4(a, wd.T, None, ws.T, alpha)
             same = t4.mm_fp4(a, packed.T, None, ws.T, alpha, weight_layout="sm90")
-        if m <= 16:
+        if m <= MT.PACKED_MAX_M:
             T.assert_mm_within_bound(same, a.float(), what, alpha)
             T.assert_mm_within_bound(row, a.float(), what, alpha)
         else:

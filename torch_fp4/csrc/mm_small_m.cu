@@ -54,9 +54,9 @@ bool launch_nb(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
 template <bool kFp16, bool kMx, bool kPacked>
 bool launch_format(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
   const int64_t nb = (a.m + 7) / 8;
-  if constexpr (kPacked) {  // "sm90" weights: whole 128 x 64 tiles, compiled for packed_compiled(nb)
+  if constexpr (kPacked) {  // "sm90" weights: whole 128 x 64 tiles, compiled for packed_compiled
     if (a.n % 128 != 0 || a.k % 64 != 0 || reinterpret_cast<uintptr_t>(a.w) % 16 != 0) return false;
-    static_assert(packed_compiled(4) && !packed_compiled(5), "the dispatch below");
+    static_assert(packed_compiled(4, 4, 1) && !packed_compiled(5, 4, 1), "the dispatch below");
     if (nb <= 1) return launch_nb<1, kFp16, kMx, true>(a, stream, pdl);
     if (nb <= 2) return launch_nb<2, kFp16, kMx, true>(a, stream, pdl);
     if (nb <= 4) return launch_nb<4, kFp16, kMx, true>(a, stream, pdl);

@@ -132,9 +132,11 @@ constexpr bool tile_compiled(int nb, int warps, int wr, int bk) {
   return false;
 }
 
-// The n-block counts whose kernels read "sm90" weights (mirrored by PACKED_MAX_M in mm_tactics.py):
-// M <= 32 (mm_fp4; fused_moe's grouped decode path reads "sm90" experts at block_m <= 16).
-constexpr bool packed_compiled(int nb) { return nb <= 4; }
+// The tiles whose kernels read "sm90" weights (mirrored by packed_compiled in mm_tactics.py): every
+// compiled tile up to M = 16; up to M = 32 only the 64-row CTAs (4 warps x 1 tile), the tiles of the
+// small weights where this kernel beats the Hopper GEMM at M = 17-32 (fused_moe's grouped decode
+// path reads "sm90" experts at block_m <= 16).
+constexpr bool packed_compiled(int nb, int warps, int wr) { return nb <= 2 || (nb <= 4 && warps == 4 && wr == 1); }
 
 // Runtime parameters of one launch (filled by the launcher).
 struct Params {
@@ -888,10 +890,10 @@ namespace small_m {
 // one list of tile shapes the launchers of mm_small_m.cu and moe_small_m.cu dispatch over.
 template <int kNB, bool kFp16, bool kMx, bool kPacked, bool kGrouped, class F>
 bool with_tile(const SmallMMmArgs& a, F&& f) {
-#define TORCH_FP4_SMALL_M_TILE(W, WR, BK)                                       \
-  if constexpr (tile_compiled(kNB, W, WR, BK)) {                                \
-    if (a.warps == W && a.tiles_per_warp == WR && a.block_k == BK)              \
-      return f(Config<kNB, W, WR, BK, kFp16, kMx, kPacked, kGrouped>{});        \
+#define TORCH_FP4_SMALL_M_TILE(W, WR, BK)                                                     \
+  if constexpr (tile_compiled(kNB, W, WR, BK) && (!kPacked || packed_compiled(kNB, W, WR))) { \
+    if (a.warps == W && a.tiles_per_warp == WR && a.block_k == BK)                            \
+      return f(Config<kNB, W, WR, BK, kFp16, kMx, kPacked, kGrouped>{});                      \
   }
   TORCH_FP4_SMALL_M_TILE(8, 1, 256)
   TORCH_FP4_SMALL_M_TILE(4, 1, 256)

@@ -90,7 +90,7 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   return true;
 }
 
-// The tile shapes of mm_small_m.cu (with_tile), grouped; "sm90" experts where packed_compiled.
+// The tile shapes of mm_small_m.cu (with_tile), grouped; "sm90" experts at block_m <= 16.
 template <int kNB, bool kFp16, bool kMx, bool kPacked>
 bool launch_nb(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   if constexpr (kPacked && kNB > 2) {   // "sm90" experts: block_m <= 16

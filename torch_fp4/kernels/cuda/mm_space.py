@@ -2,8 +2,8 @@
 wgmma GEMM (mm_wgmma_tactics, any M on sm_90) as one space. Cheap to import.
 
 Heuristic, from `bench mm` on H100: the small-M kernel up to M = SMALL_M_MAX (its cp.async +
-mma.sync decode reads the weights at 0.8 of copy bandwidth there; row-major and "sm90" weights),
-the wgmma kernel above.
+mma.sync decode reads the weights at 0.8 of copy bandwidth there; row-major and "sm90" weights)
+and up to M = 32 for small "sm90" weights (_small_m_first, H200), the wgmma kernel above.
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from . import mm_tactics as small
 from . import mm_wgmma_tactics as wg
 
 SMALL_M_MAX = 16
+SMALL_WEIGHT = 4096 * 4096   # "sm90" weights of at most this many elements: the small-M kernel up to PACKED_MAX_M
 
 
 def small_m_reason(p: MmProblem) -> Optional[str]:
@@ -25,8 +26,21 @@ def small_m_reason(p: MmProblem) -> Optional[str]:
     return small.problem_reason(p) or small.why_not(small.default(p), p)
 
 
+def _small_m_first(p: MmProblem) -> bool:
+    """M <= SMALL_M_MAX; M <= PACKED_MAX_M for small "sm90" weights, whose few tiles leave the
+    Hopper GEMM's fixed costs (pipeline fill, epilogue) the larger part of its time. H200, M = 17
+    / 32, the small-M kernel's best tactic against the Hopper GEMM's heuristic (torch bf16):
+    4096 x 4096 10.7 / 11.3 against 15.5 / 16.2 us (10.3 / 10.1), 2048 x 4096 8.5 / 8.9 against
+    9.9 / 10.3 us; above SMALL_WEIGHT the Hopper GEMM is as fast or faster (6144 x 4096 equal,
+    4096 x 14336 25.5 against 27.3 us, 8192 x 8192 21.8 against 26.3 us;
+    docs/benchmarks/mm_small_m_sm90_m32_h200.csv)."""
+    if p.m <= SMALL_M_MAX:
+        return True
+    return p.packed and p.m <= small.PACKED_MAX_M and p.n * p.k <= SMALL_WEIGHT
+
+
 def default(p: MmProblem) -> Tactic:
-    if (p.m <= SMALL_M_MAX or wg.problem_reason(p) is not None) and small_m_reason(p) is None:
+    if (_small_m_first(p) or wg.problem_reason(p) is not None) and small_m_reason(p) is None:
         return small.default(p)
     return wg.default(p)
 

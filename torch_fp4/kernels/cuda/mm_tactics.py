@@ -22,7 +22,7 @@ from .._common import (empty_k_slice, largest_split, mm_key, problem_sm_count, p
                        smem_reason)
 
 MAX_M = 64
-PACKED_MAX_M = 32         # M range compiled for "sm90" weights (packed_compiled in mm_small_m.cuh)
+PACKED_MAX_M = 32         # M range compiled for "sm90" weights (packed_compiled below)
 MAX_MM_OPERAND = 2**31 - 1   # the kernel indexes its operands with 32-bit offsets
 MAX_SPLIT = 8             # a portable cluster size
 STAGES = (2, 3, 4, 5, 6)  # cp.async.wait_group takes stages - 2 as an immediate (0..4)
@@ -40,6 +40,16 @@ def tile_compiled(nb: int, warps: int, tiles: int, block_k: int) -> bool:
     if warps == 4 and tiles == 2:
         return nb <= 2 if block_k == 256 else True
     return False
+
+
+def packed_compiled(nb: int, warps: int, tiles: int) -> bool:
+    """The tiles compiled for "sm90" weights (mirror of packed_compiled in mm_small_m.cuh): every
+    tile up to M = 16, only the 64-row CTAs (4 warps x 1 tile) up to M = PACKED_MAX_M."""
+    return nb <= 2 or (8 * nb <= PACKED_MAX_M and warps == 4 and tiles == 1)
+
+
+def compiled(nb: int, warps: int, tiles: int, block_k: int, packed: bool) -> bool:
+    return tile_compiled(nb, warps, tiles, block_k) and (not packed or packed_compiled(nb, warps, tiles))
 
 
 def n_blocks(m: int) -> int:
@@ -145,11 +155,11 @@ def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
     if t.block_k not in (128, 256):
         return f"block_k={t.block_k} must be 128 or 256"
     nb = n_blocks(p.m)
-    if not tile_compiled(nb, t.warps, t.tiles_per_warp, t.block_k):
+    if not compiled(nb, t.warps, t.tiles_per_warp, t.block_k, p.packed):
         have = ", ".join(f"warps={w} tiles_per_warp={r} block_k={b}" for w, r, b in TILE_SHAPES
-                         if tile_compiled(nb, w, r, b))
+                         if compiled(nb, w, r, b, p.packed))
         return (f"warps={t.warps}, tiles_per_warp={t.tiles_per_warp}, block_k={t.block_k} is not "
-                f"compiled for M <= {8 * nb} (compiled: {have})")
+                f"compiled for M <= {8 * nb}{' with sm90 weights' if p.packed else ''} (compiled: {have})")
     if t.stages not in STAGES:
         return f"stages={t.stages} must be one of {STAGES}"
     if not 1 <= t.split_k <= MAX_SPLIT:
@@ -189,11 +199,17 @@ def default(p: MmProblem) -> Tactic:
     56.0 against 61.7 us; with fewer tiles the 8 x 1 tile of 256 stays best)."""
     nb = n_blocks(p.m)
     packed = p.packed
-    if packed and nb <= 2 and -(-p.n // 128) * FEW_TILES <= problem_sm_count(p):
+    if packed and (nb == 4 or (nb <= 2 and -(-p.n // 128) * FEW_TILES <= problem_sm_count(p))):
         # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)
         # or about one wave (M <= 16). H200, against the 128-row default (4 CTAs per tile):
         # 4096 x 14336 M = 1 / 8 / 16: 24.4 -> 17.7, 25.1 -> 18.4, 29.3 -> 21.5 us; 4096 x 4096:
-        # 10.1 -> 8.3, 10.6 -> 8.8, 12.0 -> 9.0 us (docs/benchmarks/mm_small_m_few_tiles_h200.csv)
+        # 10.1 -> 8.3, 10.6 -> 8.8, 12.0 -> 9.0 us (docs/benchmarks/mm_small_m_few_tiles_h200.csv).
+        # M <= 32 ("sm90" weights compile only this tile there): the same, about one wave; with
+        # at most a quarter as many 64-row tiles as SMs, K stages of 128 and two CTAs per SM (H200,
+        # 2048 x 4096 M = 17: 9.3 -> 8.4 us; docs/benchmarks/mm_small_m_sm90_m32_h200.csv).
+        if nb == 4 and -(-p.n // 64) * FEW_TILES <= problem_sm_count(p):
+            t = CudaMmTactic(4, 1, 128, 4, 1)
+            return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=2))
         t = CudaMmTactic(4, 1, 256, 2 if nb == 1 else 4, 1)
         return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=None if nb == 1 else 1))
     if nb == 1:
@@ -215,7 +231,7 @@ def candidates(p: MmProblem) -> list[Tactic]:
     nb = n_blocks(p.m)
     out: list[Tactic] = [default(p)]
     for warps, tiles, bk in TILE_SHAPES:
-        if not tile_compiled(nb, warps, tiles, bk):
+        if not compiled(nb, warps, tiles, bk, p.packed):
             continue
         for stages in (2, 3, 4):
             t = CudaMmTactic(warps, tiles, bk, stages, 1)
