@@ -50,7 +50,7 @@ def _mm(a, w, a_scale, ws, fmt, layout, out_dtype=torch.float32, alpha=None):
 
 
 @pytest.mark.parametrize("fmt_name,a_mode", CASES)
-@pytest.mark.parametrize("m", [1, 16, 33, 129, 4097])
+@pytest.mark.parametrize("m", [1, 16, 32, 33, 129, 4097])
 def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
     fmt = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}[fmt_name]
     n, k = 384, 704
