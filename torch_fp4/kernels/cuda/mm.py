@@ -1,7 +1,7 @@
 """mm_fp4 on the cuda backend (same signature as torch_fp4/reference/gemm.py, plus the tactic):
 the small-M FP4 GEMM of torch_fp4/csrc/mm_small_m.cu (M <= 64) or the Hopper wgmma GEMM of
 torch_fp4/csrc/mm_wgmma.cu (sm_90, any M), whichever family the tactic belongs to. Both read
-weights in the "sm90" layout (torch_fp4.prepack_weight); the small-M GEMM for M <= 16.
+weights in the "sm90" layout (torch_fp4.prepack_weight); the small-M GEMM for M <= 32.
 
 W4A16 feeds the bf16/fp16 activations to the kernel as they are. Given the global scales
 (b_global_scale), the kernels form alpha in their epilogue (csrc/mm_small_m.cuh epilogue_alpha). W4A4 first dequantizes the FP4
