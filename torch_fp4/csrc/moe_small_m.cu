@@ -46,6 +46,7 @@ namespace small_m {
 
 constexpr int kMaxDevices = 64;
 constexpr int64_t kMaxBlocks = 65535;   // grid z
+constexpr int kPackedMaxBlockM = 16;     // "sm90" experts (PACKED_MAX_BLOCK_M in moe_small_m_tactics.py)
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kMinBlocks) small_m_moe_kernel(const GroupedParams p,
@@ -90,10 +91,10 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
   return true;
 }
 
-// The tile shapes of mm_small_m.cu (with_tile), grouped; "sm90" experts at block_m <= 16.
+// The tile shapes of mm_small_m.cu (with_tile), grouped; "sm90" experts up to kPackedMaxBlockM.
 template <int kNB, bool kFp16, bool kMx, bool kPacked>
 bool launch_nb(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
-  if constexpr (kPacked && kNB > 2) {   // "sm90" experts: block_m <= 16
+  if constexpr (kPacked && 8 * kNB > kPackedMaxBlockM) {
     return false;
   } else {
     return with_tile<kNB, kFp16, kMx, kPacked, true>(a, [&](auto cfg) {
@@ -177,8 +178,8 @@ bool decode_plan_ok(const MoeDecodePlan& p) {
   for (const int64_t d : {p.bias1_dtype, p.bias2_dtype})
     if (d != kBFloat16 && d != kFloat32) return false;
   if (p.activation != 0 && p.activation != 1) return false;
-  // "sm90" experts: block_m <= 16, whole 128 x 64 tiles in w1 [2I, H] and w2 [H, I]
-  if (p.packed != 0 && (p.packed != 1 || p.block_m > 16 || (2 * p.inter) % 128 || p.hidden % 128 || p.inter % 64))
+  // "sm90" experts: block_m <= kPackedMaxBlockM, whole 128 x 64 tiles in w1 [2I, H] and w2 [H, I]
+  if (p.packed != 0 && (p.packed != 1 || p.block_m > small_m::kPackedMaxBlockM || (2 * p.inter) % 128 || p.hidden % 128 || p.inter % 64))
     return false;
   const MoeDecodeWorkspace ws = moe_decode_workspace(p);
   return ws.rows < (int64_t{1} << 31) && ws.blocks <= small_m::kMaxBlocks;

@@ -49,6 +49,7 @@ def packed_compiled(nb: int, warps: int, tiles: int) -> bool:
 
 
 def compiled(nb: int, warps: int, tiles: int, block_k: int, packed: bool) -> bool:
+    """Whether the tile is compiled for n-block count nb and the weight layout."""
     return tile_compiled(nb, warps, tiles, block_k) and (not packed or packed_compiled(nb, warps, tiles))
 
 
@@ -199,24 +200,28 @@ def default(p: MmProblem) -> Tactic:
     56.0 against 61.7 us; with fewer tiles the 8 x 1 tile of 256 stays best)."""
     nb = n_blocks(p.m)
     packed = p.packed
-    if packed and (nb == 4 or (nb <= 2 and -(-p.n // 128) * FEW_TILES <= problem_sm_count(p))):
+    sms = problem_sm_count(p)
+    if packed and nb == 4:
+        # M <= 32 ("sm90" weights compile only the 64-row CTAs there): about one wave; with at most
+        # a quarter as many 64-row tiles as SMs, K stages of 128 and two CTAs per SM (H200, 2048 x
+        # 4096 M = 17: 9.3 -> 8.4 us; docs/benchmarks/mm_small_m_sm90_m32_h200.csv).
+        if -(-p.n // 64) * FEW_TILES <= sms:
+            t = CudaMmTactic(4, 1, 128, 4, 1)
+            return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=2))
+        t = CudaMmTactic(4, 1, 256, 4, 1)
+        return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=1))
+    if packed and nb <= 2 and -(-p.n // 128) * FEW_TILES <= sms:
         # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)
         # or about one wave (M <= 16). H200, against the 128-row default (4 CTAs per tile):
         # 4096 x 14336 M = 1 / 8 / 16: 24.4 -> 17.7, 25.1 -> 18.4, 29.3 -> 21.5 us; 4096 x 4096:
-        # 10.1 -> 8.3, 10.6 -> 8.8, 12.0 -> 9.0 us (docs/benchmarks/mm_small_m_few_tiles_h200.csv).
-        # M <= 32 ("sm90" weights compile only this tile there): the same, about one wave; with
-        # at most a quarter as many 64-row tiles as SMs, K stages of 128 and two CTAs per SM (H200,
-        # 2048 x 4096 M = 17: 9.3 -> 8.4 us; docs/benchmarks/mm_small_m_sm90_m32_h200.csv).
-        if nb == 4 and -(-p.n // 64) * FEW_TILES <= problem_sm_count(p):
-            t = CudaMmTactic(4, 1, 128, 4, 1)
-            return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=2))
+        # 10.1 -> 8.3, 10.6 -> 8.8, 12.0 -> 9.0 us (docs/benchmarks/mm_small_m_few_tiles_h200.csv)
         t = CudaMmTactic(4, 1, 256, 2 if nb == 1 else 4, 1)
         return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=None if nb == 1 else 1))
     if nb == 1:
         t = CudaMmTactic(8, 1, 256, 4, 1) if packed else CudaMmTactic(4, 2, 256, 4, 1)
     elif nb == 2:
         t = CudaMmTactic(8, 1, 256, 4, 1)
-        if packed and -(-p.n // t.block_n) > problem_sm_count(p):
+        if packed and -(-p.n // t.block_n) > sms:
             t = CudaMmTactic(4, 2, 128, 4, 1)
     elif nb == 4:
         t = CudaMmTactic(8, 1, 256, 3, 1)

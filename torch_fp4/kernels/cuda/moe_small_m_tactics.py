@@ -26,7 +26,7 @@ BLOCK_MS = (8, 16, 32, 64)
 MAX_OPERAND = 2**31 - 1       # 32-bit element offsets inside one expert's operands
 MAX_EXPERTS = 2048            # the decode path's one-CTA grouping (csrc/moe_route.cuh kMaxExperts)
 
-PACKED_MAX_BLOCK_M = 16   # "sm90" experts: the grouped decode path reads them at block_m <= 16
+PACKED_MAX_BLOCK_M = 16   # "sm90" experts: the grouped decode path reads them at block_m <= 16 (kPackedMaxBlockM)
 
 
 @register_family
