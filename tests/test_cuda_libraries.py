@@ -113,6 +113,38 @@ def test_built_library_exports_only_its_entry_points_and_is_reused(tmp_path, mon
         build.build_dir.cache_clear()
 
 
+def test_units_optimize_on_a_fixed_thread_count_where_nvcc_can(monkeypatch):
+    """nvcc >= 12.1 gets --split-compile=SPLIT_COMPILE (the same count on every machine, so the same
+    code), an older or unknown nvcc does not; the flags are part of the cache folder's hash."""
+    unit = build.Unit("mm_small_m.cu", (1,))
+    for version, split in (((13, 0), True), ((12, 1), True), ((12, 0), False), ((0, 0), False)):
+        monkeypatch.setattr(build, "nvcc_version", lambda compiler=None, v=version: v)
+        flags = build.nvcc_flags()
+        assert flags[:len(build.NVCC_FLAGS)] == build.NVCC_FLAGS
+        assert (f"--split-compile={build.SPLIT_COMPILE}" in flags) == split, version
+        command = build.compile_command(unit, (9, 0), build.CSRC / "x.o")
+        assert [f for f in command if f.startswith("--split-compile")] == [f for f in flags if f.startswith("--split")]
+    assert build.SPLIT_COMPILE == 8
+    monkeypatch.setattr(build, "nvcc_version", lambda compiler=None: (13, 0))
+    build.build_dir.cache_clear()
+    try:
+        with_split = build.build_dir((9, 0))
+        monkeypatch.setattr(build, "SPLIT_COMPILE", 0)
+        assert "--split-compile=8" not in " ".join(build.nvcc_flags())
+        build.build_dir.cache_clear()
+        assert build.build_dir((9, 0)) != with_split
+    finally:
+        build.build_dir.cache_clear()
+
+
+def test_nvcc_version_reads_the_release_or_gives_zero(tmp_path):
+    fake = tmp_path / "nvcc"
+    fake.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 12.4, V12.4.131'\n")
+    fake.chmod(0o755)
+    assert build.nvcc_version(str(fake)) == (12, 4)
+    assert build.nvcc_version(str(tmp_path / "missing")) == (0, 0)
+
+
 def test_unknown_library_is_refused():
     with pytest.raises(ValueError, match="unknown kernel libraries"):
         build.build((9, 0), ["wgmma9"], progress=None)

@@ -23,7 +23,7 @@ def sass(tmp_path_factory):
         pytest.skip("nvcc or cuobjdump not found")
 
     out = tmp_path_factory.mktemp("small_m_sass") / "mm_small_m.cubin"
-    cmd = [NVCC, "-cubin", *build.NVCC_FLAGS, build.gencode_flag((9, 0)), "-Xptxas", "-v",
+    cmd = [NVCC, "-cubin", *build.nvcc_flags(NVCC), build.gencode_flag((9, 0)), "-Xptxas", "-v",
            "-o", str(out), str(build.CSRC / "mm_small_m.cu")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,7 +1,7 @@
 """The cuda backend's kernel sources compile for Hopper and Blackwell without a GPU.
 
 Each kernel .cu in torch_fp4/csrc (raw pointers, no torch headers) is compiled by nvcc to a cubin
-for sm_90a and sm_100a with the flags of the library build (build.NVCC_FLAGS), keeping the PTX. The hardware E2M1
+for sm_90a and sm_100a with the flags of the library build (build.nvcc_flags), keeping the PTX. The hardware E2M1
 conversion must appear in the sm_100a PTX and nowhere in the sm_90a PTX, and no approximate
 reciprocal/division or flush-to-zero may appear anywhere (the numerics contract needs RN).
 Every kernel must execute griddepcontrol.wait (programmatic dependent launch, sm_90+).
@@ -47,7 +47,7 @@ def compiled(tmp_path_factory):
         target = build.arch_target(cap)
         keep = root / f"{Path(src).stem}_{target}"
         keep.mkdir()
-        cmd = [NVCC, "-cubin", *build.NVCC_FLAGS, build.gencode_flag(cap), "--keep",
+        cmd = [NVCC, "-cubin", *build.nvcc_flags(NVCC), build.gencode_flag(cap), "--keep",
                "--keep-dir", str(keep), "-o", str(keep / "out.cubin"), str(build.CSRC / src)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"nvcc failed for {src} sm_{target}:\n{proc.stderr[-4000:]}"

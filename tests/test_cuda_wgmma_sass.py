@@ -21,7 +21,7 @@ def _compile(tmp_path, cap):
         pytest.skip("nvcc not found (PATH, CUDA_HOME or /usr/local/cuda)")
 
     out = tmp_path / f"mm_wgmma_{build.arch_target(cap)}.cubin"
-    cmd = [NVCC, "-cubin", *build.NVCC_FLAGS, build.gencode_flag(cap), "-Xptxas", "-v",
+    cmd = [NVCC, "-cubin", *build.nvcc_flags(NVCC), build.gencode_flag(cap), "-Xptxas", "-v",
            "-o", str(out), str(build.CSRC / "mm_wgmma.cu")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]

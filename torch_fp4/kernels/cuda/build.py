@@ -4,12 +4,13 @@ A library is a shared object built by nvcc alone (no torch headers, no torch C++
 (quantize, dequantize, global scale) and one per GEMM source and kernel variant ("small_m1",
 "wgmma4": csrc/mm_operands.h's variant index, the source compiled with -DTORCH_FP4_PARTS=1<<index;
 fused_moe's decode path with fp16 activations holds two variants: fp16 FC1, bf16 FC2).
-So the first call of a fresh process waits only for the units it uses, compiled in parallel. A
-library links its own static CUDA runtime with its symbols kept inside (-Bsymbolic, no exported
-runtime), exports only its C entry points (csrc/capi.h; called through native.py), and is cached
-under `$TORCH_FP4_CACHE_DIR/cuda/sm<arch>-<hash>/`, the hash covering every csrc source, the
-flags and the compiler, so an edit or another nvcc builds afresh. A file lock per library keeps
-concurrent processes from building it twice.
+So the first call of a fresh process waits only for the units it uses, compiled in parallel, each
+unit's kernels optimized on several threads (nvcc_flags). A library links its own static CUDA
+runtime with its symbols kept inside (-Bsymbolic, no exported runtime), exports only its C entry
+points (csrc/capi.h; called through native.py), and is cached under
+`$TORCH_FP4_CACHE_DIR/cuda/sm<arch>-<hash>/`, the hash covering every csrc source, the flags and
+the compiler, so an edit or another nvcc builds afresh. A file lock per library keeps concurrent
+processes from building it twice.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -39,6 +41,12 @@ NVCC_FLAGS = ("-O3", "-std=c++17", "--expt-relaxed-constexpr", "-D__CUDA_NO_HALF
               "-D__CUDA_NO_HALF_CONVERSIONS__", "-D__CUDA_NO_BFLOAT16_CONVERSIONS__",
               "-D__CUDA_NO_HALF2_OPERATORS__", "-Xcompiler", "-fPIC,-fvisibility=hidden")
 LINK_FLAGS = ("-shared", "-Xlinker", "-Bsymbolic,--exclude-libs,ALL")
+# nvcc >= 12.1 optimizes a unit's kernels on this many threads (--split-compile): a fixed count,
+# so every machine builds the same code; 0 turns it off. On a fresh H200 machine (16 cores) it cut
+# the first build of the small-M GEMM's library from 10.6 to 6.8 s, the Hopper GEMM's from 10.7 to
+# 7.1 s and fused_moe's decode path's from 19.0 to 11.4 s, with the same kernel times
+# (BENCHMARKS.md, cold start).
+SPLIT_COMPILE = 8
 
 
 @dataclass(frozen=True)
@@ -98,8 +106,27 @@ def nvcc() -> Optional[str]:
     return found
 
 
+@functools.cache
+def nvcc_version(compiler: Optional[str] = None) -> tuple[int, int]:
+    """The release (major, minor) of `compiler` (default: nvcc()), (0, 0) when unknown."""
+    try:
+        text = subprocess.run([compiler or nvcc() or "nvcc", "--version"], capture_output=True, text=True,
+                              timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return (0, 0)
+    found = re.search(r"release (\d+)\.(\d+)", text)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def nvcc_flags(compiler: Optional[str] = None) -> tuple[str, ...]:
+    """The flags of every unit: NVCC_FLAGS, plus --split-compile=SPLIT_COMPILE where `compiler`
+    (default: nvcc()) has it."""
+    split = SPLIT_COMPILE > 0 and nvcc_version(compiler) >= (12, 1)
+    return (*NVCC_FLAGS, *((f"--split-compile={SPLIT_COMPILE}",) if split else ()))
+
+
 def compile_command(unit: Unit, capability: tuple[int, int], obj: Path) -> list[str]:
-    return [nvcc() or "nvcc", "-c", *NVCC_FLAGS, gencode_flag(capability), f"-I{CSRC}", *unit.defines(),
+    return [nvcc() or "nvcc", "-c", *nvcc_flags(), gencode_flag(capability), f"-I{CSRC}", *unit.defines(),
             str(CSRC / unit.source), "-o", str(obj)]
 
 
@@ -111,7 +138,7 @@ def build_dir(capability: tuple[int, int]) -> Path:
     for path in sorted(CSRC.iterdir()):
         if path.suffix in (".cu", ".cuh", ".h"):
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(" ".join((*NVCC_FLAGS, *LINK_FLAGS, gencode_flag(capability), str(nvcc()))).encode())
+    h.update(" ".join((*nvcc_flags(), *LINK_FLAGS, gencode_flag(capability), str(nvcc()))).encode())
     return cache_dir() / "cuda" / f"sm{arch_target(capability)}-{h.hexdigest()[:16]}"
 
 
