@@ -115,7 +115,7 @@ def test_built_library_exports_only_its_entry_points_and_is_reused(tmp_path, mon
 
 def test_units_optimize_on_a_fixed_thread_count_where_nvcc_can(monkeypatch):
     """nvcc >= 12.1 gets --split-compile=SPLIT_COMPILE (the same count on every machine, so the same
-    code), an older or unknown nvcc does not; the flags are part of the cache folder's hash."""
+    code), an older or unknown nvcc does not; SPLIT_COMPILE is part of the cache folder's hash."""
     unit = build.Unit("mm_small_m.cu", (1,))
     for version, split in (((13, 0), True), ((12, 1), True), ((12, 0), False), ((0, 0), False)):
         monkeypatch.setattr(build, "nvcc_version", lambda compiler=None, v=version: v)

@@ -138,7 +138,9 @@ def build_dir(capability: tuple[int, int]) -> Path:
     for path in sorted(CSRC.iterdir()):
         if path.suffix in (".cu", ".cuh", ".h"):
             h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    h.update(" ".join((*nvcc_flags(), *LINK_FLAGS, gencode_flag(capability), str(nvcc()))).encode())
+    # SPLIT_COMPILE, not nvcc_flags(): a cached library is found without running nvcc --version
+    flags = (*NVCC_FLAGS, f"split-compile={SPLIT_COMPILE}", *LINK_FLAGS, gencode_flag(capability), str(nvcc()))
+    h.update(" ".join(flags).encode())
     return cache_dir() / "cuda" / f"sm{arch_target(capability)}-{h.hexdigest()[:16]}"
 
 
