@@ -29,8 +29,9 @@ for m, n, k in cases:
         with tactics.use_tactic(tactic):
             return ops.mm_fp4(*a, weight_layout="sm90")
     bm = 256 if m >= 256 else next(b for b in WT.BLOCK_MS if b >= m)
-    pair = [WT.WgmmaMmTactic(bm, WT.max_stages(bm, persistent=True), 1, True),
-            WT.WgmmaMmTactic(bm, WT.max_stages(bm), 1, False)]
+    one = dict(ctas_per_sm=1, packed=True)
+    pair = [WT.WgmmaMmTactic(bm, WT.max_stages(bm, persistent=True, **one), 1, True),
+            WT.WgmmaMmTactic(bm, WT.max_stages(bm, **one), 1, False)]
     times, bf16 = interleaved_rounds(pair, launch, args, rounds, lambda: torch.matmul(p.a, w16.T))
     b = statistics.median(bf16)
     cols = " | ".join(f"{'persistent' if t.persistent else 'one tile'} {statistics.median(v):8.1f} us "

@@ -36,7 +36,7 @@ for m, n, bm in ((32, 4096, 32), (64, 4096, 64), (128, 4096, 64), (128, 8192, 12
         tactics_by_col = {}
         for split, pers in ((1, False), (2, False), (1, True)):
             tactics_by_col["pers" if pers else f"s{split}"] = (
-                WT.WgmmaMmTactic(bm, min(6, WT.max_stages(bm, persistent=pers)), split, pers), WT.why_not)
+                WT.WgmmaMmTactic(bm, min(6, WT.max_stages(bm, persistent=pers, ctas_per_sm=1, packed=True)), split, pers), WT.why_not)
         if m <= 32:
             tactics_by_col["small"] = (MT.default(prob), MT.why_not)
         for name, (t, why_not) in tactics_by_col.items():

@@ -53,7 +53,7 @@ def test_heuristic_from_h100_sweeps(m, n, want):
     tiles = -(-m // t.block_m) * -(-n // WT.ROWS)
     assert t.ctas_per_sm == (2 if t.block_m <= 64 and tiles > 132 else 1)
     limit = WT.SM90_SMEM_PER_BLOCK if t.ctas_per_sm == 1 else (WT.SM90_SMEM_PER_SM - 2048) // 2
-    assert t.stages == WT.max_stages(t.block_m, limit, t.persistent)
+    assert t.stages == WT.max_stages(t.block_m, limit, t.persistent, ctas_per_sm=t.ctas_per_sm, packed=False)
     assert WT.why_not(t, _args(m, n)) is None
 
 
@@ -149,20 +149,48 @@ def test_problem_limits():
 
 
 def test_smem_mirror_of_the_kernel():
-    """smem_bytes in mm_wgmma.cu: 3 KiB + max(stages x stage, epilogue tile)."""
-    assert WT.stage_bytes(256) == 256 * 128 + 128 * 32 + 1024
-    assert WT.smem_bytes(64, 3) == 3 * 1024 + 3 * WT.stage_bytes(64)
-    assert WT.smem_bytes(256, 2) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger
+    """smem_bytes in mm_wgmma.cu: 3 KiB + max(stages x stage, epilogue tile); a stage is its 64-K
+    sub-tiles' activations and weights, then one 1 KiB scale slot."""
+    one = dict(ctas_per_sm=1, packed=True)
+    assert WT.stage_bytes(256, **one) == 256 * 128 + 128 * 32 + 1024
+    assert WT.stage_bytes(64, **one) == 2 * (64 * 128 + 128 * 32) + 1024
+    assert WT.stage_bytes(64, ctas_per_sm=1, packed=False) == 64 * 128 + 128 * 32 + 1024
+    assert WT.smem_bytes(64, 3, **one) == 3 * 1024 + 3 * WT.stage_bytes(64, **one)
+    assert WT.smem_bytes(256, 2, **one) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger
     # Persistent: the stages plus two warpgroups' staging areas [min(32, block_m)][68] fp32.
-    assert WT.smem_bytes(256, 2, persistent=True) == 3 * 1024 + 2 * WT.stage_bytes(256) + 2 * 32 * 68 * 4
+    assert (WT.smem_bytes(256, 2, persistent=True, **one)
+            == 3 * 1024 + 2 * WT.stage_bytes(256, **one) + 2 * 32 * 68 * 4)
     # Two K groups: 16 KiB more for their exchange area (16 fp32 x 128 threads per 64-row group).
-    assert WT.smem_bytes(64, 3, k_groups=2) == WT.smem_bytes(64, 3) + 2 * 16 * 128 * 4
+    assert WT.smem_bytes(64, 3, k_groups=2, **one) == WT.smem_bytes(64, 3, **one) + 2 * 16 * 128 * 4
     for bm in WT.BLOCK_MS:
         for persistent in (False, True):
             for kg in (1, 2):
-                most = WT.max_stages(bm, persistent=persistent, k_groups=kg)
-                assert WT.smem_bytes(bm, most, persistent, kg) <= WT.SM90_SMEM_PER_BLOCK
-                assert most == WT.MAX_STAGES or WT.smem_bytes(bm, most + 1, persistent, kg) > WT.SM90_SMEM_PER_BLOCK
+                for packed in (False, True):
+                    kw = dict(ctas_per_sm=1, packed=packed)
+                    most = WT.max_stages(bm, persistent=persistent, k_groups=kg, **kw)
+                    assert WT.smem_bytes(bm, most, persistent, kg, **kw) <= WT.SM90_SMEM_PER_BLOCK
+                    assert (most == WT.MAX_STAGES
+                            or WT.smem_bytes(bm, most + 1, persistent, kg, **kw) > WT.SM90_SMEM_PER_BLOCK)
+                    assert most >= WT.MIN_STAGES
+
+
+def test_stage_k_where_two_sub_tiles_measured_faster():
+    """128-K stages (two 64-K sub-tiles per barrier pair) for "sm90" weights up to block_m 128 and
+    for row-major ones at block_m 128; 64-K stages at block_m 256, for row-major weights at block_m
+    <= 64 and at block_m 64 with two CTAs per SM. Every launch kind keeps at least MIN_STAGES."""
+    assert [WT.stage_k(bm, 1, True) for bm in WT.BLOCK_MS] == [128, 128, 128, 64]
+    assert [WT.stage_k(bm, 1, False) for bm in WT.BLOCK_MS] == [64, 64, 128, 64]
+    assert (WT.stage_k(32, 2, True), WT.stage_k(64, 2, True), WT.stage_k(64, 2, False)) == (128, 64, 64)
+    two = (WT.SM90_SMEM_PER_SM - 2048) // 2
+    for bm in (32, 64):
+        for packed in (False, True):
+            assert WT.max_stages(bm, two, True, ctas_per_sm=2, packed=packed) >= WT.MIN_STAGES
+    # Split-K counts whole stages: K = 1408 is 11 stages of 128 K (the last one of 64) or 22 of 64,
+    # so a split of 8 leaves a slice empty for "sm90" weights and none for row-major ones.
+    p, r = _args(64, k=1408, layout=F.WeightLayout.SM90), _args(64, k=1408)
+    assert WT.why_not(WT.WgmmaMmTactic(64, 6, 6, k_groups=2), p) is None
+    assert "empty K slice" in WT.why_not(WT.WgmmaMmTactic(64, 6, 8, k_groups=2), p)
+    assert WT.why_not(WT.WgmmaMmTactic(64, 6, 8), r) is None
 
 
 def test_joined_space_picks_the_family_by_m():

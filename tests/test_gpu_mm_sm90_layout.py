@@ -62,10 +62,11 @@ def test_every_tile_equals_row_major_and_is_exact(fmt_name, a_mode, m):
                            F.WeightLayout.SM90)
     tactics = [WT.WgmmaMmTactic(bm, stages, split, persistent) for bm in WT.BLOCK_MS
                for split, persistent in ((1, False), (1, True), (3, False))
-               for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent))]
+               for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent, ctas_per_sm=1, packed=True))]
     two = [WT.WgmmaMmTactic(bm, stages, split, split == 1, stream_k=sk, k_groups=2)
            for bm in (32, 64) for split, sk in ((1, False), (1, True), (3, False))
-           for stages in (WT.K_GROUPS_MIN_STAGES, WT.max_stages(bm, persistent=split == 1, k_groups=2))]
+           for stages in (WT.K_GROUPS_MIN_STAGES,
+                          WT.max_stages(bm, persistent=split == 1, k_groups=2, ctas_per_sm=1, packed=True))]
     if m <= MT.PACKED_MAX_M:
         tactics += [MT.CudaMmTactic(w, r, bk, stages, split) for w, r, bk in MT.TILE_SHAPES
                     for stages, split in ((2, 1), (4, 3))]

@@ -55,7 +55,8 @@ def _tactics(args, fmt):
     out = []
     for bm in WT.BLOCK_MS:
         for split, persistent in ((1, False), (1, True), (3, False)):
-            for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent)):
+            for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent, ctas_per_sm=1,
+                                                         packed=problem.packed)):
                 t = WT.WgmmaMmTactic(bm, stages, split, persistent)
                 if WT.why_not(t, problem) is None:
                     out.append(t)
@@ -157,7 +158,7 @@ def test_persistent_ctas_take_many_tiles(n):
                                          (True, 2, True)):
                 if ctas == 2 and bm > WT.TWO_CTA_MAX_BLOCK_M:
                     continue
-                with t4.use_tactic(WT.WgmmaMmTactic(bm, 4, 1, persistent, ctas, stream_k=sk)):
+                with t4.use_tactic(WT.WgmmaMmTactic(bm, WT.MIN_STAGES, 1, persistent, ctas, stream_k=sk)):
                     got[persistent, ctas, sk] = _call(args, fmt, out_dtype)
             assert torch.equal(got[True, 1, False], want.to(out_dtype)), (bm, out_dtype)
             for key, value in got.items():
@@ -223,3 +224,44 @@ def test_a_tactic_the_library_lacks_raises_naming_it():
     with pytest.raises(RuntimeError, match=r"wgmma0.*no kernel of this library matches"):
         cuda_mm.mm_fp4(a, b, a_scale, b_scale, None, torch.float32, F.NVFP4, F.SfLayout.LAYOUT_128x4,
                        tactic=bad)
+
+
+@pytest.mark.parametrize("layout", ["row", "sm90"])
+def test_a_stage_half_past_k_reads_zeros_not_an_earlier_tiles_data(layout):
+    """K % 128 == 64: the last 128-K stage's second sub-tile lies wholly past K. Its activation box
+    must land as zeros: the slot last held another tile's activations, and +inf there times the
+    zero scales past K would turn that tile's rows into NaN. A persistent launch at block_m 32 and
+    three stages with two tiles per CTA: tile c's first stage fills ring slot 0 with rows whose
+    K 64..127 are +inf, and tile c + CTAs reuses that slot for its last stage."""
+    fmt = F.NVFP4
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    n, k, bm = 128, 192, 32
+    m = 2 * sms * bm
+    g = torch.Generator().manual_seed(11)
+    wd, ws, what = T.grid_exact_operand(n, k, fmt, "128x4", g, "cuda")
+    ahat = torch.randint(-16, 17, (m, k), generator=g).float().div(8).cuda()
+    ahat[: sms * bm, 64:128] = float("inf")  # the first wave's tiles
+    a = ahat.to(torch.bfloat16)
+    b = t4.prepack_weight(wd).T if layout == "sm90" else wd.T
+    t = WT.WgmmaMmTactic(bm, WT.MIN_STAGES, 1, True)
+    with t4.use_tactic(t):
+        got = t4.mm_fp4(a, b, None, ws.T, out_dtype=torch.float32, backend="cuda", weight_layout=layout)
+    want = (ahat[sms * bm:].double() @ what.double().T).float()
+    assert torch.equal(got[sms * bm:], want), (got[sms * bm:] - want).abs().max().item()
+
+
+@pytest.mark.parametrize("fmt_name", ["nvfp4", "mxfp4"])
+@pytest.mark.parametrize("k", [672, 736, 768])
+def test_grid_exact_every_k_tail_of_a_128_k_stage(fmt_name, k):
+    """The last 128-K stage holding 32, 96 or 128 K elements (K % 128 = 32, 96, 0; 64: the tests
+    above): the K blocks past K get zero scales, the sub-tile wholly past K zeros, for every block_m
+    (256: stages of 64 K), one tile per CTA with and without split-K, and persistent."""
+    fmt = {"nvfp4": F.NVFP4, "mxfp4": F.MXFP4}[fmt_name]
+    args, ahat, what = _operands(200, 328, k, fmt, "bf16", True, seed=k)
+    want = (ahat.double() @ what.double().T).float()
+    for bm in WT.BLOCK_MS:
+        for split, persistent in ((1, False), (2, False), (1, True)):
+            t = WT.WgmmaMmTactic(bm, WT.MIN_STAGES, split, persistent)
+            with t4.use_tactic(t):
+                got = _call(args, fmt)
+            assert torch.equal(got, want), (t.label(), (got - want).abs().max().item())

@@ -49,8 +49,10 @@ def _poison():
 
 
 def _tactics():
+    from torch_fp4.kernels.cuda import mm_wgmma_tactics as wg
     from torch_fp4.kernels.cuda.moe_tactics import WgmmaMoeTactic as W
-    return [W(256, 4, 1), W(128, 4, 1), W(128, 6, 1), W(64, 6, 1), W(64, 4, 2)]
+    least, most = wg.MIN_STAGES, wg.max_stages(128, persistent=True, ctas_per_sm=1, packed=False)
+    return [W(256, 4, 1), W(128, least, 1), W(128, most, 1), W(64, 6, 1), W(64, least, 2)]
 
 
 def _launch(p, ids, tw, tactic, lo=0, hi=None, out_dtype=BF16):

@@ -2,12 +2,13 @@
 //
 // Swap-AB warpgroup MMA with the FP4 weights decoded into wgmma's register A operand: the weight
 // rows are the wgmma's M side (64 per MMA warpgroup, two warpgroups: 128 per CTA), the
-// activation rows its N side (block_m = 32, 64, 128 or 256 per CTA), K in stages of 64, one ring of
-// `stages` stages:
-// - a producer warpgroup (three loader threads, one per operand) loads, per stage, the activation
-//   tile [block_m, 64] bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile [rows,
-//   32 bytes] by TMA (32-byte swizzle: conflict-free reads) or, for weights in the "sm90" layout
-//   (docs/NUMERICS.md 4b), the tile's contiguous 4 KiB by one bulk copy, and the 512-byte block of
+// activation rows its N side (block_m = 32, 64, 128 or 256 per CTA), K in stages of 128 (two
+// sub-tiles of 64 K; 64 K, one sub-tile, at block_m 256), one ring of `stages` stages, one full /
+// empty mbarrier pair per stage:
+// - a producer warpgroup (three loader threads, one per operand) loads, per sub-tile, the
+//   activation tile [block_m, 64] bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile
+//   [rows, 32 bytes] by TMA (32-byte swizzle: conflict-free reads) or, for weights in the "sm90"
+//   layout (docs/NUMERICS.md 4b), the tile's contiguous 4 KiB by one bulk copy, and per stage its
 //   128x4 scale words by a bulk copy, all completing on the stage's "full" mbarrier, once the
 //   stage is "empty";
 // - each MMA thread reads the two weight rows of its A fragment (rows g and g + 8 of its warp's
@@ -23,7 +24,9 @@
 //   and waiting until at most three groups are in flight before each decode keeps a step's
 //   registers untouched while its wgmma may read them, so ptxas keeps the wgmmas asynchronous
 //   and the decode of step j + 1 overlaps the wgmmas of steps j - 2 .. j. A stage goes back to the
-//   producer once all four of its wgmmas completed (two steps into the next stage).
+//   producer once all its wgmmas completed (two steps into the next stage). The barrier wait,
+//   the release, the ring position and the lookahead's bookkeeping are paid once per stage, so
+//   per 128 K where the stage holds two sub-tiles.
 // Tiles: 128 weight rows x block_m activation rows, numbered weight-tile fastest. block_m <= 64
 // also compiles for two CTAs per SM (Config::kCtas: 80 registers per thread at launch, 96 per MMA
 // thread after setmaxnreg, half the shared memory each). A persistent launch runs as many CTAs as
@@ -86,25 +89,37 @@ using small_m::operand_params;
 using small_m::Params;
 using small_m::U128;
 
-constexpr int kBK = 64;            // K elements per stage
+constexpr int kBK = 64;            // K elements per sub-tile (one 128-byte-swizzled activation box)
 constexpr int kMaxSplit = 8;
 constexpr int kMaxStages = 12;
 constexpr int kMaxDevices = 64;
 
+// 64-K sub-tiles per stage. Two (128 K: one full/empty barrier pair, one ring step and one
+// lookahead wait per 128 K, about 12% fewer instructions per HGMMA) where they measured faster
+// (BENCHMARKS.md): "sm90" weights up to block_m 128, and row-major ones at block_m 128; one at
+// block_m 256 (three 128-K stages do not fit beside the persistent epilogue's staging), for
+// row-major weights at block_m <= 64, and at block_m 64 with two CTAs per SM (three 128-K stages
+// in half the shared memory keep too few bytes in flight).
+__host__ __device__ constexpr int stage_subs(int bm, int ctas, bool packed) {
+  return bm <= 128 && (packed || bm == 128) && !(bm == 64 && ctas == 2) ? 2 : 1;
+}
+
 // Shared-memory geometry of a tile: block_m activation rows, 64 * wg weight rows (wg MMA
-// warpgroups). Stage: [activations (128-byte swizzle, 1 KiB aligned)][FP4 weights][scale words
-// (512 bytes per 128 rows, in a 1 KiB slot)]. Smem: [1 KiB alignment slack][1 KiB scale table]
-// [1 KiB barriers][stages | epilogue tile [block_m][rows + 4] fp32], or for persistent launches
-// [stages][per MMA warpgroup: epilogue staging [32][64 + 4] fp32, or two 4 KiB buffers of
-// [32][64] 16-bit outputs for the TMA stores (1 KiB aligned: the stages are whole KiB)].
-__host__ __device__ constexpr int act_stage_bytes(int bm) { return bm * kBK * 2; }
-__host__ __device__ constexpr int w_stage_bytes(int wg) { return 64 * wg * kBK / 2; }
-__host__ __device__ constexpr int stage_bytes(int bm, int wg) {
-  return act_stage_bytes(bm) + w_stage_bytes(wg) + 1024;
+// warpgroups). Stage: [activations of each sub-tile (128-byte swizzle, 1 KiB aligned)][FP4
+// weights of each sub-tile][1 KiB slot of the stage's 128x4 scale words (NVFP4: 512 bytes per 64 K
+// and 128 rows, MXFP4: 512 per 128 K)]. Smem: [1 KiB
+// alignment slack][1 KiB scale table][1 KiB barriers][stages | epilogue tile [block_m][rows + 4]
+// fp32], or for persistent launches [stages][per MMA warpgroup: epilogue staging [32][64 + 4]
+// fp32, or two 4 KiB buffers of [32][64] 16-bit outputs for the TMA stores (1 KiB aligned: the
+// stages are whole KiB)].
+__host__ __device__ constexpr int act_sub_bytes(int bm) { return bm * kBK * 2; }
+__host__ __device__ constexpr int w_sub_bytes(int wg) { return 64 * wg * kBK / 2; }
+__host__ __device__ constexpr int stage_bytes(int bm, int wg, int subs) {
+  return subs * (act_sub_bytes(bm) + w_sub_bytes(wg)) + 1024;
 }
 __host__ __device__ constexpr int xchg_bytes(int wg, int kg) { return kg == 1 ? 0 : wg * kXchgAcc * 128 * 4; }
-__host__ __device__ constexpr int smem_bytes(int bm, int wg, int stages, bool persistent, int kg = 1) {
-  const int pipe = stages * stage_bytes(bm, wg), tile = bm * (64 * wg + 4) * 4;
+__host__ __device__ constexpr int smem_bytes(int bm, int wg, int subs, int stages, bool persistent, int kg) {
+  const int pipe = stages * stage_bytes(bm, wg, subs), tile = bm * (64 * wg + 4) * 4;
   if (persistent) return 3 * 1024 + xchg_bytes(wg, kg) + pipe + wg * kChunkM * kStagePitch * 4;
   return 3 * 1024 + xchg_bytes(wg, kg) + (pipe > tile ? pipe : tile);
 }
@@ -131,8 +146,10 @@ struct Config {
                 "two K groups: one CTA per SM, block_m <= 64, \"sm90\" weights (104 registers per MMA "
                 "thread; row-major weights' stage operands would spill)");
   static constexpr int kPitch = kRows + 4;         // fp32 words per row of the epilogue tile
-  static constexpr int kW = w_stage_bytes(kWG);
-  static constexpr int kStage = stage_bytes(kBM, kWG);
+  static constexpr int kW = w_sub_bytes(kWG);
+  static constexpr int kSubs = stage_subs(kBM_, kCtas_, kPacked_);  // 64-K sub-tiles per stage
+  static constexpr int kSK = kBK * kSubs;                            // K elements per stage
+  static constexpr int kStage = stage_bytes(kBM_, kWG, kSubs);
   static constexpr bool kFp16 = kFp16_;
   static constexpr bool kMx = kMx_;
   static constexpr bool kPacked = kPacked_;  // weights in the "sm90" fragment layout, else rows
@@ -158,20 +175,21 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
   }
 }
 
-// Where an MMA thread reads inside a stage (shared-memory byte offsets from the stage base), fixed
-// for the whole kernel. Its A fragment rows are r = 64 mwg + 16 warp + g and r + 8. Row layout: the
-// FP4 tile row r is 32 bytes (K 0..63 of the stage) with its two 16-byte chunks swapped when bit 2
-// of r is set (TMA's 32-byte swizzle; row r + 8 has the same swizzle, 256 bytes further); `sel`
-// picks the thread's byte c = lane % 4 of every word. "sm90" layout: the thread's 16 bytes are at
-// 16 * (its MMA thread index) (word j: step j). Either way eight rows of a warp's load are
-// conflict-free and the four threads of a quad read the same scale words (a broadcast): the scale
-// word of row r in its 128-row group's 128x4 block is word (r % 32) * 4 + (r / 32) % 4 (row r + 8:
-// 32 words further).
+// Where an MMA thread reads inside a stage (shared-memory byte offsets from the stage's base; the
+// second sub-tile's weights kW bytes further), fixed for the whole kernel. Its A fragment rows are
+// r = 64 mwg + 16 warp + g and r + 8. Row layout: the FP4 tile row r is 32 bytes (K 0..63 of the
+// sub-tile) with its two 16-byte chunks swapped when bit 2 of r is set (TMA's 32-byte swizzle; row
+// r + 8 has the same swizzle, 256 bytes further); `sel` picks the thread's byte c = lane % 4 of
+// every word. "sm90" layout: the thread's 16 bytes are at 16 * (its MMA thread index) (word j: step
+// j). Either way eight rows of a warp's load are conflict-free and the four threads of a quad read
+// the same scale words (a broadcast): the scale word of row r in its 128-row group's 128x4 block
+// is word (r % 32) * 4 + (r / 32) % 4 (row r + 8: 32 words further) (NVFP4: the second sub-tile's
+// block 512 bytes further).
 template <class Cfg>
 struct FragmentSlot {
   uint32_t lo, hi, scale, sel;
   __device__ __forceinline__ FragmentSlot(int ct, int r, int c) {
-    constexpr uint32_t kW = act_stage_bytes(Cfg::kBM);
+    constexpr uint32_t kW = Cfg::kSubs * act_sub_bytes(Cfg::kBM);  // the stage's weights
     if constexpr (Cfg::kPacked) {
       lo = small_m::opaque(kW + 16u * ct);
       hi = small_m::opaque(lo + 8u);
@@ -179,27 +197,29 @@ struct FragmentSlot {
       lo = small_m::opaque(kW + r * 32 + (((r >> 2) & 1) << 4));
       hi = small_m::opaque(lo ^ 16u);
     }
-    scale = small_m::opaque(kW + Cfg::kW + (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4);
+    scale = small_m::opaque(kW + Cfg::kSubs * Cfg::kW + (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4);
     sel = small_m::opaque(static_cast<uint32_t>(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12)));
   }
 };
 
-// One thread's stage: the packed words of its rows r (w[0..7]: K 0..63) and r + 8 (v[0..7]) (the
-// "sm90" layout: w[j] holds step j's eight codes of both rows, v is unused), their
-// scale words, and the 16-bit multipliers of each k16 step's codes in those rows (mr[j], mv[j]):
-// the scale table entry, code * scale * 2^-7 for NVFP4 (a K block of 16 per step) or code * scale
-// for MXFP4 (a K block of 32 per two steps); zero past K (K is a multiple of 32, so only the
-// stage's second half can lie past it). Loaded in two halves (steps 0-1: h = 0, with the scale
-// words; steps 2-3: h = 1), each once the previous stage's use of those registers is over, so
-// that the next stage's shared-memory reads overlap this stage's last steps.
+// One thread's operands of a 64-K sub-tile: the packed words of its rows r (w[0..7]: K 0..63) and
+// r + 8 (v[0..7]) (the "sm90" layout: w[j] holds step j's eight codes of both rows, v is unused),
+// their scale words, and the 16-bit multipliers of each k16 step's codes in those rows (mr[j],
+// mv[j]): the scale table entry, code * scale * 2^-7 for NVFP4 (a K block of 16 per step) or
+// code * scale for MXFP4 (a K block of 32 per two steps); zero past K (K is a multiple of 32). Loaded
+// in two halves of 32 K (steps 0-1: h = 0, with the scale words; steps 2-3: h = 1), each once the
+// previous sub-tile's use of those registers is over, so that the next sub-tile's shared-memory
+// reads overlap this one's last steps.
 struct StageOperands {
   uint32_t w[8], v[8], mr[4], mv[4], sr, sv;
 };
 
-template <class Cfg, int h>
-__device__ __forceinline__ void load_half(StageOperands& o, uint32_t st, uint32_t lut, int kt, int k,
+// Half h of sub-tile u of the stage at `st` (K step kt of the piece: K from kt * kSK + 64 u + 32 h).
+// MXFP4's scale word covers 128 K: a stage of two sub-tiles reads it with the first.
+template <class Cfg, int u, int h>
+__device__ __forceinline__ void load_part(StageOperands& o, uint32_t st, uint32_t lut, int kt, int k,
                                           const FragmentSlot<Cfg>& f) {
-  const uint32_t chunk = h == 0 ? f.lo : f.hi;
+  const uint32_t chunk = (h == 0 ? f.lo : f.hi) + u * Cfg::kW;
   if constexpr (Cfg::kPacked) {
     lds64(st + chunk, o.w[2 * h], o.w[2 * h + 1]);
   } else {
@@ -207,15 +227,15 @@ __device__ __forceinline__ void load_half(StageOperands& o, uint32_t st, uint32_
     o.w[4 * h] = a.x; o.w[4 * h + 1] = a.y; o.w[4 * h + 2] = a.z; o.w[4 * h + 3] = a.w;
     o.v[4 * h] = c.x; o.v[4 * h + 1] = c.y; o.v[4 * h + 2] = c.z; o.v[4 * h + 3] = c.w;
   }
-  if (h == 0) {
-    o.sr = lds32(st + f.scale);
-    o.sv = lds32(st + f.scale + 128);
+  if (h == 0 && (u == 0 || !Cfg::kMx)) {
+    o.sr = lds32(st + f.scale + 512 * u);
+    o.sv = lds32(st + f.scale + 512 * u + 128);
   }
-  const bool ok = h == 0 || kt * kBK + 32 < k;
+  const bool ok = (u == 0 && h == 0) || kt * Cfg::kSK + kBK * u + 32 * h < k;
 #pragma unroll
   for (int j = 2 * h; j < 2 * h + 2; ++j) {
-    // Scale byte of step j: NVFP4 byte j (16-wide K blocks); MXFP4 byte 2 (kt % 2) + j / 2.
-    const int byte = Cfg::kMx ? 2 * (kt & 1) + h : j;
+    // Scale byte of step j: NVFP4 byte j (16-wide K blocks); MXFP4 byte 2 (64-K index % 2) + j / 2.
+    const int byte = !Cfg::kMx ? j : Cfg::kSubs == 2 ? 2 * u + h : 2 * (kt & 1) + h;
     if (Cfg::kMx && (j & 1)) {
       o.mr[j] = o.mr[j - 1];
       o.mv[j] = o.mv[j - 1];
@@ -247,25 +267,36 @@ __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperand
   for (int e = 0; e < 4; ++e) a[e] = small_m::apply_scale<Cfg>(x[e], m[e]);
 }
 
-// One stage's four k16 steps of an MMA thread, on `ops` (read during the previous stage): per step
-// decode into its A registers (at most three steps are in flight there, so frag[j]'s last reader,
-// four steps back, has completed), the wgmma m64nNk16 (K 16 j.. of the stage) as one commit group,
-// and a wait down to three groups in flight. Once a half's operands are spent (after steps 1 and
-// 3) the next stage's (at `nst`, K step nkt) are read; after step 2 only this stage's steps are in
-// flight, so the previous stage goes back to the producer (its empty barrier `prev_empty`, when
-// `release`). A predicated release, not a branch: ptxas would serialize wgmmas around a branch.
+// One stage's 4 kSubs k16 steps of an MMA thread (stage at `st`, K step kt), on `ops` (its first
+// sub-tile's, read during the previous stage): per step decode into its A registers (at most three
+// steps are in flight there, so frag[j % 4]'s last reader, four steps back, has completed), the
+// wgmma m64nNk16 (K 16 j.. of the stage; the second sub-tile's activations a box further) as
+// one commit group, and a wait down to three groups in flight. Once a half's operands are spent
+// (after steps 1 and 3 of a sub-tile) the next sub-tile's are read: this stage's second, or the
+// next stage's first (at `nst`, K step nkt). After step 2 only this stage's steps are in flight, so
+// the previous stage goes back to the producer (its empty barrier `prev_empty`, when `release`).
+// A predicated release, not a branch: ptxas would serialize wgmmas around a branch.
 template <class Cfg>
 __device__ __forceinline__ void stage_steps(float (&acc)[Cfg::kAcc], uint32_t (&frag)[4][4], StageOperands& ops,
-                                            const FragmentSlot<Cfg>& slot, uint64_t desc, uint32_t nst, uint32_t lut,
-                                            int nkt, int k, uint32_t prev_empty, bool release) {
+                                            const FragmentSlot<Cfg>& slot, uint64_t desc, uint32_t st, int kt,
+                                            uint32_t nst, uint32_t lut, int nkt, int k, uint32_t prev_empty,
+                                            bool release) {
 #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    decode_step<Cfg>(frag[j], ops, j, slot.sel);
+  for (int j = 0; j < 4 * Cfg::kSubs; ++j) {
+    const int u = j / 4, q = j % 4;
+    decode_step<Cfg>(frag[q], ops, q, slot.sel);
     wgmma_fence();
-    WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, frag[j], desc + 2 * j);
+    WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, frag[q], desc + u * (act_sub_bytes(Cfg::kBM) >> 4) + 2 * q);
     wgmma_commit();
-    if (j == 1) load_half<Cfg, 0>(ops, nst, lut, nkt, k, slot);
-    if (j == 3) load_half<Cfg, 1>(ops, nst, lut, nkt, k, slot);
+    const bool last_sub = u + 1 == Cfg::kSubs;
+    if (q == 1) {
+      if (last_sub) load_part<Cfg, 0, 0>(ops, nst, lut, nkt, k, slot);
+      else load_part<Cfg, 1, 0>(ops, st, lut, kt, k, slot);
+    }
+    if (q == 3) {
+      if (last_sub) load_part<Cfg, 0, 1>(ops, nst, lut, nkt, k, slot);
+      else load_part<Cfg, 1, 1>(ops, st, lut, kt, k, slot);
+    }
     wgmma_wait<3>();
     if (j == 2) {
       __syncwarp();
@@ -276,12 +307,15 @@ __device__ __forceinline__ void stage_steps(float (&acc)[Cfg::kAcc], uint32_t (&
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The producer warpgroup's loaders, each one thread (lane 0 of its warp) running the CTA's work
-// list on its own: 0 loads the activation tile by TMA, 1 the FP4 weight tile (TMA, or for "sm90"
-// weights the tile's contiguous 4 KiB by one bulk copy), 2 the 512-byte block of 128x4 scale words
-// by a bulk copy. Per stage each waits until the stage is empty, then arrives on its "full" barrier
-// announcing its bytes and issues its copy (the barrier completes once all three arrived and every
-// byte landed): three threads in parallel instead of one serial chain of waits, address arithmetic
-// and copies per stage.
+// list on its own: 0 loads the activation tile by TMA (one box per 64-K sub-tile), 1 the FP4
+// weight tile (TMA per sub-tile, or for "sm90" weights the stage's contiguous 4 KiB per sub-tile by
+// one bulk copy), 2 the stage's 128x4 scale words by one bulk copy (NVFP4: 512 bytes per sub-tile, whose
+// blocks are contiguous; MXFP4: the 512-byte block of the stage's 128 K). Per stage each waits until
+// the stage is empty, then arrives on its "full" barrier announcing its bytes and issues its copies
+// (the barrier completes once all three arrived and every byte landed): three threads in parallel
+// instead of one serial chain of waits, address arithmetic and copies per stage. Where the stage's
+// second sub-tile lies past K (K % 128 == 64), the TMA boxes read zeros and the bulk copies, which
+// have no bounds, skip it; its steps multiply those zeros by zero scales.
 constexpr int kLoaders = 3;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -296,35 +330,47 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
   int cta, rank;
   asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
   asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(rank));
+  const int k = small_m::opaque(static_cast<int>(p.k));
   const int n_tiles = (small_m::opaque(static_cast<int>(p.n)) + Cfg::kRows - 1) / Cfg::kRows;
-  const int tiles = (small_m::opaque(static_cast<int>(p.k)) + kBK - 1) / kBK;
+  const int tiles = (k + Cfg::kSK - 1) / Cfg::kSK;
   const int kt0 = rank * p.steps_per_split, kt1 = min(tiles, kt0 + p.steps_per_split);
-  constexpr uint32_t kBytes = kLoader == 0 ? act_stage_bytes(Cfg::kBM) : kLoader == 1 ? Cfg::kW : 512;
   // Stage slot s and the parity of its use, kept incrementally across tiles (no division).
   int s = 0, phase = 0;
   WorkList list(sc, cta);
   for (Work w; list.next(sc, p, n_tiles, kt0, kt1, w);) {
     const int t = w.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
-    const uint8_t* w_src = p.w + w.expert * p.w_expert + (static_cast<int64_t>(n0 / 128) * tiles + w.kb) * Cfg::kW;
+    // "sm90" weights: per 128-row group, its K / 64 sub-tiles of 4 KiB in K order.
+    const uint8_t* w_src =
+        p.w + w.expert * p.w_expert + (static_cast<int64_t>(n0 / 128) * (k / kBK) + w.kb * Cfg::kSubs) * Cfg::kW;
     const uint8_t* s_src = p.w_scale + w.expert * p.s_expert + static_cast<int64_t>(n0 / 128) * (p.kp / 4) * 512;
 #pragma unroll 1
     for (int kt = w.kb; kt < w.ke; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
       mbar_wait(empty + 8 * s, phase ^ 1);
-      const uint32_t st = pipe + s * Cfg::kStage, wt = st + act_stage_bytes(Cfg::kBM), bar = full + 8 * s;
-      mbar_expect_tx(bar, kBytes);
+      const uint32_t st = pipe + s * Cfg::kStage, wt = st + Cfg::kSubs * act_sub_bytes(Cfg::kBM), bar = full + 8 * s;
+      const int k0 = kt * Cfg::kSK;
+      const bool two = Cfg::kSubs == 2 && k0 + kBK < k;  // the second sub-tile holds K elements
       if constexpr (kLoader == 0) {
-        tma_2d(st, &act_map, bar, kt * kBK, m0);
+        mbar_expect_tx(bar, Cfg::kSubs * act_sub_bytes(Cfg::kBM));
+        tma_2d(st, &act_map, bar, k0, m0);
+        if (Cfg::kSubs == 2) tma_2d(st + act_sub_bytes(Cfg::kBM), &act_map, bar, k0 + kBK, m0);
       } else if constexpr (kLoader == 1) {
-        if constexpr (Cfg::kPacked) {  // "sm90": the tile's 4 KiB are contiguous
-          bulk_copy(wt, w_src, Cfg::kW, bar);
-          w_src += Cfg::kW;
+        if constexpr (Cfg::kPacked) {
+          const uint32_t bytes = (two ? 2 : 1) * Cfg::kW;
+          mbar_expect_tx(bar, bytes);
+          bulk_copy(wt, w_src, bytes, bar);
+          w_src += Cfg::kSubs * Cfg::kW;
         } else {  // the map's rows are every expert's, expert after expert
-          tma_2d(wt, &w_map, bar, kt * (kBK / 2), w.expert * p.n + n0);
+          mbar_expect_tx(bar, Cfg::kSubs * Cfg::kW);
+          tma_2d(wt, &w_map, bar, k0 / 2, w.expert * p.n + n0);
+          if (Cfg::kSubs == 2) tma_2d(wt + Cfg::kW, &w_map, bar, k0 / 2 + kBK / 2, w.expert * p.n + n0);
         }
       } else {
-        const int block = Cfg::kMx ? kt / 2 : kt;  // 128x4 block of 4 K blocks
-        bulk_copy(wt + Cfg::kW, s_src + static_cast<int64_t>(block) * 512, 512, bar);
+        // 128x4 blocks of 4 K blocks: NVFP4 one per 64 K, MXFP4 one per 128 K.
+        const int block = Cfg::kMx ? k0 / 128 : k0 / kBK;
+        const uint32_t bytes = !Cfg::kMx && two ? 1024 : 512;
+        mbar_expect_tx(bar, bytes);
+        bulk_copy(wt + Cfg::kSubs * Cfg::kW, s_src + static_cast<int64_t>(block) * 512, bytes, bar);
       }
     }
   }
@@ -348,7 +394,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   const int n_tiles = (p.n + Cfg::kRows - 1) / Cfg::kRows;  // output tiles: sc.total, weight tile fastest
   const int cta = static_cast<int>(blockIdx.x);
   const int rank = static_cast<int>(blockIdx.z), splits = static_cast<int>(gridDim.z);
-  const int tiles = (p.k + kBK - 1) / kBK;
+  const int tiles = (p.k + Cfg::kSK - 1) / Cfg::kSK;  // K steps (stages) per tile
   const int kt0 = rank * p.steps_per_split;
   const int kt1 = min(tiles, kt0 + p.steps_per_split);
   constexpr int kStage = Cfg::kStage;
@@ -405,8 +451,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   bool have = list.next(sc, p, n_tiles, kt0, kt1, w);
   if (Cfg::kKG == 1 && have && w.kb < w.ke) {
     mbar_wait(full_addr, 0);
-    load_half<Cfg, 0>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
-    load_half<Cfg, 1>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
+    load_part<Cfg, 0, 0>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
+    load_part<Cfg, 0, 1>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
   }
   int s = 0, phase = 0;  // the ring position runs on across tiles, as in the producer
   int par = 0;           // two K groups: the parity of the CTA's stages so far
@@ -437,8 +483,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       }
       if (kt < cur.ke) {
         mbar_wait(full_addr + 8 * ss, sp);
-        load_half<Cfg, 0>(ops, pipe_addr + ss * kStage, lut_addr, kt, p.k, slot);
-        load_half<Cfg, 1>(ops, pipe_addr + ss * kStage, lut_addr, kt, p.k, slot);
+        load_part<Cfg, 0, 0>(ops, pipe_addr + ss * kStage, lut_addr, kt, p.k, slot);
+        load_part<Cfg, 0, 1>(ops, pipe_addr + ss * kStage, lut_addr, kt, p.k, slot);
       }
       for (; kt < cur.ke; kt += 2) {
         const uint32_t st = pipe_addr + ss * kStage;
@@ -453,7 +499,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
         const int nkt = last ? kt : kt + 2;
         const uint32_t nst = pipe_addr + (last ? ss : ns) * kStage;
         mbar_wait(full_addr + 8 * (last ? ss : ns), last ? sp : np);
-        stage_steps<Cfg>(acc, frag, ops, slot, desc, nst, lut_addr, nkt, p.k, empty_addr + 8 * prev,
+        stage_steps<Cfg>(acc, frag, ops, slot, desc, st, kt, nst, lut_addr, nkt, p.k, empty_addr + 8 * prev,
                          prev >= 0 && lane == 0);
         prev = ss;
         ss = ns;
@@ -476,7 +522,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       const int ns = s + 1 == stages ? 0 : s + 1;
       const uint32_t nst = pipe_addr + ns * kStage;
       mbar_wait(full_addr + 8 * ns, phase ^ (ns == 0) ^ (tile_end && !more));
-      stage_steps<Cfg>(acc, frag, ops, slot, desc, nst, lut_addr, nkt, p.k, empty_addr + 8 * prev,
+      stage_steps<Cfg>(acc, frag, ops, slot, desc, st, kt, nst, lut_addr, nkt, p.k, empty_addr + 8 * prev,
                        prev >= 0 && lane == 0);
     }
     wgmma_wait<0>();
@@ -627,7 +673,8 @@ inline int sm_count() {
 inline Schedule schedule_of(const WgmmaMmArgs& a) {
   const int64_t total = ((a.n + 127) / 128) * ((a.m + a.block_m - 1) / a.block_m);
   const int tiles = static_cast<int>(std::min<int64_t>(total, INT32_MAX));
-  const int ksteps = static_cast<int>((a.k + kBK - 1) / kBK);
+  const int sk = kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed);
+  const int ksteps = static_cast<int>((a.k + sk - 1) / sk);
   const bool persistent = a.persistent && a.split_k == 1;
   if (!persistent) return Schedule{tiles, tiles, ksteps, tiles};
   const int slots = a.ctas_per_sm * sm_count();
@@ -645,7 +692,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (!Cfg::kPacked && !encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n * a.experts, a.k / 2, a.k / 2,
                                   Cfg::kRows, kBK / 2, CU_TENSOR_MAP_SWIZZLE_32B))
     return false;
-  const int tiles = static_cast<int>((a.k + kBK - 1) / kBK);
+  const int tiles = static_cast<int>((a.k + Cfg::kSK - 1) / Cfg::kSK);
   const int split = std::max(1, std::min(a.split_k, tiles));
   Params p = operand_params(a, (tiles + split - 1) / split);
 
@@ -657,7 +704,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
                        encode_2d(&out_map, a.out_dtype == small_m::kOutF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                  a.out, a.m, a.n, a.n * 2, kChunkM, 64, CU_TENSOR_MAP_SWIZZLE_128B);
-  const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, a.stages, persistent, Cfg::kKG);
+  const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, Cfg::kSubs, a.stages, persistent, Cfg::kKG);
   auto kernel = wgmma_mm_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
   reserve_smem(kernel, smem, configured);
@@ -717,10 +764,6 @@ bool launch_variant(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 }
 
 }  // namespace wgmma_mm
-
-int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent, int k_groups) {
-  return wgmma_mm::smem_bytes(block_m, 2, stages, persistent, k_groups);
-}
 
 int64_t wgmma_mm_workspace_bytes(const WgmmaMmArgs& args) {
   using namespace wgmma_mm;

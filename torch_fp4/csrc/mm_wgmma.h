@@ -33,9 +33,6 @@ struct WgmmaMmArgs : MmOperands {
 // (not sm_90a, or an unsupported tile) or a tensor map cannot be encoded.
 bool launch_wgmma_mm(const WgmmaMmArgs& args, cudaStream_t stream, bool pdl);
 
-// Dynamic shared memory of a launch (mirror of smem_bytes in kernels/cuda/mm_tactics.py).
-int wgmma_mm_smem_bytes(int block_m, int stages, bool persistent, int k_groups = 1);
-
 // Global memory a stream-K launch needs for its partial sums and flags (0: none; the launcher
 // clears the flags).
 int64_t wgmma_mm_workspace_bytes(const WgmmaMmArgs& args);

@@ -2,7 +2,8 @@
 import: no toolchain, no extension build.
 
 A CTA computes 128 weight rows (two MMA warpgroups of 64). A tactic picks block_m (activation rows
-per CTA, the wgmma's N: 32, 64, 128 or 256), the number of shared-memory stages of 64 K elements,
+per CTA, the wgmma's N: 32, 64, 128 or 256), the number of shared-memory stages (of stage_k K
+elements: 128 or 64 by block_m, CTAs per SM and weight layout; one barrier pair and ring step each),
 ctas_per_sm (2 at block_m <= 64: two CTAs share an SM, each with half its shared memory and 96
 registers per MMA thread, for more loads and decodes in flight), stream_k (persistent only: the
 launch fills every CTA slot, and when the tiles leave a partial last wave, the K steps of the
@@ -34,7 +35,7 @@ from .mm_tactics import SM90_SMEM_PER_BLOCK, SM90_SMEM_PER_SM, half_mx_reason
 
 BLOCK_MS = (32, 64, 128, 256)
 ROWS = 128                    # weight rows per CTA
-BLOCK_K = 64                  # K elements per stage
+BLOCK_K = 64                  # K elements per sub-tile (one 128-byte-swizzled activation box)
 MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
 TWO_CTA_MAX_BLOCK_M = 64      # 96 registers per MMA thread hold block_m <= 64 accumulators
@@ -47,7 +48,7 @@ XCHG_BYTES = 2 * 16 * 128 * 4  # two K groups' exchange area: per 64-row group 1
 @dataclass(frozen=True)
 class WgmmaMmTactic(Tactic):
     block_m: int = 128       # activation rows per CTA (wgmma N)
-    stages: int = 6          # shared-memory stages of 64 K elements
+    stages: int = 6          # shared-memory stages of stage_k(...) K elements
     split_k: int = 1         # CTAs along K (a cluster; 1..8)
     persistent: bool = False  # one CTA per SM over all tiles (split_k 1)
     ctas_per_sm: int = 1     # 2: two CTAs share an SM (block_m <= 64; half the shared memory each)
@@ -61,10 +62,23 @@ class WgmmaMmTactic(Tactic):
 MIN_STAGES = 3               # one stage's wgmmas in flight, one being decoded, one being loaded
 
 
-def stage_bytes(block_m: int) -> int:
-    """Activations [block_m, 64] 16-bit, FP4 weights [rows, 32 bytes], scale words (1 KiB slot);
-    128 rows."""
-    return block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2 + 1024
+def stage_k(block_m: int, ctas_per_sm: int, packed: bool) -> int:
+    """K elements per stage (mirror of stage_subs in mm_wgmma.cu): two 64-K sub-tiles under one
+    barrier pair (about 12% fewer instructions per HGMMA) where they measured faster (H200,
+    same-process A/B against 64-K stages): "sm90" weights up to block_m 128 (8192 x 28672 M = 32
+    two K groups 61.6 -> 57.3 us; 28672 x 8192 M = 32 two CTAs per SM 69.1 -> 64.1) and row-major
+    ones at block_m 128 (-0.5 to -1.3%); else one: block_m 256 (three 128-K stages do not fit beside
+    the persistent staging), row-major weights at block_m <= 64 (+1.7 to +3.9%), block_m 64 with
+    two CTAs per SM (three 128-K stages in half the shared memory: 79.1 -> 82.0 us)."""
+    two = block_m <= 128 and (packed or block_m == 128) and not (block_m == 64 and ctas_per_sm == 2)
+    return 2 * BLOCK_K if two else BLOCK_K
+
+
+def stage_bytes(block_m: int, ctas_per_sm: int, packed: bool) -> int:
+    """Per 64-K sub-tile activations [block_m, 64] 16-bit and FP4 weights [rows, 32 bytes], then a
+    1 KiB slot of scale words; 128 rows."""
+    subs = stage_k(block_m, ctas_per_sm, packed) // BLOCK_K
+    return subs * (block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2) + 1024
 
 
 STAGING_ROWS = 32            # activation rows per chunk of the persistent epilogue
@@ -76,12 +90,13 @@ def staging_bytes(block_m: int) -> int:
     return 2 * STAGING_ROWS * (64 + 4) * 4
 
 
-def smem_bytes(block_m: int, stages: int, persistent: bool = False, k_groups: int = 1) -> int:
+def smem_bytes(block_m: int, stages: int, persistent: bool = False, k_groups: int = 1, *,
+               ctas_per_sm: int, packed: bool) -> int:
     """Dynamic shared memory of a launch (mirror of smem_bytes in mm_wgmma.cu): 1 KiB of alignment
     slack, the scale table, the barriers, two K groups' exchange area, then the stages and the
     epilogue staging (persistent) or the larger of the stages and the fp32 epilogue tile (one tile
     per CTA)."""
-    pipe = stages * stage_bytes(block_m)
+    pipe = stages * stage_bytes(block_m, ctas_per_sm, packed)
     head = 3 * 1024 + (XCHG_BYTES if k_groups == 2 else 0)
     if persistent:
         return head + pipe + staging_bytes(block_m)
@@ -89,9 +104,9 @@ def smem_bytes(block_m: int, stages: int, persistent: bool = False, k_groups: in
 
 
 def max_stages(block_m: int, limit: int = SM90_SMEM_PER_BLOCK, persistent: bool = False,
-               k_groups: int = 1) -> int:
+               k_groups: int = 1, *, ctas_per_sm: int, packed: bool) -> int:
     extra = (staging_bytes(block_m) if persistent else 0) + (XCHG_BYTES if k_groups == 2 else 0)
-    return min(MAX_STAGES, (limit - 3 * 1024 - extra) // stage_bytes(block_m))
+    return min(MAX_STAGES, (limit - 3 * 1024 - extra) // stage_bytes(block_m, ctas_per_sm, packed))
 
 
 def problem_reason(p: MmProblem) -> Optional[str]:
@@ -115,8 +130,9 @@ def problem_reason(p: MmProblem) -> Optional[str]:
     return None
 
 
-def _steps(k: int) -> int:
-    return -(-k // BLOCK_K)
+def _steps(k: int, block_m: int, ctas_per_sm: int, packed: bool) -> int:
+    """K steps (stages) of a tile."""
+    return -(-k // stage_k(block_m, ctas_per_sm, packed))
 
 
 def smem_limit(p: Problem, ctas_per_sm: int = 1) -> int:
@@ -163,15 +179,16 @@ def why_not(t: Tactic, p: MmProblem) -> Optional[str]:
         return ("k_groups=2 reads 'sm90' weights only (row-major weights' stage operands spill from the 104 "
                 "registers of its MMA threads)")
 
-    steps = _steps(p.k)
+    steps = _steps(p.k, t.block_m, t.ctas_per_sm, p.packed)
     if empty_k_slice(t.split_k, steps):
         return f"split_k={t.split_k} leaves an empty K slice for K={p.k}"
-    return smem_reason(smem_bytes(t.block_m, t.stages, t.persistent, t.k_groups), smem_limit(p, t.ctas_per_sm))
+    smem = smem_bytes(t.block_m, t.stages, t.persistent, t.k_groups, ctas_per_sm=t.ctas_per_sm, packed=p.packed)
+    return smem_reason(smem, smem_limit(p, t.ctas_per_sm))
 
 
-def _split_for(ctas: int, k: int, sms: int) -> int:
+def _split_for(ctas: int, k: int, sms: int, block_m: int, ctas_per_sm: int, packed: bool) -> int:
     """The largest split keeping one wave (ctas * split <= SMs) and two stages per split."""
-    steps = _steps(k)
+    steps = _steps(k, block_m, ctas_per_sm, packed)
     split = max(1, min(MAX_SPLIT, sms // max(ctas, 1), steps // 2))
     return largest_split(split, steps)
 
@@ -194,15 +211,14 @@ def default(p: MmProblem) -> Tactic:
     n_tiles = -(-n // ROWS)
     tiles = -(-m // bm) * n_tiles
     sms = problem_sm_count(p)
-    split = _split_for(tiles, k, sms)
     ctas, stream_k = (2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1), False
+    split = _split_for(tiles, k, sms, bm, ctas, p.packed)
     if split > MAX_CLUSTER_SPLIT:
-        bm, split, ctas, stream_k = _few_tiles(m, n_tiles, k, sms, bm, split)
+        bm, split, ctas, stream_k = _few_tiles(m, n_tiles, k, sms, bm, split, p.packed)
         tiles = -(-m // bm) * n_tiles
     persistent = split == 1
-    kg = 2 if (p.weight_layout is F.WeightLayout.SM90 and bm <= K_GROUPS_MAX_BLOCK_M and not persistent
-               and ctas == 1) else 1
-    stages = max_stages(bm, smem_limit(p, ctas), persistent, kg)
+    kg = 2 if p.packed and bm <= K_GROUPS_MAX_BLOCK_M and not persistent and ctas == 1 else 1
+    stages = max_stages(bm, smem_limit(p, ctas), persistent, kg, ctas_per_sm=ctas, packed=p.packed)
     sk = persistent and (stream_k or stream_k_pays(tiles, ctas * sms, n_tiles, bm, k))
     return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk, kg)
 
@@ -213,7 +229,8 @@ LONG_K_STEPS = 128        # K >= 8192: stream-K over every CTA slot ...
 SK_MAX_PARTS = 8          # ... while each tile's K steps go to at most about this many CTAs
 
 
-def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int) -> tuple[int, int, int, bool]:
+def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
+               packed: bool) -> tuple[int, int, int, bool]:
     """(block_m, split_k, ctas_per_sm, stream_k) where the tiles are too few for split 2 to fill
     the SMs (N <= ~5600 at M <= block_m), instead of `split` (4 or 8) CTAs along K per tile, whose
     clusters of one-CTA-per-SM CTAs do not all fit on the GPU at once. H200, "sm90" weights,
@@ -234,7 +251,7 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int) -> t
         if 2 * -(-m // b) * n_tiles >= FILL * sms:
             return b, 2, 1, False
     if bm <= TWO_CTA_MAX_BLOCK_M:
-        return bm, _split_for(tiles, k, 2 * sms), 2, False
+        return bm, _split_for(tiles, k, 2 * sms, bm, 2, packed), 2, False
     return bm, split, 1, False
 
 
@@ -266,28 +283,30 @@ def candidates(p: MmProblem) -> list[Tactic]:
     m, n, k = p.m, p.n, p.k
     sms = problem_sm_count(p)
     out: list[Tactic] = [default(p)]
+    packed = p.packed
     for bm in BLOCK_MS:
         if bm > max(64, 2 * m):
             continue
         tiles = -(-m // bm) * -(-n // ROWS)
-        base = _split_for(tiles, k, sms)
-        for stages in sorted({4, max_stages(bm, smem_limit(p))}):
+        base = _split_for(tiles, k, sms, bm, 1, packed)
+        one = dict(ctas_per_sm=1, packed=packed)
+        for stages in sorted({4, max_stages(bm, smem_limit(p), **one)}):
             for split in sorted({1, base, min(MAX_SPLIT, 2 * base)}):
                 out.append(WgmmaMmTactic(bm, stages, split))
         for sk in (False, True):
-            out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), True), 1, True, stream_k=sk))
-        if bm <= K_GROUPS_MAX_BLOCK_M and p.weight_layout is F.WeightLayout.SM90:
+            out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), True, **one), 1, True, stream_k=sk))
+        if bm <= K_GROUPS_MAX_BLOCK_M and packed:
             for split in sorted({1, base}):
                 persistent = split == 1
-                out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), persistent, 2), split, persistent,
+                out.append(WgmmaMmTactic(bm, max_stages(bm, smem_limit(p), persistent, 2, **one), split, persistent,
                                          k_groups=2))
         if bm <= TWO_CTA_MAX_BLOCK_M:
-            two = smem_limit(p, 2)
-            base2 = _split_for(tiles, k, 2 * sms)
+            two, pair = smem_limit(p, 2), dict(ctas_per_sm=2, packed=packed)
+            base2 = _split_for(tiles, k, 2 * sms, bm, 2, packed)
             for split in sorted({1, base2}):
-                out.append(WgmmaMmTactic(bm, max_stages(bm, two), split, ctas_per_sm=2))
+                out.append(WgmmaMmTactic(bm, max_stages(bm, two, **pair), split, ctas_per_sm=2))
             for sk in (False, True):
-                out.append(WgmmaMmTactic(bm, max_stages(bm, two, True), 1, True, 2, stream_k=sk))
+                out.append(WgmmaMmTactic(bm, max_stages(bm, two, True, **pair), 1, True, 2, stream_k=sk))
     return valid_unique(out, why_not, p)
 
 

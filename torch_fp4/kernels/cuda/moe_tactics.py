@@ -4,7 +4,7 @@ from there both grouped GEMMs run the Hopper FP4-weight GEMM of csrc/mm_wgmma.cu
 rows grouped by expert (this module). Cheap to import: no toolchain, no extension build.
 
 A wgmma tactic picks block_m (rows of one expert per block: the grouping's padding unit and the GEMM's
-activation tile, the wgmma N), the shared-memory stages of 64 K elements (both GEMMs), and
+activation tile, the wgmma N), the shared-memory stages (both GEMMs; mm_wgmma_tactics.stage_k), and
 ctas_per_sm (2 at block_m 64: two CTAs share an SM). Launches are persistent (one or two CTAs per
 SM over every tile of the upper bound of used blocks; tiles of unused blocks end a CTA's list
 early), with no split-K or stream-K: the number of used tiles is only known on the device.
@@ -42,7 +42,7 @@ BLOCK_M_FROM = {256: 192, 128: 64}
 @dataclass(frozen=True)
 class WgmmaMoeTactic(Tactic):
     block_m: int = 128        # rows of one expert per block (grouping and GEMM tile)
-    stages: int = 4           # shared-memory stages of 64 K elements
+    stages: int = 4           # shared-memory stages of wg.stage_k(...) K elements
     ctas_per_sm: int = 1      # 2: two CTAs per SM (block_m 64)
 
     backend = Backend.CUDA
@@ -80,11 +80,13 @@ def why_not(t: Tactic, p: MoeProblem) -> Optional[str]:
               or wg.tile_reason(t.block_m, t.stages, t.ctas_per_sm, BLOCK_MS))
     if reason is not None:
         return reason
-    return smem_reason(wg.smem_bytes(t.block_m, t.stages, True), wg.smem_limit(p, t.ctas_per_sm))
+    smem = wg.smem_bytes(t.block_m, t.stages, True, ctas_per_sm=t.ctas_per_sm, packed=p.packed)
+    return smem_reason(smem, wg.smem_limit(p, t.ctas_per_sm))
 
 
 def _tactic(p: MoeProblem, block_m: int, ctas: int) -> WgmmaMoeTactic:
-    return WgmmaMoeTactic(block_m, wg.max_stages(block_m, wg.smem_limit(p, ctas), True), ctas)
+    return WgmmaMoeTactic(block_m, wg.max_stages(block_m, wg.smem_limit(p, ctas), True, ctas_per_sm=ctas,
+                                                 packed=p.packed), ctas)
 
 
 def default(p: MoeProblem) -> Tactic:
