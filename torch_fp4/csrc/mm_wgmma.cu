@@ -2,14 +2,14 @@
 //
 // Swap-AB warpgroup MMA with the FP4 weights decoded into wgmma's register A operand: the weight
 // rows are the wgmma's M side (64 per MMA warpgroup, two warpgroups: 128 per CTA), the
-// activation rows its N side (block_m = 32, 64, 128 or 256 per CTA), K in stages of 128 (two
-// sub-tiles of 64 K; 64 K, one sub-tile, at block_m 256), one ring of `stages` stages, one full /
-// empty mbarrier pair per stage:
+// activation rows its N side (block_m = 32, 64, 128 or 256 per CTA), K in stages of two 64-K
+// sub-tiles or one (stage_subs below), one ring of `stages` stages, one full / empty mbarrier pair
+// per stage:
 // - a producer warpgroup (three loader threads, one per operand) loads, per sub-tile, the
-//   activation tile [block_m, 64] bf16/fp16 by TMA in wgmma's 128-byte swizzle, the FP4 weight tile
-//   [rows, 32 bytes] by TMA (32-byte swizzle: conflict-free reads) or, for weights in the "sm90"
-//   layout (docs/NUMERICS.md 4b), the tile's contiguous 4 KiB by one bulk copy, and per stage its
-//   128x4 scale words by a bulk copy, all completing on the stage's "full" mbarrier, once the
+//   activation tile [block_m, 64] bf16/fp16 by TMA in wgmma's 128-byte swizzle and the FP4 weight
+//   tile [rows, 32 bytes] by TMA (32-byte swizzle: conflict-free reads) or, for weights in the
+//   "sm90" layout (docs/NUMERICS.md 4b), the stage's contiguous 4 KiB per sub-tile by one bulk
+//   copy, and per stage its 128x4 scale words by a bulk copy, all completing on the stage's "full" mbarrier, once the
 //   stage is "empty";
 // - each MMA thread reads the two weight rows of its A fragment (rows g and g + 8 of its warp's
 //   16) and their scale words, then per k16 step decodes its eight codes straight into the four
@@ -106,12 +106,11 @@ __host__ __device__ constexpr int stage_subs(int bm, int ctas, bool packed) {
 
 // Shared-memory geometry of a tile: block_m activation rows, 64 * wg weight rows (wg MMA
 // warpgroups). Stage: [activations of each sub-tile (128-byte swizzle, 1 KiB aligned)][FP4
-// weights of each sub-tile][1 KiB slot of the stage's 128x4 scale words (NVFP4: 512 bytes per 64 K
-// and 128 rows, MXFP4: 512 per 128 K)]. Smem: [1 KiB
-// alignment slack][1 KiB scale table][1 KiB barriers][stages | epilogue tile [block_m][rows + 4]
-// fp32], or for persistent launches [stages][per MMA warpgroup: epilogue staging [32][64 + 4]
-// fp32, or two 4 KiB buffers of [32][64] 16-bit outputs for the TMA stores (1 KiB aligned: the
-// stages are whole KiB)].
+// weights of each sub-tile][1 KiB slot of the stage's 128x4 scale words (NVFP4: 512 bytes per
+// 64 K and 128 rows, MXFP4: 512 per 128 K)]. Smem: [1 KiB alignment slack][1 KiB scale table]
+// [1 KiB barriers][stages | epilogue tile [block_m][rows + 4] fp32], or for persistent launches
+// [stages][per MMA warpgroup: epilogue staging [32][64 + 4] fp32, or two 4 KiB buffers of
+// [32][64] 16-bit outputs for the TMA stores (1 KiB aligned: the stages are whole KiB)].
 __host__ __device__ constexpr int act_sub_bytes(int bm) { return bm * kBK * 2; }
 __host__ __device__ constexpr int w_sub_bytes(int wg) { return 64 * wg * kBK / 2; }
 __host__ __device__ constexpr int stage_bytes(int bm, int wg, int subs) {
@@ -308,10 +307,10 @@ __device__ __forceinline__ void stage_steps(float (&acc)[Cfg::kAcc], uint32_t (&
 
 // The producer warpgroup's loaders, each one thread (lane 0 of its warp) running the CTA's work
 // list on its own: 0 loads the activation tile by TMA (one box per 64-K sub-tile), 1 the FP4
-// weight tile (TMA per sub-tile, or for "sm90" weights the stage's contiguous 4 KiB per sub-tile by
-// one bulk copy), 2 the stage's 128x4 scale words by one bulk copy (NVFP4: 512 bytes per sub-tile, whose
-// blocks are contiguous; MXFP4: the 512-byte block of the stage's 128 K). Per stage each waits until
-// the stage is empty, then arrives on its "full" barrier announcing its bytes and issues its copies
+// weight tile (TMA per sub-tile, or for "sm90" weights the stage's contiguous 4 KiB per sub-tile
+// by one bulk copy), 2 the stage's 128x4 scale words by one bulk copy (NVFP4: 512 bytes per
+// sub-tile, whose blocks are contiguous; MXFP4: the 512-byte block of 128 K). Per stage each waits
+// until the stage is empty, then arrives on its "full" barrier announcing its bytes and issues its copies
 // (the barrier completes once all three arrived and every byte landed): three threads in parallel
 // instead of one serial chain of waits, address arithmetic and copies per stage. Where the stage's
 // second sub-tile lies past K (K % 128 == 64), the TMA boxes read zeros and the bulk copies, which
