@@ -1,6 +1,8 @@
 """`python -m torch_fp4 bench mm`: FP4 GEMM (NVFP4 weights, W4A16 and W4A4) on the
 Llama-3.1-70B linear shapes against torch bf16 matmul and torch fp8 `_scaled_mm`, all measured
-in the same run with CUDA-graph replays (torch_fp4/bench/timing.py).
+in the same run with CUDA-graph replays (torch_fp4/bench/timing.py) that cycle through copies of
+each column's operands until they are 3x the L2, so that no call finds its weights cached by the
+one before (as in a model, whose every layer has weights of its own).
 
 Columns: time per call; TFLOP/s; speed-up over bf16 and over fp8; fraction of the FP4 memory
 floor (weight + scale bytes at the measured copy bandwidth, divided by the measured time). When
@@ -22,7 +24,7 @@ import torch
 
 from .. import formats as F
 from .. import ops, tactics
-from .timing import copy_bandwidth_gbs, graph_time_us, write_csv
+from .timing import copy_bandwidth_gbs, graph_time_us, rotation, write_csv
 
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
 MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -74,16 +76,25 @@ class Problem:
         return (q, self.w_data.T, s, self.w_scale.T, self.alpha)
 
 
-def _peers(m: int, n: int, k: int, w_bf16: torch.Tensor, w_fp8: torch.Tensor, device):
-    a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
-    a8 = a.to(torch.float8_e4m3fn)
+def _peers(m: int, n: int, k: int, w_bf16: list[torch.Tensor], w_fp8: list[torch.Tensor], device):
+    """torch bf16 and fp8 `_scaled_mm` times, each cycling through as many of its weight copies (and
+    activations of its own) as make the set 3x the L2."""
     one = torch.ones((), device=device)
-    bf16 = graph_time_us(lambda: torch.matmul(a, w_bf16.T), [()])
+    bf16_in = [(torch.randn(m, k, device=device, dtype=torch.bfloat16), w)
+               for w in w_bf16[:rotation((n + m) * k * 2, device)]]
+    bf16 = graph_time_us(lambda a, w: torch.matmul(a, w.T), bf16_in)
+    fp8_in = [(torch.randn(m, k, device=device, dtype=torch.bfloat16).to(torch.float8_e4m3fn), w)
+              for w in w_fp8[:rotation((n + m) * k, device)]]
     try:
-        fp8 = graph_time_us(lambda: torch._scaled_mm(a8, w_fp8.T, one, one, out_dtype=torch.bfloat16), [()])
+        fp8 = graph_time_us(lambda a, w: torch._scaled_mm(a, w.T, one, one, out_dtype=torch.bfloat16), fp8_in)
     except RuntimeError:  # cuBLASLt shape limits
         fp8 = float("nan")
     return bf16, fp8
+
+
+def _copies(t: torch.Tensor, count: int) -> list[torch.Tensor]:
+    """t and count - 1 copies of it in memory of their own (so the L2 cannot serve one for another)."""
+    return [t] + [t.clone() for _ in range(count - 1)]
 
 
 def quack_w4a16(w_data: torch.Tensor, w_scale: torch.Tensor, n: int, k: int):
@@ -115,27 +126,36 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
            f"{'quack us':>9} {'x quack':>7} | {'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6} | {'codes us':>9} {'A4/A16':>6}")
     print(hdr)
     for n, k in SHAPES:
+        # Every column cycles through copies of the operands one call reads (weights in memory of
+        # their own, activations per Problem) until the set is 3x the L2 (timing.rotation), as a
+        # model's layers do: no weight is still in the L2 from the call before.
         w = nvfp4_weight(n, k, dev)
-        w_bf16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-        w_fp8 = w_bf16.to(torch.float8_e4m3fn)
-        floor_us = (n * k // 2 + w[1].numel()) / copy_bw / 1e3
-        quack = quack_w4a16(w[0], w[1], n, k)
+        w_bytes = n * k // 2 + w[1].numel()
+        count = rotation(w_bytes, dev)
+        ws = list(zip(_copies(w[0], count), _copies(w[1], count), [w[2]] * count))
+        w_bf16 = _copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16), rotation(n * k * 2, dev))
+        w_fp8 = _copies(w_bf16[0].to(torch.float8_e4m3fn), rotation(n * k, dev))
+        floor_us = w_bytes / copy_bw / 1e3
+        quacks = [quack_w4a16(wd, wsc, n, k) for wd, wsc, _ in ws]
         hopper = torch.cuda.get_device_capability(dev) == (9, 0) and F.sm90_layout_reason(n, k) is None
-        packed = ops.prepack_weight(w[0]) if hopper else None
+        packs = [ops.prepack_weight(wd) for wd, _, _ in ws] if hopper else None
         for m in ms or (QUICK_MS if quick else MS):
-            p = Problem(m, n, k, w, dev)
+            ps = [Problem(m, n, k, wc, dev) for wc in ws[:rotation(w_bytes + m * k * 2, dev)]]
+            p = ps[0]
             with tactics.autotune(tune):
                 p.w4a16()
                 p.w4a4()
                 p.w4a4_codes()
-                if packed is not None:
-                    p.w4a16_sm90(packed)
-            t16 = graph_time_us(p.w4a16, [()])
-            tp = graph_time_us(lambda p=p, w=packed: p.w4a16_sm90(w), [()]) if packed is not None else float("nan")
-            t4 = graph_time_us(p.w4a4, [()])
-            t4c = graph_time_us(p.w4a4_codes, [()])
+                if packs is not None:
+                    p.w4a16_sm90(packs[0])
+            t16 = graph_time_us(Problem.w4a16, [(q,) for q in ps])
+            tp = (graph_time_us(Problem.w4a16_sm90, list(zip(ps, packs))) if packs is not None
+                  else float("nan"))
+            t4 = graph_time_us(Problem.w4a4, [(q,) for q in ps])
+            t4c = graph_time_us(Problem.w4a4_codes, [(q,) for q in ps])
             bf16, fp8 = _peers(m, n, k, w_bf16, w_fp8, dev)
-            tq = graph_time_us(quack, [(p.a,)]) if quack is not None else float("nan")
+            tq = (graph_time_us(lambda f, a: f(a), [(f, q.a) for f, q in zip(quacks, ps)])
+                  if quacks[0] is not None else float("nan"))
             flops = 2.0 * m * n * k
             r = dict(gpu=name, n=n, k=k, m=m, bf16_us=bf16, fp8_us=fp8, w4a16_us=t16, w4a4_us=t4,
                      w4a16_tflops=flops / t16 / 1e6, w4a16_x_bf16=bf16 / t16, w4a16_x_fp8=fp8 / t16,
@@ -149,8 +169,8 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
                   f"{r['w4a16_x_bf16']:>6.2f} {r['w4a16_x_fp8']:>6.2f} {r['w4a16_floor']:>5.2f} | "
                   f"{tp:>9.1f} {r['sm90_x_bf16']:>6.2f} {r['sm90_x_quack']:>7.2f} | {tq:>9.1f} {r['w4a16_x_quack']:>7.2f} | {t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f} | "
                   f"{t4c:>9.1f} {r['w4a4_codes_over_w4a16']:>6.2f}", flush=True)
-            del p
-        del w, w_bf16, w_fp8, quack, packed
+            del p, ps
+        del w, ws, w_bf16, w_fp8, quacks, packs
         torch.cuda.empty_cache()
     write_csv(csv_path, rows)
     return rows
