@@ -113,8 +113,8 @@ def quack_w4a16(w_data: torch.Tensor, w_scale: torch.Tensor, n: int, k: int):
 
 
 def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
-        ms: tuple[int, ...] | None = None) -> list[dict]:
-    dev = torch.device("cuda")
+        ms: tuple[int, ...] | None = None, device: torch.device | None = None) -> list[dict]:
+    dev = device or torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
     copy_bw = copy_bandwidth_gbs(dev)
     print(f"bench mm (NVFP4 weights, 128x4 scales, bf16 out) on {name}; torch {torch.__version__}; "
