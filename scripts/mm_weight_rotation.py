@@ -19,18 +19,21 @@ for n, k, m in ((28672, 8192, 256), (28672, 8192, 128), (8192, 28672, 128)):
     args = (p.a, pks[0].T, None, p.w_scale.T, p.alpha)
     prob = MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
     t = WT.default(prob)
-    cols = {
-        "ours": (lambda i: ops.mm_fp4(p.a, pks[i].T, None, ws[i][1].T, p.alpha, weight_layout="sm90"), [(0,)]),
-        "ours rot3": (lambda i: ops.mm_fp4(p.a, pks[i].T, None, ws[i][1].T, p.alpha, weight_layout="sm90"), [(0,), (1,), (2,)]),
-        "quack": (lambda i: qs[i](p.a), [(0,)]),
-        "quack rot3": (lambda i: qs[i](p.a), [(0,), (1,), (2,)]),
-    }
+
+    def ours(i):
+        return ops.mm_fp4(p.a, pks[i].T, None, ws[i][1].T, p.alpha, weight_layout="sm90")
+
+    def quack(i):
+        return qs[i](p.a)
+    one, three = [(0,)], [(0,), (1,), (2,)]
+    cols = {"ours": (ours, one), "ours rot3": (ours, three), "quack": (quack, one), "quack rot3": (quack, three)}
     if t.stream_k:
         t0 = dataclasses.replace(t, stream_k=False)
-        def no_sk(i, t0=t0):
+
+        def no_sk(i):
             with tactics.use_tactic(t0):
-                return ops.mm_fp4(p.a, pks[i].T, None, ws[i][1].T, p.alpha, weight_layout="sm90")
-        cols["ours no-sk"] = (no_sk, [(0,)])
+                return ours(i)
+        cols["ours no-sk"] = (no_sk, one)
     res = {c: [] for c in cols}
     for _ in range(3):
         for c, (fn, inputs) in cols.items():

@@ -24,7 +24,7 @@ import torch
 
 from .. import formats as F
 from .. import ops, tactics
-from .timing import copy_bandwidth_gbs, graph_time_us, rotation, write_csv
+from .timing import copies, copy_bandwidth_gbs, graph_time_us, rotation, write_csv
 
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
 MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -92,11 +92,6 @@ def _peers(m: int, n: int, k: int, w_bf16: list[torch.Tensor], w_fp8: list[torch
     return bf16, fp8
 
 
-def _copies(t: torch.Tensor, count: int) -> list[torch.Tensor]:
-    """t and count - 1 copies of it in memory of their own (so the L2 cannot serve one for another)."""
-    return [t] + [t.clone() for _ in range(count - 1)]
-
-
 def quack_w4a16(w_data: torch.Tensor, w_scale: torch.Tensor, n: int, k: int):
     """quack's NVFP4 W4A16 GEMM on our weights, repacked here once: a function of the activations,
     or None when quack is not installed or cannot run the shape (it needs N and K multiples of
@@ -131,10 +126,10 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
         # model's layers do: no weight is still in the L2 from the call before.
         w = nvfp4_weight(n, k, dev)
         w_bytes = n * k // 2 + w[1].numel()
-        count = rotation(w_bytes, dev)
-        ws = list(zip(_copies(w[0], count), _copies(w[1], count), [w[2]] * count))
-        w_bf16 = _copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16), rotation(n * k * 2, dev))
-        w_fp8 = _copies(w_bf16[0].to(torch.float8_e4m3fn), rotation(n * k, dev))
+        ws = copies(w, rotation(w_bytes, dev))
+        w16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        w_bf16 = [c for c, in copies((w16,), rotation(n * k * 2, dev))]
+        w_fp8 = [c for c, in copies((w16.to(torch.float8_e4m3fn),), rotation(n * k, dev))]
         floor_us = w_bytes / copy_bw / 1e3
         quacks = [quack_w4a16(wd, wsc, n, k) for wd, wsc, _ in ws]
         hopper = torch.cuda.get_device_capability(dev) == (9, 0) and F.sm90_layout_reason(n, k) is None
@@ -170,7 +165,7 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
                   f"{tp:>9.1f} {r['sm90_x_bf16']:>6.2f} {r['sm90_x_quack']:>7.2f} | {tq:>9.1f} {r['w4a16_x_quack']:>7.2f} | {t4:>9.1f} {r['w4a4_x_bf16']:>6.2f} {r['w4a4_over_w4a16']:>6.2f} | "
                   f"{t4c:>9.1f} {r['w4a4_codes_over_w4a16']:>6.2f}", flush=True)
             del p, ps
-        del w, ws, w_bf16, w_fp8, quacks, packs
+        del w, ws, w16, w_bf16, w_fp8, quacks, packs
         torch.cuda.empty_cache()
     write_csv(csv_path, rows)
     return rows

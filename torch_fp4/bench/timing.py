@@ -19,6 +19,14 @@ def rotation(nbytes_per_input: int, device: torch.device) -> int:
     return max(1, min(64, math.ceil(3 * l2_bytes(device) / max(1, nbytes_per_input))))
 
 
+def copies(args: tuple, n: int) -> list[tuple]:
+    """args plus n-1 copies of its tensors, each in memory of its own (non-tensors shared)."""
+    out = [args]
+    for _ in range(n - 1):
+        out.append(tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
+    return out
+
+
 def graph_time_us(fn: Callable, inputs: Sequence[tuple], calls: int | None = None,
                   repeats: int = 5, budget_ms: float = 30.0) -> float:
     """Median over `repeats` replays of a graph holding `calls` calls of fn (cycling through

@@ -7,17 +7,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from .timing import graph_time_us, rotation
+from .timing import copies, graph_time_us, rotation
 
 log = logging.getLogger("torch_fp4.autotune")
-
-
-def _copies(args: tuple, n: int) -> list[tuple]:
-    """args plus n-1 copies of its tensors (non-tensors shared)."""
-    out = [args]
-    for _ in range(n - 1):
-        out.append(tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args))
-    return out
 
 
 def time_tactics(candidates: Sequence, launch: Callable, args: tuple) -> list[tuple[object, float]]:
@@ -25,7 +17,7 @@ def time_tactics(candidates: Sequence, launch: Callable, args: tuple) -> list[tu
     left out."""
     nbytes = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
     device = next(a for a in args if isinstance(a, torch.Tensor)).device
-    inputs = _copies(args, rotation(nbytes, device))
+    inputs = copies(args, rotation(nbytes, device))
     results = []
     for t in candidates:
         try:
