@@ -61,12 +61,14 @@ def test_heuristic_from_h100_sweeps(m, n, want):
     (64, 4096, 4096, (32, 2, 1, False)), (128, 4096, 4096, (64, 2, 1, False)),
     (256, 4096, 4096, (128, 2, 1, False)), (32, 4096, 4096, (32, 8, 2, False)),
     (32, 4096, 14336, (32, 1, 1, True)), (128, 4096, 14336, (128, 1, 1, True)),
+    (256, 4096, 14336, (128, 2, 1, False)), (256, 2304, 14336, (256, 1, 1, True)),
     (64, 2048, 4096, (64, 8, 2, False)), (128, 2048, 4096, (32, 2, 1, False)),
     (128, 1024, 4096, (128, 8, 1, False)), (128, 1024, 14336, (128, 8, 1, False)),
     (128, 8192, 8192, (128, 2, 1, False))])
 def test_few_tiles_take_no_cluster_of_4_or_8_one_cta_per_sm(m, n, k, want):
-    """Where split 2 cannot fill the SMs (mm_wgmma_tactics._few_tiles): stream-K over every slot
-    for long K (each tile over at most SK_MAX_PARTS CTAs), else a smaller block_m at split 2, else
+    """Where split 2 cannot fill the SMs (mm_wgmma_tactics._few_tiles): block_m 128 at split 2 in
+    place of 256 where it fills them, then stream-K over every slot for long K (each tile over at
+    most SK_MAX_PARTS CTAs), else a smaller block_m at split 2, else
     two CTAs per SM with split-K, else the cluster split (1024 x 4096 M = 128); (block_m, split_k,
     ctas_per_sm, stream_k)."""
     p = _args(m, n, k, layout=F.WeightLayout.SM90)

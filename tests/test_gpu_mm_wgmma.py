@@ -165,13 +165,15 @@ def test_persistent_ctas_take_many_tiles(n):
                 assert torch.equal(value, got[True, 1, False]), (bm, out_dtype, key)
 
 
-@pytest.mark.parametrize("m", [33, 100, 256])
-def test_stream_k_with_fewer_tiles_than_slots(m):
+@pytest.mark.parametrize("m,n", [(33, 2304), (100, 2304), (256, 2304), (256, 2176), (33, 2560), (256, 2560)])
+def test_stream_k_with_fewer_tiles_than_slots(m, n):
     """Stream-K where every tile is shared out (fewer tiles than CTA slots, long K: the heuristic
     for N <= ~5600 and K >= 8192, mm_wgmma_tactics._few_tiles): each tile's K steps run on several
-    CTAs whose partials its owner adds. Exact on grid-exact operands, every output dtype, and
-    identical bits run to run; the heuristic picks it for this shape."""
-    fmt, n, k = F.NVFP4, 2304, 8192             # 18 weight tiles, 128 K steps
+    CTAs whose partials its owner adds. The CTAs run in groups of four, two or one (as the CTA
+    slots and the tiles divide: 20, 18 and 17 weight tiles on an even number of slots), the CTAs
+    of a group on side-by-side tiles. Exact on grid-exact operands, every output dtype, and
+    identical bits run to run; the heuristic picks it for these shapes."""
+    fmt, k = F.NVFP4, 8192                      # 128 K steps
     args, ahat, what = _operands(m, n, k, fmt, "bf16", True, seed=m)
     want = (ahat.double() @ what.double().T).float()
     a, b, a_scale, b_scale = args

@@ -170,13 +170,13 @@ __device__ __forceinline__ void sk_contribute(float* partials, int* flags, const
 }
 
 // The owner of a stream-K tile (K steps from 0 up to where CTA cta's range ends): adds the partials
-// of CTAs cta + 1 .. last, whose ranges cover the rest of the tile's steps, in CTA order, as each
-// flag rises.
+// of CTAs cta + step, cta + 2 step, .. last (step: the schedule's group), whose ranges cover the
+// rest of the tile's steps, in CTA order, as each flag rises.
 template <class Cfg>
 __device__ __forceinline__ void sk_gather(const float* partials, const int* flags, float (&acc)[Cfg::kAcc], int cta,
-                                          int last, int mwg, int wct) {
+                                          int last, int step, int mwg, int wct) {
 #pragma unroll 1
-  for (int g = cta + 1; g <= last; ++g) {
+  for (int g = cta + step; g <= last; g += step) {
     if (wct == 0) {
       int ready = 0;
       do {

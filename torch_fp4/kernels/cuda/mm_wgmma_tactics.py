@@ -241,8 +241,14 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
     20.8 -> 13.9, 25.5 -> 15.9, 38.3 -> 20.2 us; 2048 x 4096 M = 128: 19.7 -> 13.6); else, at
     block_m <= 64, two CTAs per SM with split-K up to one wave of them (2048 x 4096 M = 32: 14.9
     -> 10.2, M = 64: 17.0 -> 11.7 us); else `split` (1024 x 4096 M = 128: 10.6 us, where stream-K
-    took 27.3: 16 CTAs' partials per tile)."""
+    took 27.3: 16 CTAs' partials per tile). At block_m 256, block_m 128 at split 2 comes first
+    where its tiles fill the SMs (H200, 4096 x 14336 M = 256: stream-K 54.8 -> 50.2 us; at M = 64
+    and 128 stream-K stays ahead of half the block_m at split 2: 28.7 against 31.8, 35.8 against
+    36.6)."""
     tiles = -(-m // bm) * n_tiles
+    half = bm // 2
+    if bm == BLOCK_MS[-1] and 2 * -(-m // half) * n_tiles >= FILL * sms:
+        return half, 2, 1, False
     if -(-k // BLOCK_K) >= LONG_K_STEPS and tiles * SK_MAX_PARTS >= sms:
         return bm, 1, 1, True
     b = bm
