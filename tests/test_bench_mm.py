@@ -1,19 +1,22 @@
 """`bench mm` (torch_fp4/bench/mm.py) without a GPU: with the timer replaced by one that runs each
 input once, every column cycles through `timing.rotation` copies of its operands, the weight
-copies in memory of their own (no call finds its weights cached by the one before)."""
+copies in memory of their own (no call finds its weights cached by the one before), and the
+columns are timed in interleaved rounds, each reporting its median."""
+import pytest
 import torch
 
 import torch_fp4.bench.mm as B
 
 
 def test_every_column_cycles_through_rotation_copies_of_its_operands(monkeypatch):
-    timed = []
+    timed, names = [], []
 
     def run_each_input(fn, inputs, *args, **kwargs):
         for call_args in inputs:
             fn(*call_args)
         timed.append(inputs)
-        return 1.0
+        names.append(fn.__qualname__)
+        return float(len(timed))  # the timing's place in the run
 
     monkeypatch.setattr(B, "graph_time_us", run_each_input)
     monkeypatch.setattr(B, "rotation", lambda nbytes, device: 3)
@@ -22,11 +25,19 @@ def test_every_column_cycles_through_rotation_copies_of_its_operands(monkeypatch
     monkeypatch.setattr(B, "quack_w4a16", lambda w_data, w_scale, n, k: (lambda a: a.sum()))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "cpu")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    rows = B.run(ms=(2,), device=torch.device("cpu"))
+    rows = B.run(ms=(2,), device=torch.device("cpu"), rounds=3)
     assert len(rows) == 1
-    # W4A16 row-major and "sm90", W4A4, W4A4 codes, bf16, fp8, quack: three inputs each.
-    assert len(timed) == 7 and all(len(inputs) == 3 for inputs in timed)
+    # W4A16 row-major and "sm90", W4A4, W4A4 codes, bf16, fp8, quack: three inputs each, in turn,
+    # three rounds; each column reports its median (its second round's timing).
+    assert len(timed) == 21 and all(len(inputs) == 3 for inputs in timed)
+    assert len(set(names[:7])) == 7 and names[:7] == names[7:14] == names[14:]
+    assert rows[0]["w4a16_us"] == 8.0 and rows[0]["sm90_us"] == 9.0 and rows[0]["quack_us"] == 14.0
     problems = [inputs[0] for inputs in timed[0]]
     assert len({p.w_data.data_ptr() for p in problems}) == 3
     assert len({p.a.data_ptr() for p in problems}) == 3
     assert all(torch.equal(p.w_data, problems[0].w_data) for p in problems)
+
+
+def test_rounds_below_one_is_refused_by_name():
+    with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
+        B.run(ms=(2,), device=torch.device("cpu"), rounds=0)

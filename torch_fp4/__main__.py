@@ -1,7 +1,7 @@
 """Command line: `python -m torch_fp4 demo [--device cpu|cuda] [--seed N] [--quick]
 [--compile | --no-compile] [--plot FILE.png]`, `python -m torch_fp4 minilm [--device cpu|cuda]`,
 `python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]` and
-`python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--tactics [--m M --n N --k K]]`
+`python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--rounds R] [--tactics [--m M --n N --k K]]`
 `python -m torch_fp4 bench moe [--quick] [--csv FILE] [--ep N]` and
 `python -m torch_fp4 bench overhead [--device cpu|cuda] [--csv FILE] [--profile OP]` and
 `python -m torch_fp4 precompile [--shapes FILE.json] [--device cuda|cpu] [--autotune]` and
@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     bm.add_argument("--tune", action="store_true", help="autotune each problem first "
                                                         "(torch_fp4.autotune; fills the tactic cache)")
     bm.add_argument("--ms", default=None, help="comma-separated M values (default: all, or --quick's)")
+    bm.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the columns; each "
+                    "column's median is reported (default 3)")
     bm.add_argument("--tactics", action="store_true", help="time every tactic of one problem")
     bm.add_argument("--m", type=int, default=16)
     bm.add_argument("--n", type=int, default=8192)
@@ -158,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from .bench import mm as bench_mm
             ms = tuple(int(v) for v in args.ms.split(",")) if args.ms else None
-            bench_mm.run(args.quick, args.csv, args.tune, ms)
+            bench_mm.run(args.quick, args.csv, args.tune, ms, rounds=args.rounds)
     return 0
 
 

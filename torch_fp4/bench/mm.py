@@ -2,7 +2,8 @@
 Llama-3.1-70B linear shapes against torch bf16 matmul and torch fp8 `_scaled_mm`, all measured
 in the same run with CUDA-graph replays (torch_fp4/bench/timing.py) that cycle through copies of
 each column's operands until they are 3x the L2, so that no call finds its weights cached by the
-one before (as in a model, whose every layer has weights of its own).
+one before (as in a model, whose every layer has weights of its own); each column's time is its
+median over interleaved rounds of every column (`rounds`, default 3).
 
 Columns: time per call; TFLOP/s; speed-up over bf16 and over fp8; fraction of the FP4 memory
 floor (weight + scale bytes at the measured copy bandwidth, divided by the measured time). When
@@ -19,12 +20,13 @@ Both use the row-major weights of the W4A16 column, and A4/A16 is their time ove
 """
 from __future__ import annotations
 
+from typing import Callable
 
 import torch
 
 from .. import formats as F
 from .. import ops, tactics
-from .timing import copies, copy_bandwidth_gbs, graph_time_us, rotation, write_csv
+from .timing import copies, copy_bandwidth_gbs, graph_time_us, interleaved_medians, rotation, write_csv
 
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
 MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -76,20 +78,22 @@ class Problem:
         return (q, self.w_data.T, s, self.w_scale.T, self.alpha)
 
 
-def _peers(m: int, n: int, k: int, w_bf16: list[torch.Tensor], w_fp8: list[torch.Tensor], device):
-    """torch bf16 and fp8 `_scaled_mm` times, each cycling through as many of its weight copies (and
-    activations of its own) as make the set 3x the L2."""
+def _peers(m: int, n: int, k: int, w_bf16: list[torch.Tensor], w_fp8: list[torch.Tensor],
+           device) -> dict[str, Callable[[], float]]:
+    """Timers of torch bf16 and fp8 `_scaled_mm`, each cycling through as many of its weight copies
+    (and activations of its own) as make the set 3x the L2."""
     one = torch.ones((), device=device)
     bf16_in = [(torch.randn(m, k, device=device, dtype=torch.bfloat16), w)
                for w in w_bf16[:rotation((n + m) * k * 2, device)]]
-    bf16 = graph_time_us(lambda a, w: torch.matmul(a, w.T), bf16_in)
     fp8_in = [(torch.randn(m, k, device=device, dtype=torch.bfloat16).to(torch.float8_e4m3fn), w)
               for w in w_fp8[:rotation((n + m) * k, device)]]
-    try:
-        fp8 = graph_time_us(lambda a, w: torch._scaled_mm(a, w.T, one, one, out_dtype=torch.bfloat16), fp8_in)
-    except RuntimeError:  # cuBLASLt shape limits
-        fp8 = float("nan")
-    return bf16, fp8
+
+    def fp8() -> float:
+        try:
+            return graph_time_us(lambda a, w: torch._scaled_mm(a, w.T, one, one, out_dtype=torch.bfloat16), fp8_in)
+        except RuntimeError:  # cuBLASLt shape limits
+            return float("nan")
+    return {"bf16": lambda: graph_time_us(lambda a, w: torch.matmul(a, w.T), bf16_in), "fp8": fp8}
 
 
 def quack_w4a16(w_data: torch.Tensor, w_scale: torch.Tensor, n: int, k: int):
@@ -108,12 +112,18 @@ def quack_w4a16(w_data: torch.Tensor, w_scale: torch.Tensor, n: int, k: int):
 
 
 def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
-        ms: tuple[int, ...] | None = None, device: torch.device | None = None) -> list[dict]:
+        ms: tuple[int, ...] | None = None, device: torch.device | None = None, rounds: int = 3) -> list[dict]:
+    """Every column's time per problem: the median of `rounds` interleaved rounds (each round times
+    every column once, in turn), so that the GPU's clock, which its power limit moves with the
+    work that ran just before, falls on every column alike."""
+    if rounds < 1:
+        raise ValueError(f"bench mm: rounds must be at least 1, got {rounds}")
     dev = device or torch.device("cuda")
     name = torch.cuda.get_device_name(dev)
     copy_bw = copy_bandwidth_gbs(dev)
     print(f"bench mm (NVFP4 weights, 128x4 scales, bf16 out) on {name}; torch {torch.__version__}; "
-          f"copy bandwidth {copy_bw:.0f} GB/s; tactics: {'autotuned' if tune else 'heuristic/cache'}",
+          f"copy bandwidth {copy_bw:.0f} GB/s; tactics: {'autotuned' if tune else 'heuristic/cache'}; "
+          f"medians of {rounds} interleaved rounds",
           flush=True)
     rows = []
     hdr = (f"{'N':>6} {'K':>6} {'M':>6} | {'bf16 us':>9} {'fp8 us':>9} | {'W4A16 us':>9} {'TFLOP/s':>7} "
@@ -143,14 +153,17 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
                 p.w4a4_codes()
                 if packs is not None:
                     p.w4a16_sm90(packs[0])
-            t16 = graph_time_us(Problem.w4a16, [(q,) for q in ps])
-            tp = (graph_time_us(Problem.w4a16_sm90, list(zip(ps, packs))) if packs is not None
-                  else float("nan"))
-            t4 = graph_time_us(Problem.w4a4, [(q,) for q in ps])
-            t4c = graph_time_us(Problem.w4a4_codes, [(q,) for q in ps])
-            bf16, fp8 = _peers(m, n, k, w_bf16, w_fp8, dev)
-            tq = (graph_time_us(lambda f, a: f(a), [(f, q.a) for f, q in zip(quacks, ps)])
-                  if quacks[0] is not None else float("nan"))
+            nan = lambda: float("nan")  # noqa: E731
+            cols = {"w4a16": lambda: graph_time_us(Problem.w4a16, [(q,) for q in ps]),
+                    "sm90": (lambda: graph_time_us(Problem.w4a16_sm90, list(zip(ps, packs)))) if packs else nan,
+                    "w4a4": lambda: graph_time_us(Problem.w4a4, [(q,) for q in ps]),
+                    "codes": lambda: graph_time_us(Problem.w4a4_codes, [(q,) for q in ps]),
+                    **_peers(m, n, k, w_bf16, w_fp8, dev),
+                    "quack": ((lambda: graph_time_us(lambda f, a: f(a), [(f, q.a) for f, q in zip(quacks, ps)]))
+                              if quacks[0] is not None else nan)}
+            us = interleaved_medians(cols, rounds)
+            t16, tp, t4, t4c, bf16, fp8, tq = (us[c] for c in ("w4a16", "sm90", "w4a4", "codes", "bf16", "fp8",
+                                                               "quack"))
             flops = 2.0 * m * n * k
             r = dict(gpu=name, n=n, k=k, m=m, bf16_us=bf16, fp8_us=fp8, w4a16_us=t16, w4a4_us=t4,
                      w4a16_tflops=flops / t16 / 1e6, w4a16_x_bf16=bf16 / t16, w4a16_x_fp8=fp8 / t16,

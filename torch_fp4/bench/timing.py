@@ -66,15 +66,20 @@ def graph_time_us(fn: Callable, inputs: Sequence[tuple], calls: int | None = Non
     return statistics.median(times)
 
 
-def same_round_medians(cols: dict[str, Callable], rounds: int = 5) -> dict[str, float]:
-    """Each column's graph_time_us (one call per replay, no arguments), timed once per round in
-    turn for `rounds` interleaved rounds: the median per column, so that a drift of the GPU's
-    clock or the host over the run falls on every column alike."""
-    times: dict[str, list[float]] = {c: [] for c in cols}
+def interleaved_medians(timers: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Each timer (a measurement in us) run once per round in turn for `rounds` interleaved rounds:
+    the median per timer, so that a drift of the GPU's clock (which its power limit moves with the
+    work just before) or of the host over the run falls on every column alike."""
+    times: dict[str, list[float]] = {c: [] for c in timers}
     for _ in range(rounds):
-        for c, f in cols.items():
-            times[c].append(graph_time_us(f, [()]))
+        for c, timer in timers.items():
+            times[c].append(timer())
     return {c: statistics.median(v) for c, v in times.items()}
+
+
+def same_round_medians(cols: dict[str, Callable], rounds: int = 5) -> dict[str, float]:
+    """interleaved_medians of each column's graph_time_us (one call per replay, no arguments)."""
+    return interleaved_medians({c: (lambda f=f: graph_time_us(f, [()])) for c, f in cols.items()}, rounds)
 
 
 def copy_bandwidth_gbs(device: torch.device, nbytes: int = 1 << 30) -> float:
