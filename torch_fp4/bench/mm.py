@@ -153,17 +153,20 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
                 p.w4a4_codes()
                 if packs is not None:
                     p.w4a16_sm90(packs[0])
-            nan = lambda: float("nan")  # noqa: E731
-            cols = {"w4a16": lambda: graph_time_us(Problem.w4a16, [(q,) for q in ps]),
-                    "sm90": (lambda: graph_time_us(Problem.w4a16_sm90, list(zip(ps, packs)))) if packs else nan,
-                    "w4a4": lambda: graph_time_us(Problem.w4a4, [(q,) for q in ps]),
-                    "codes": lambda: graph_time_us(Problem.w4a4_codes, [(q,) for q in ps]),
-                    **_peers(m, n, k, w_bf16, w_fp8, dev),
-                    "quack": ((lambda: graph_time_us(lambda f, a: f(a), [(f, q.a) for f, q in zip(quacks, ps)]))
-                              if quacks[0] is not None else nan)}
+
+            def each_problem(fn):
+                return lambda: graph_time_us(fn, [(q,) for q in ps])
+            # Columns in print order; "sm90" (sm_90 only) and quack (when installed) may be absent.
+            cols = {"w4a16": each_problem(Problem.w4a16)}
+            if packs is not None:
+                cols["sm90"] = lambda: graph_time_us(Problem.w4a16_sm90, list(zip(ps, packs)))
+            cols.update(w4a4=each_problem(Problem.w4a4), codes=each_problem(Problem.w4a4_codes),
+                        **_peers(m, n, k, w_bf16, w_fp8, dev))
+            if quacks[0] is not None:
+                cols["quack"] = lambda: graph_time_us(lambda f, a: f(a), [(f, q.a) for f, q in zip(quacks, ps)])
             us = interleaved_medians(cols, rounds)
-            t16, tp, t4, t4c, bf16, fp8, tq = (us[c] for c in ("w4a16", "sm90", "w4a4", "codes", "bf16", "fp8",
-                                                               "quack"))
+            t16, tp, t4, t4c, bf16, fp8, tq = (us.get(c, float("nan")) for c in
+                                               ("w4a16", "sm90", "w4a4", "codes", "bf16", "fp8", "quack"))
             flops = 2.0 * m * n * k
             r = dict(gpu=name, n=n, k=k, m=m, bf16_us=bf16, fp8_us=fp8, w4a16_us=t16, w4a4_us=t4,
                      w4a16_tflops=flops / t16 / 1e6, w4a16_x_bf16=bf16 / t16, w4a16_x_fp8=fp8 / t16,

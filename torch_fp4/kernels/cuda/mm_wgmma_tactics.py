@@ -246,15 +246,17 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
     and 128 stream-K stays ahead of half the block_m at split 2: 28.7 against 31.8, 35.8 against
     36.6)."""
     tiles = -(-m // bm) * n_tiles
-    half = bm // 2
-    if bm == BLOCK_MS[-1] and 2 * -(-m // half) * n_tiles >= FILL * sms:
-        return half, 2, 1, False
+
+    def fills_at_split_2(b: int) -> bool:
+        return 2 * -(-m // b) * n_tiles >= FILL * sms
+    if bm == BLOCK_MS[-1] and fills_at_split_2(bm // 2):
+        return bm // 2, 2, 1, False
     if -(-k // BLOCK_K) >= LONG_K_STEPS and tiles * SK_MAX_PARTS >= sms:
         return bm, 1, 1, True
     b = bm
     while b > BLOCK_MS[0]:
         b //= 2
-        if 2 * -(-m // b) * n_tiles >= FILL * sms:
+        if fills_at_split_2(b):
             return b, 2, 1, False
     if bm <= TWO_CTA_MAX_BLOCK_M:
         return bm, _split_for(tiles, k, 2 * sms, bm, 2, packed), 2, False
