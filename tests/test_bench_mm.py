@@ -1,7 +1,7 @@
 """`bench mm` (torch_fp4/bench/mm.py) without a GPU: with the timer replaced by one that runs each
 input once, every column cycles through `timing.rotation` copies of its operands, the weight
 copies in memory of their own (no call finds its weights cached by the one before), and the
-columns are timed in interleaved rounds, each reporting its median."""
+columns are timed in interleaved rounds (every other one reversed), each reporting its median."""
 import pytest
 import torch
 
@@ -28,10 +28,11 @@ def test_every_column_cycles_through_rotation_copies_of_its_operands(monkeypatch
     rows = B.run(ms=(2,), device=torch.device("cpu"), rounds=3)
     assert len(rows) == 1
     # W4A16 row-major and "sm90", W4A4, W4A4 codes, bf16, fp8, quack: three inputs each, in turn,
-    # three rounds; each column reports its median (its second round's timing).
+    # three rounds, the second in reverse order; each column reports its median (column i of 7:
+    # places i + 1, 14 - i and 15 + i in the run, so its second round's).
     assert len(timed) == 21 and all(len(inputs) == 3 for inputs in timed)
-    assert len(set(names[:7])) == 7 and names[:7] == names[7:14] == names[14:]
-    assert rows[0]["w4a16_us"] == 8.0 and rows[0]["sm90_us"] == 9.0 and rows[0]["quack_us"] == 14.0
+    assert len(set(names[:7])) == 7 and names[:7] == names[7:14][::-1] == names[14:]
+    assert rows[0]["w4a16_us"] == 14.0 and rows[0]["sm90_us"] == 13.0 and rows[0]["quack_us"] == 8.0
     problems = [inputs[0] for inputs in timed[0]]
     assert len({p.w_data.data_ptr() for p in problems}) == 3
     assert len({p.a.data_ptr() for p in problems}) == 3

@@ -67,13 +67,15 @@ def graph_time_us(fn: Callable, inputs: Sequence[tuple], calls: int | None = Non
 
 
 def interleaved_medians(timers: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """Each timer (a measurement in us) run once per round in turn for `rounds` interleaved rounds:
-    the median per timer, so that a drift of the GPU's clock (which its power limit moves with the
-    work just before) or of the host over the run falls on every column alike."""
+    """Each timer (a measurement in us) run once per round for `rounds` interleaved rounds, every
+    other round in reverse order: the median per timer. A drift of the GPU's clock (which its power
+    limit moves with the work just before) or of the host over the run falls on every column alike,
+    and no column always follows the same one."""
     times: dict[str, list[float]] = {c: [] for c in timers}
-    for _ in range(rounds):
-        for c, timer in timers.items():
-            times[c].append(timer())
+    order = list(timers)
+    for r in range(rounds):
+        for c in (order if r % 2 == 0 else order[::-1]):
+            times[c].append(timers[c]())
     return {c: statistics.median(v) for c, v in times.items()}
 
 

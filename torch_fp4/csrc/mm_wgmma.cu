@@ -39,7 +39,8 @@
 // the next chunk and the next tile (store_tma); otherwise as fp32 that every thread stores 4
 // outputs at a time (store_staged). A one-tile-per-CTA launch (split-K, or `persistent` off) puts
 // the whole fp32 tile ([block_m][rows + 4], conflict-free) over the drained pipeline and stores 4
-// outputs per thread at a time. Every path undoes the 2^-7 fold, applies alpha and rounds once.
+// outputs per thread at a time, in rounds of Config::kEpiBatch chunks whose reads are all issued
+// before the first is used. Every path undoes the 2^-7 fold, applies alpha and rounds once.
 // Split-K: the CTAs of one output tile form a cluster along K; each reduces
 // a share of the rows by reading ranks 0, 1, ... in order through distributed shared memory
 // (deterministic, no atomics).
@@ -158,6 +159,9 @@ struct Config {
   static constexpr bool kPacked = kPacked_;  // weights in the "sm90" fragment layout, else rows
   static constexpr bool kFold = !kMx;
   static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
+  // Chunks per thread and round of the one-tile epilogue's store loop: 4 where the MMA threads
+  // have 232 registers, 2 in the 96 / 104-register kernels (4 spills there).
+  static constexpr int kEpiBatch = kMmaRegs >= 232 ? 4 : 2;
   static_assert(kBM_ % kChunkM == 0, "the persistent epilogue stores whole 32-row chunks");
   static_assert(kWG * 2 * kOutBuffer <= kWG * kChunkM * kStagePitch * 4,
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
@@ -587,29 +591,34 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     }
     constexpr int kPerRow = Cfg::kRows / 4;
     const int rows = min(Cfg::kBM, p.m - m0);
-    const int chunks = rows * kPerRow;
-    for (int q = rank * Cfg::kEpi + ct; q < chunks; q += splits * Cfg::kEpi) {
-      const int m = q / kPerRow, r4 = q % kPerRow;
-      if (n0 + 4 * r4 >= p.n) continue;
-      const float* local = part + m * Cfg::kPitch + 4 * r4;
-      F4 v4 = *reinterpret_cast<const F4*>(local);
-      if (splits > 1) {
-        uint32_t remote;
-        asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(0));
-        asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                     : "=f"(v4.x), "=f"(v4.y), "=f"(v4.z), "=f"(v4.w)
-                     : "r"(remote));
-        for (int r = 1; r < splits; ++r) {
-          F4 v;
-          asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(smem_u32(local)), "r"(r));
-          asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-                       : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                       : "r"(remote));
-          v4 = F4{small_m::add_rn(v4.x, v.x), small_m::add_rn(v4.y, v.y), small_m::add_rn(v4.z, v.z),
-                  small_m::add_rn(v4.w, v.w)};
+    const int chunks = rows * kPerRow, stride = splits * Cfg::kEpi;
+    // kEpiBatch chunks per thread and round: every read of a rank's words in the round is issued
+    // before the first is used, so the round's (distributed) shared-memory reads overlap instead of
+    // each chunk waiting on its own. Ranks are added in rank order, as every split-K sum is.
+    for (int q0 = rank * Cfg::kEpi + ct; q0 < chunks; q0 += Cfg::kEpiBatch * stride) {
+      uint32_t at[Cfg::kEpiBatch];
+      F4 v[Cfg::kEpiBatch];
+#pragma unroll
+      for (int u = 0; u < Cfg::kEpiBatch; ++u) {
+        const int q = min(q0 + u * stride, chunks - 1);  // past the tile: read in bounds, never stored
+        at[u] = smem_u32(part + (q / kPerRow) * Cfg::kPitch + 4 * (q % kPerRow));
+        v[u] = splits > 1 ? ld_cluster4(at[u], 0) : ld_shared4(at[u]);
+      }
+      for (int r = 1; r < splits; ++r) {
+        F4 x[Cfg::kEpiBatch];
+#pragma unroll
+        for (int u = 0; u < Cfg::kEpiBatch; ++u) x[u] = ld_cluster4(at[u], r);
+#pragma unroll
+        for (int u = 0; u < Cfg::kEpiBatch; ++u) v[u] = small_m::add4(v[u], x[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < Cfg::kEpiBatch; ++u) {
+        const int q = q0 + u * stride, m = q / kPerRow, r4 = q % kPerRow;
+        if (q < chunks && n0 + 4 * r4 < p.n) {
+          const F4 out = small_m::add_bias4(p, finish<Cfg>(v[u], alpha, has_alpha), n0 + 4 * r4);
+          small_m::store_out(p, m0 + m, n0 + 4 * r4, out);
         }
       }
-      small_m::store_out(p, m0 + m, n0 + 4 * r4, small_m::add_bias4(p, finish<Cfg>(v4, alpha, has_alpha), n0 + 4 * r4));
     }
     if (splits > 1) cluster_sync_all();  // keep this CTA's partials alive until every rank read them
   }

@@ -1,0 +1,56 @@
+"""A/B of two builds of one cuda kernel library in one process, on an sm_90 GPU:
+
+    python scripts/ab_libraries.py NAME TAG=PATH TAG=PATH [M,N,K ...]
+
+NAME: the library (e.g. wgmma1: the Hopper GEMM, bf16 activations, "sm90" NVFP4 weights); each
+TAG=PATH a built copy of it (build it from each tree with `python -c "import torch; from
+torch_fp4.kernels.cuda import build; print(build.build(torch.cuda.get_device_capability(),
+['wgmma1'])['wgmma1'])"` and copy the file). Per problem: auto's W4A16 tactic under each build
+and torch bf16 over rotating operands, medians of five interleaved rounds, and a check that every
+build gives the first build's bits. Both builds run in the same process, so the clock and the
+host are the same for both (processes of one tree differ by several percent)."""
+import sys
+
+import torch
+
+from torch_fp4 import ops
+from torch_fp4.bench.mm import Problem, nvfp4_weight
+from torch_fp4.bench.timing import copies, graph_time_us, interleaved_medians, rotation
+from torch_fp4.kernels.cuda import native
+
+
+def main(name: str, builds: dict[str, str], problems: list[tuple[int, int, int]]) -> None:
+    dev = torch.device("cuda")
+    index = dev.index or 0
+    libs = {tag: native.Library(name, path) for tag, path in builds.items()}
+
+    def under(tag, fn):
+        native._LOADED[(index, name)] = libs[tag]
+        return fn()
+
+    for m, n, k in problems:
+        w = nvfp4_weight(n, k, dev)
+        ws = copies(w, rotation(n * k // 2 + w[1].numel(), dev))
+        ps = [Problem(m, n, k, wc, dev) for wc in ws]
+        packs = [ops.prepack_weight(wc[0]) for wc in ws]
+        w16s = copies((torch.randn(n, k, device=dev, dtype=torch.bfloat16),), rotation(n * k * 2, dev))
+        outs = {tag: under(tag, lambda: ps[0].w4a16_sm90(packs[0])) for tag in libs}
+        first = next(iter(outs.values()))
+        same = all(torch.equal(o, first) for o in outs.values())
+        cols = {tag: (lambda tag=tag: under(tag, lambda: graph_time_us(lambda p, pk: p.w4a16_sm90(pk),
+                                                                        list(zip(ps, packs)))))
+                for tag in libs}
+        cols["bf16"] = lambda: graph_time_us(lambda b: torch.matmul(ps[0].a, b.T), w16s)
+        us = interleaved_medians(cols, 5)
+        base = next(iter(libs))
+        print(f"M={m} N={n} K={k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) + "  " +
+              "  ".join(f"{t}/{base} {us[t] / us[base]:.3f}" for t in list(libs)[1:]) +
+              f"  same bits: {same}", flush=True)
+        del ws, ps, packs, w16s
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    builds = dict(a.split("=", 1) for a in sys.argv[2:] if "=" in a)
+    specs = [a for a in sys.argv[2:] if "=" not in a]
+    main(sys.argv[1], builds, [tuple(int(v) for v in s.split(",")) for s in specs])
