@@ -954,6 +954,27 @@ def test_key_buckets_m_by_n_blocks():
     assert MT.key(_args(16, fp4=True)) != MT.key(_args(16))
 
 
+def test_sm90_weights_at_m_9_to_16_take_the_hopper_gemm_where_its_split_k_ranges_are_long():
+    """M = 9-16 on "sm90" weights: the Hopper GEMM's heuristic tactic first where it is a split-K
+    launch of at least mm_space.HOPPER_FIRST_K per split (8192 x 28672: split 2), the small-M kernel
+    still a candidate; the small-M kernel first at M <= 8, on row-major weights, at shorter ranges
+    (8192 x 8192) and where the Hopper GEMM would run persistent (28672 x 8192, 4096 x 14336)."""
+    from torch_fp4.kernels.cuda import mm_space
+    from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
+
+    for m in (9, 12, 16):
+        args = _args(m, wlayout=F.WeightLayout.SM90)
+        t = mm_space.MM_SPACE.default(args)
+        assert isinstance(t, WT.WgmmaMmTactic) and t == WT.default(args), t
+        assert t.split_k == 2 and args.k // t.split_k >= mm_space.HOPPER_FIRST_K
+        assert any(isinstance(c, MT.CudaMmTactic) for c in mm_space.MM_SPACE.candidates(args))
+    for m, n, k, layout in ((8, 8192, 28672, F.WeightLayout.SM90), (16, 8192, 28672, F.WeightLayout.ROW),
+                            (16, 8192, 8192, F.WeightLayout.SM90), (16, 28672, 8192, F.WeightLayout.SM90),
+                            (16, 4096, 14336, F.WeightLayout.SM90)):
+        args = _args(m, n, k, wlayout=layout)
+        assert isinstance(mm_space.MM_SPACE.default(args), MT.CudaMmTactic), (m, n, k, layout)
+
+
 def test_sm90_weights_take_the_small_m_kernel_up_to_m_32():
     """"sm90" weights: the small-M kernel up to PACKED_MAX_M (first in the cuda space's order, with
     the small-M heuristic's tile for those weights, up to mm_space.SMALL_M_MAX and, for weights of
@@ -962,12 +983,12 @@ def test_sm90_weights_take_the_small_m_kernel_up_to_m_32():
     from torch_fp4.kernels.cuda import mm_space
     from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
-    for m in (1, 16):
-        args = _args(m, wlayout=F.WeightLayout.SM90)
+    for m, k in ((1, 28672), (16, 8192)):   # (M = 9-16 at long K: the next test)
+        args = _args(m, k=k, wlayout=F.WeightLayout.SM90)
         t = mm_space.MM_SPACE.default(args)
         assert isinstance(t, MT.CudaMmTactic) and t == MT.default(args)
         assert all(MT.why_not(c, args) is None for c in MT.candidates(args))
-        assert MT.key(args) != MT.key(_args(m))
+        assert MT.key(args) != MT.key(_args(m, k=k))
     args = _args(32, wlayout=F.WeightLayout.SM90)
     assert isinstance(mm_space.MM_SPACE.default(args), WT.WgmmaMmTactic)
     assert any(isinstance(c, MT.CudaMmTactic) for c in mm_space.MM_SPACE.candidates(args))

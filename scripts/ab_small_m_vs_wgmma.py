@@ -1,0 +1,57 @@
+"""At M <= 16 on "sm90" NVFP4 weights: the small-M GEMM's heuristic tactic against the Hopper
+GEMM's (what `auto` would pick above SMALL_M_MAX), beside quack and torch bf16, over rotating
+operands, medians of five interleaved rounds, on an sm_90 GPU:
+
+    python scripts/ab_small_m_vs_wgmma.py [M,N,K ...]
+
+Checks that both give the same bits (exact products, fp32 sums in another order can differ: the
+largest relative difference is printed instead)."""
+import sys
+
+import torch
+
+from torch_fp4 import formats as F
+from torch_fp4 import ops, tactics
+from torch_fp4.bench.mm import Problem, nvfp4_weight, quack_w4a16
+from torch_fp4.bench.timing import copies, graph_time_us, interleaved_medians, rotation
+from torch_fp4.kernels.cuda import mm_tactics as small, mm_wgmma_tactics as wg
+from torch_fp4.problems import MmProblem
+
+
+def main(problems):
+    dev = torch.device("cuda")
+    for m, n, k in problems:
+        w = nvfp4_weight(n, k, dev)
+        ws = copies(w, rotation(n * k // 2 + w[1].numel(), dev))
+        ps = [Problem(m, n, k, wc, dev) for wc in ws]
+        packs = [ops.prepack_weight(wc[0]) for wc in ws]
+        quacks = [quack_w4a16(wc[0], wc[1], n, k) for wc in ws]
+        w16s = copies((torch.randn(n, k, device=dev, dtype=torch.bfloat16),), rotation(n * k * 2, dev))
+        p0 = ps[0]
+        prob = MmProblem.of(p0.a, packs[0].T, None, p0.w_scale.T, p0.alpha, torch.bfloat16, F.NVFP4,
+                            F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+        pair = {"small-M": small.default(prob), "wgmma": wg.default(prob)}
+
+        def under(t):
+            def call(p, pk):
+                with tactics.use_tactic(t):
+                    return ops.mm_fp4(p.a, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90", backend="cuda")
+            return call
+        outs = {c: under(t)(p0, packs[0]).float() for c, t in pair.items()}
+        diff = ((outs["wgmma"] - outs["small-M"]).abs().max() / outs["small-M"].abs().max()).item()
+        cols = {c: (lambda t=t: graph_time_us(under(t), list(zip(ps, packs)))) for c, t in pair.items()}
+        if quacks[0] is not None:
+            cols["quack"] = lambda: graph_time_us(lambda f, a: f(a), [(f, p.a) for f, p in zip(quacks, ps)])
+        cols["bf16"] = lambda: graph_time_us(lambda b: torch.matmul(p0.a, b.T), w16s)
+        us = interleaved_medians(cols, 5)
+        print(f"M={m} N={n} K={k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) +
+              f"  wgmma/small-M {us['wgmma'] / us['small-M']:.3f}  max rel diff {diff:.1e}  "
+              f"[{pair['small-M'].label()} | {pair['wgmma'].label()}]", flush=True)
+        del ws, ps, packs, quacks, w16s
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    specs = sys.argv[1:] or [f"{m},{n},{k}" for n, k in ((8192, 28672), (28672, 8192), (8192, 8192))
+                             for m in (4, 8, 12, 16)]
+    main([tuple(int(v) for v in s.split(",")) for s in specs])
