@@ -13,9 +13,8 @@ import sys
 
 import torch
 
-from torch_fp4 import ops
-from torch_fp4.bench.mm import Problem, nvfp4_weight
-from torch_fp4.bench.timing import copies, graph_time_us, interleaved_medians, rotation
+from torch_fp4.bench.mm import rotated
+from torch_fp4.bench.timing import graph_time_us, interleaved_medians
 from torch_fp4.kernels.cuda import native
 
 
@@ -29,24 +28,21 @@ def main(name: str, builds: dict[str, str], problems: list[tuple[int, int, int]]
         return fn()
 
     for m, n, k in problems:
-        w = nvfp4_weight(n, k, dev)
-        ws = copies(w, rotation(n * k // 2 + w[1].numel(), dev))
-        ps = [Problem(m, n, k, wc, dev) for wc in ws]
-        packs = [ops.prepack_weight(wc[0]) for wc in ws]
-        w16s = copies((torch.randn(n, k, device=dev, dtype=torch.bfloat16),), rotation(n * k * 2, dev))
+        r = rotated(m, n, k, dev)
+        ps, packs = r.problems, r.packs
         outs = {tag: under(tag, lambda: ps[0].w4a16_sm90(packs[0])) for tag in libs}
         first = next(iter(outs.values()))
         same = all(torch.equal(o, first) for o in outs.values())
         cols = {tag: (lambda tag=tag: under(tag, lambda: graph_time_us(lambda p, pk: p.w4a16_sm90(pk),
                                                                         list(zip(ps, packs)))))
                 for tag in libs}
-        cols["bf16"] = lambda: graph_time_us(lambda b: torch.matmul(ps[0].a, b.T), w16s)
+        cols["bf16"] = lambda: graph_time_us(lambda b: torch.matmul(ps[0].a, b.T), [(b,) for b in r.bf16])
         us = interleaved_medians(cols, 5)
         base = next(iter(libs))
         print(f"M={m} N={n} K={k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) + "  " +
               "  ".join(f"{t}/{base} {us[t] / us[base]:.3f}" for t in list(libs)[1:]) +
               f"  same bits: {same}", flush=True)
-        del ws, ps, packs, w16s
+        del r, ps, packs
         torch.cuda.empty_cache()
 
 

@@ -12,8 +12,8 @@ import torch
 
 from torch_fp4 import formats as F
 from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, nvfp4_weight, quack_w4a16
-from torch_fp4.bench.timing import copies, graph_time_us, interleaved_medians, rotation
+from torch_fp4.bench.mm import quack_w4a16, rotated
+from torch_fp4.bench.timing import graph_time_us, interleaved_medians
 from torch_fp4.kernels.cuda import mm_tactics as small, mm_wgmma_tactics as wg
 from torch_fp4.problems import MmProblem
 
@@ -21,12 +21,9 @@ from torch_fp4.problems import MmProblem
 def main(problems):
     dev = torch.device("cuda")
     for m, n, k in problems:
-        w = nvfp4_weight(n, k, dev)
-        ws = copies(w, rotation(n * k // 2 + w[1].numel(), dev))
-        ps = [Problem(m, n, k, wc, dev) for wc in ws]
-        packs = [ops.prepack_weight(wc[0]) for wc in ws]
-        quacks = [quack_w4a16(wc[0], wc[1], n, k) for wc in ws]
-        w16s = copies((torch.randn(n, k, device=dev, dtype=torch.bfloat16),), rotation(n * k * 2, dev))
+        r = rotated(m, n, k, dev)
+        ps, packs = r.problems, r.packs
+        quacks = [quack_w4a16(wc[0], wc[1], n, k) for wc in r.weights]
         p0 = ps[0]
         prob = MmProblem.of(p0.a, packs[0].T, None, p0.w_scale.T, p0.alpha, torch.bfloat16, F.NVFP4,
                             F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
@@ -42,12 +39,12 @@ def main(problems):
         cols = {c: (lambda t=t: graph_time_us(under(t), list(zip(ps, packs)))) for c, t in pair.items()}
         if quacks[0] is not None:
             cols["quack"] = lambda: graph_time_us(lambda f, a: f(a), [(f, p.a) for f, p in zip(quacks, ps)])
-        cols["bf16"] = lambda: graph_time_us(lambda b: torch.matmul(p0.a, b.T), w16s)
+        cols["bf16"] = lambda: graph_time_us(lambda b: torch.matmul(p0.a, b.T), [(b,) for b in r.bf16])
         us = interleaved_medians(cols, 5)
         print(f"M={m} N={n} K={k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) +
               f"  wgmma/small-M {us['wgmma'] / us['small-M']:.3f}  max rel diff {diff:.1e}  "
               f"[{pair['small-M'].label()} | {pair['wgmma'].label()}]", flush=True)
-        del ws, ps, packs, quacks, w16s
+        del r, ps, packs, quacks
         torch.cuda.empty_cache()
 
 

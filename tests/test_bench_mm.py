@@ -42,3 +42,17 @@ def test_every_column_cycles_through_rotation_copies_of_its_operands(monkeypatch
 def test_rounds_below_one_is_refused_by_name():
     with pytest.raises(ValueError, match="rounds must be at least 1, got 0"):
         B.run(ms=(2,), device=torch.device("cpu"), rounds=0)
+
+
+def test_rotated_operands_are_copies_in_memory_of_their_own(monkeypatch):
+    """bench.mm.rotated (the A/B scripts' operands): timing.rotation copies of one weight, each with
+    its Problem (activations of its own) and its "sm90" prepack, and as many bf16 weight copies."""
+    monkeypatch.setattr(B, "rotation", lambda nbytes, device: 3)
+    r = B.rotated(2, 256, 128, torch.device("cpu"))
+    assert len(r.weights) == len(r.problems) == len(r.packs) == len(r.bf16) == 3
+    assert len({w[0].data_ptr() for w in r.weights}) == 3 and len({b.data_ptr() for b in r.bf16}) == 3
+    assert all(torch.equal(w[0], r.weights[0][0]) for w in r.weights)
+    assert all(p.w_data is w[0] for p, w in zip(r.problems, r.weights))
+    assert len({p.a.data_ptr() for p in r.problems}) == 3
+    assert all(torch.equal(pk, B.ops.prepack_weight(w[0])) for pk, w in zip(r.packs, r.weights))
+    assert all(torch.equal(b, r.bf16[0]) and b.shape == (256, 128) for b in r.bf16)

@@ -20,7 +20,7 @@ Both use the row-major weights of the W4A16 column, and A4/A16 is their time ove
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -94,6 +94,26 @@ def _peers(m: int, n: int, k: int, w_bf16: list[torch.Tensor], w_fp8: list[torch
         except RuntimeError:  # cuBLASLt shape limits
             return float("nan")
     return {"bf16": lambda: graph_time_us(lambda a, w: torch.matmul(a, w.T), bf16_in), "fp8": fp8}
+
+
+class Rotated(NamedTuple):
+    """One (M, N, K)'s operands in copies that together are 3x the L2 (timing.rotation): NVFP4
+    weights (data, 128x4 scales, gs), a Problem per weight copy (activations of its own), their
+    "sm90" prepacks, and bf16 weights for torch's column."""
+    weights: list
+    problems: list
+    packs: list
+    bf16: list
+
+
+def rotated(m: int, n: int, k: int, device: torch.device) -> Rotated:
+    """The operands of scripts' A/B columns on "sm90" weights (`bench mm` itself reuses one shape's
+    weight copies across its M values)."""
+    w = nvfp4_weight(n, k, device)
+    ws = copies(w, rotation(n * k // 2 + w[1].numel(), device))
+    w16 = copies((torch.randn(n, k, device=device, dtype=torch.bfloat16),), rotation(n * k * 2, device))
+    return Rotated(ws, [Problem(m, n, k, wc, device) for wc in ws], [ops.prepack_weight(wc[0]) for wc in ws],
+                   [c for c, in w16])
 
 
 def quack_w4a16(w_data: torch.Tensor, w_scale: torch.Tensor, n: int, k: int):

@@ -602,12 +602,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       for (int u = 0; u < Cfg::kEpiBatch; ++u) {
         const int q = min(q0 + u * stride, chunks - 1);  // past the tile: read in bounds, never stored
         at[u] = smem_u32(part + (q / kPerRow) * Cfg::kPitch + 4 * (q % kPerRow));
-        v[u] = splits > 1 ? ld_cluster4(at[u], 0) : ld_shared4(at[u]);
+        v[u] = splits > 1 ? ld_cluster128f(at[u], 0) : lds128f(at[u]);
       }
       for (int r = 1; r < splits; ++r) {
         F4 x[Cfg::kEpiBatch];
 #pragma unroll
-        for (int u = 0; u < Cfg::kEpiBatch; ++u) x[u] = ld_cluster4(at[u], r);
+        for (int u = 0; u < Cfg::kEpiBatch; ++u) x[u] = ld_cluster128f(at[u], r);
 #pragma unroll
         for (int u = 0; u < Cfg::kEpiBatch; ++u) v[u] = small_m::add4(v[u], x[u]);
       }

@@ -27,23 +27,6 @@ constexpr uint32_t kOutBuffer = kChunkM * 64 * 2;  // bytes of one 16-bit TMA-st
 constexpr int kXchgAcc = 16;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Four fp32 words at shared address `addr` of this CTA, or of cluster rank `rank`'s copy of this
-// CTA's shared memory. Volatile: they stay after the cluster barrier that publishes the words.
-__device__ __forceinline__ F4 ld_shared4(uint32_t addr) {
-  F4 v;
-  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ F4 ld_cluster4(uint32_t addr, int rank) {
-  uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-  F4 v;
-  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-               : "r"(remote));
-  return v;
-}
-
 // Four finished sums before their one rounding: undo the 2^-7 of the folded NVFP4 operands
 // (exact), then alpha.
 template <class Cfg>
