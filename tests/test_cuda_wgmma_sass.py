@@ -5,7 +5,8 @@ no ptxas serialization of the wgmmas (warning C7513); one pass of each main loop
 8 HGMMAs where mm_wgmma_tactics.stage_k is 128 K and 4 where it is 64 (the kernel's stage_subs
 mirrored); the main loop on "sm90" weights at least 15% shorter per HGMMA than on row-major ones,
 and with two K groups no longer than with one and free of R2UR (descriptors in uniform
-registers). It compiles to a stub for sm_100a (wgmma is Hopper-only).
+registers); every mbarrier wait sleeps on a suspend-time hint between phase checks. It compiles to
+a stub for sm_100a (wgmma is Hopper-only).
 Skipped without nvcc or a disassembler."""
 import re
 import subprocess
@@ -54,6 +55,11 @@ def test_sm90a_register_a_hgmma_no_spills_no_serialization(tmp_path):
     # The persistent epilogue of 16-bit outputs: transposed stmatrix into the swizzled buffer, then
     # a TMA tensor store.
     assert re.search(r"STSM\.16\.MT88\.4", sass) and "UTMASTG" in sass
+    # Every mbarrier wait sleeps between phase checks (try_wait's suspend-time hint): each retry
+    # of a failed TRYWAIT is a NANOSLEEP.SYNCS and a phase check, never a bare polling loop.
+    sleeps = len(re.findall(r"NANOSLEEP\.SYNCS", sass))
+    rechecks = len(re.findall(r"SYNCS\.PHASECHK\.TRANS64 P\d", sass))
+    assert sleeps > 0 and sleeps == rechecks, (sleeps, rechecks)
 
 
 def test_sm100a_compiles_to_a_stub(tmp_path):
