@@ -9,6 +9,7 @@ import torch
 from torch_fp4 import formats as F
 from torch_fp4.kernels.cuda import mm_tactics as MT
 from torch_fp4.problems import MmProblem
+from torch_fp4.testing import checked_candidates
 
 
 def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4, fp4=False, wlayout=F.WeightLayout.ROW):
@@ -23,11 +24,7 @@ def test_candidates_are_valid_compiled_and_default_first():
     for m in (1, 8, 9, 16, 32, 33, 64):
         for n, k in ((8192, 28672), (28672, 8192), (200, 640), (1024, 4096)):
             for fmt in (F.NVFP4, F.MXFP4):
-                args = _args(m, n, k, fmt=fmt)
-                cands = MT.candidates(args)
-                assert cands and cands[0] == MT.default(args)
-                assert len(set(cands)) == len(cands)
-                assert all(MT.why_not(t, args) is None for t in cands)
+                cands = checked_candidates(MT, _args(m, n, k, fmt=fmt))
                 offered |= {(MT.n_blocks(m), t.warps, t.tiles_per_warp, t.block_k) for t in cands}
     assert offered == {(nb, *s) for nb in (1, 2, 4, 8) for s in MT.TILE_SHAPES if MT.tile_compiled(nb, *s)}
 

@@ -11,6 +11,7 @@ from torch_fp4.kernels.cuda import mm_space as S
 from torch_fp4.kernels.cuda import mm_tactics as SM
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
+from torch_fp4.testing import checked_candidates
 
 
 def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4, layout=F.WeightLayout.ROW):
@@ -98,11 +99,7 @@ def test_candidates_valid_unique_default_first():
     for m in (17, 33, 64, 129, 300, 4097):
         for n, k in ((8192, 28672), (28672, 8192), (200, 704)):
             for fmt in (F.NVFP4, F.MXFP4):
-                args = _args(m, n, k, fmt=fmt)
-                cands = WT.candidates(args)
-                assert cands and cands[0] == WT.default(args)
-                assert len(set(cands)) == len(cands)
-                assert all(WT.why_not(t, args) is None for t in cands)
+                checked_candidates(WT, _args(m, n, k, fmt=fmt))
 
 
 @pytest.mark.parametrize("change,msg", [

@@ -10,6 +10,7 @@ from torch_fp4 import tactics
 from torch_fp4.backends import Backend
 from torch_fp4.kernels.triton import mm_tactics as MT
 from torch_fp4.problems import MmProblem
+from torch_fp4.testing import checked_candidates
 
 
 def _args(m, n=8192, k=28672, a_dtype=torch.bfloat16, fmt=F.NVFP4, fp4=False):
@@ -38,11 +39,7 @@ def test_json_round_trip_of_every_candidate():
 
 def test_candidates_are_valid_and_default_first():
     for m in (1, 8, 16, 32, 64, 128, 256, 2048):
-        args = _args(m)
-        cands = MT.candidates(args)
-        assert cands and cands[0] == MT.default(args)
-        assert len(set(cands)) == len(cands)
-        assert all(MT.why_not(t, args) is None for t in cands)
+        checked_candidates(MT, _args(m))
 
 
 def test_heuristic_by_size():

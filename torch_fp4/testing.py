@@ -223,6 +223,17 @@ def as_list(result) -> list:
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
+def checked_candidates(space, problem) -> list:
+    """A tactic space's (a module with candidates, default and why_not) candidates for `problem`,
+    after asserting that there is at least one, the default comes first, none repeats and the
+    space's own why_not accepts each."""
+    cands = space.candidates(problem)
+    assert cands and cands[0] == space.default(problem)
+    assert len(set(cands)) == len(cands)
+    assert all(space.why_not(t, problem) is None for t in cands)
+    return cands
+
+
 def bits(t: torch.Tensor) -> torch.Tensor:
     """A tensor to compare bit for bit: 1-byte dtypes (FP4, FP8 scales) as uint8."""
     return t.view(torch.uint8) if t.element_size() == 1 else t

@@ -26,7 +26,7 @@ __device__ __forceinline__ void mbar_init(uint64_t* bar, int count) {
 // The wait passes try_wait a suspend-time hint (kWaitHintNs; ptxas emits NANOSLEEP.SYNCS and a
 // phase check after a failed TRYWAIT): a waiting thread sleeps until the phase completes or the
 // hint runs out instead of polling. Same results; measured faster under the power limit
-// (BENCHMARKS.md, "barrier waits with a suspend-time hint").
+// (BENCHMARKS.md, "barrier waits that sleep").
 constexpr uint32_t kWaitHintNs = 10000000u;
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
   asm volatile(
