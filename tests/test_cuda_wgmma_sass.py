@@ -5,7 +5,7 @@ no ptxas serialization of the wgmmas (warning C7513); one pass of each main loop
 8 HGMMAs where mm_wgmma_tactics.stage_k is 128 K and 4 where it is 64 (the kernel's stage_subs
 mirrored); the main loop on "sm90" weights at least 15% shorter per HGMMA than on row-major ones,
 and with two K groups no longer than with one and free of R2UR (descriptors in uniform
-registers); every mbarrier wait sleeps on a suspend-time hint between phase checks. It compiles to
+registers); the split-2 kernels at block_m 128 and 256 with main loops as short as the others'; every mbarrier wait sleeps on a suspend-time hint between phase checks. It compiles to
 a stub for sm_100a (wgmma is Hopper-only).
 Skipped without nvcc or a disassembler."""
 import re
@@ -70,11 +70,11 @@ def test_sm100a_compiles_to_a_stub(tmp_path):
 
 def _main_loops(sass: str) -> dict:
     """The main loop (instructions of one K stage) of each kernel instantiation, keyed by its Config
-    template arguments (block_m, fp16, mx, sm90 layout, CTAs per SM, K groups): the shortest
-    backward-branch loop holding at least four HGMMAs."""
+    template arguments (block_m, fp16, mx, sm90 layout, CTAs per SM, K groups, split-2 kernel): the
+    shortest backward-branch loop holding at least four HGMMAs."""
     out = {}
     for func in re.split(r"\n\s*Function : ", sass)[1:]:
-        cfg = re.search(r"ConfigILi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)ELi(\d)E", func.split("\n")[0])
+        cfg = re.search(r"ConfigILi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)ELi(\d)ELb(\d)E", func.split("\n")[0])
         if cfg is None:
             continue
         ins = [(int(a, 16), body.split(";")[0]) for a, body in re.findall(r"/\*([0-9a-f]{4,})\*/\s*([^\n]*)", func)]
@@ -98,20 +98,28 @@ def test_main_loops_sm90_layout_and_two_k_groups(tmp_path):
     path.write_bytes(cubin)
     sass = subprocess.run([cuobjdump, "-sass", str(path)], check=True, capture_output=True, text=True).stdout
     loops = _main_loops(sass)
-    for (bm, _, _, packed, ctas, _), loop in loops.items():
+    for (bm, _, _, packed, ctas, _, _), loop in loops.items():
         steps = sum("HGMMA" in b for b in loop)
         assert steps == 4 * WT.stage_k(bm, ctas, bool(packed)) // WT.BLOCK_K, (bm, packed, ctas, steps)
 
     def per_step(cfg):
         return len(loops[cfg]) / sum("HGMMA" in b for b in loops[cfg])
     for bm in (64, 128, 256):
-        row, sm90 = per_step((bm, 0, 0, 0, 1, 1)), per_step((bm, 0, 0, 1, 1, 1))   # bf16 NVFP4
+        row, sm90 = per_step((bm, 0, 0, 0, 1, 1, 0)), per_step((bm, 0, 0, 1, 1, 1, 0))   # bf16 NVFP4
         assert sm90 <= 0.85 * row, (bm, row, sm90)
     # Two K groups: each warp's stage costs what one K group's does (the same decode, lookahead and
     # ring bookkeeping), with the stage addresses and wgmma descriptors in uniform registers (no
     # R2UR per wgmma: K group index broadcast warp-uniform).
     for bm in (32, 64):
         for fp16, mx in ((0, 0), (1, 0), (0, 1)):
-            one, two = (bm, fp16, mx, 1, 1, 1), (bm, fp16, mx, 1, 1, 2)
+            one, two = (bm, fp16, mx, 1, 1, 1, 0), (bm, fp16, mx, 1, 1, 2, 0)
             assert per_step(two) <= per_step(one) + 2, (bm, fp16, mx, per_step(one), per_step(two))
             assert not any("R2UR" in b for b in loops[two]), (bm, fp16, mx)
+    # The split-2 kernels (Config's kPair) exist at block_m 128 and 256 with one K group and one CTA
+    # per SM, for every variant, and their main loops are as short as the one-tile kernels' (the
+    # epilogue of their own leaves ptxas's main loop alone).
+    pairs = {cfg[:6] for cfg in loops if cfg[6]}
+    assert {(c[0], c[4], c[5]) for c in pairs} == {(128, 1, 1), (256, 1, 1)}, pairs
+    assert len(pairs) == 2 * len({cfg[1:4] for cfg in loops}), pairs
+    for cfg in pairs:
+        assert len(loops[cfg + (1,)]) <= len(loops[cfg + (0,)]) + 4, (cfg, len(loops[cfg + (1,)]), len(loops[cfg + (0,)]))

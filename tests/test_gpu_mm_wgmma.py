@@ -54,9 +54,9 @@ def _tactics(args, fmt):
     problem = MmProblem.of(a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4)
     out = []
     for bm in WT.BLOCK_MS:
-        for split, persistent in ((1, False), (1, True), (3, False)):
+        for split, persistent in ((1, False), (1, True), (3, False), (2, False)):
             for stages in (WT.MIN_STAGES, WT.max_stages(bm, persistent=persistent, ctas_per_sm=1,
-                                                         packed=problem.packed)):
+                                                         packed=problem.packed))[:1 if split == 2 else 2]:
                 t = WT.WgmmaMmTactic(bm, stages, split, persistent)
                 if WT.why_not(t, problem) is None:
                     out.append(t)
@@ -84,8 +84,11 @@ def test_grid_exact_every_tile(fmt_name, a_mode, m):
     for t in ts:
         with t4.use_tactic(t):
             got = _call(args, fmt)
-            # 16-bit outputs leave persistent launches by TMA tensor stores (N % 8 == 0 here).
-            half = _call(args, fmt, torch.bfloat16, torch.tensor([0.5], device="cuda")) if t.persistent else None
+            # 16-bit outputs leave persistent launches by TMA tensor stores (N % 8 == 0 here), and
+            # split-2 launches too, each rank storing half the tile's rows (rank 1's half holds one
+            # row at M = 33 and 129, none at M = 1).
+            tma = t.persistent or t.split_k == 2
+            half = _call(args, fmt, torch.bfloat16, torch.tensor([0.5], device="cuda")) if tma else None
         assert torch.equal(got, want), (t.label(), (got - want).abs().max().item())
         if half is not None:
             assert torch.equal(half, (want * 0.5).to(torch.bfloat16)), t.label()

@@ -43,7 +43,12 @@
 // before the first is used. Every path undoes the 2^-7 fold, applies alpha and rounds once.
 // Split-K: the CTAs of one output tile form a cluster along K; each reduces
 // a share of the rows by reading ranks 0, 1, ... in order through distributed shared memory
-// (deterministic, no atomics).
+// (deterministic, no atomics). Split 2 at block_m 128 / 256 (one K group, one CTA per SM) with
+// 16-bit outputs of 16-byte rows has a kernel of its own (Config::kPair): each rank keeps the
+// accumulators of half the tile's activation rows, hands the other half's to the other rank through
+// distributed shared memory (pair_exchange), adds the other rank's to its own and stores its half
+// from registers as persistent launches do (transposed stmatrix, TMA tensor stores): half the
+// shared-memory traffic of the fp32 tile, and no store loop.
 // Stream-K (persistent launches, when the tiles do not fill whole waves of the launch's CTAs):
 // the tiles of all whole waves but the last are taken as above; the K steps of the remaining
 // tiles (one to two waves' worth) are shared out evenly, so each CTA runs one range of them that
@@ -128,9 +133,16 @@ __host__ __device__ constexpr int smem_bytes(int bm, int wg, int subs, int stage
   return 3 * 1024 + xchg_bytes(wg, kg) + (pipe > tile ? pipe : tile);
 }
 
-template <int kBM_, bool kFp16_, bool kMx_, bool kPacked_, int kCtas_ = 1, int kKG_ = 1>
+template <int kBM_, bool kFp16_, bool kMx_, bool kPacked_, int kCtas_ = 1, int kKG_ = 1, bool kPair_ = false>
 struct Config {
   static constexpr int kBM = kBM_;
+  // One-tile split-2 launches with 16-bit outputs and 16-byte output rows (pair_launch), a kernel
+  // of their own: each rank finishes half of the tile's activation rows from its accumulators
+  // (pair_exchange, then store_tma), the exchange words (kPairXchg bytes) then the TMA-store
+  // buffers over the drained stages. Its own instantiation: the same epilogue inside the other
+  // kernels moved ptxas's main loop of their persistent launches (BENCHMARKS.md).
+  static constexpr bool kPair = kPair_;
+  static constexpr int kPairXchg = 2 * (kBM_ / 4) * 128 * 4;
   static constexpr int kCtas = kCtas_;             // CTAs per SM (launch bounds, register split)
   // K groups: MMA warpgroups per 64 weight rows. With 2, K group 0 takes the CTA's even stages and
   // K group 1 its odd ones, into accumulators of their own that meet in shared memory at the
@@ -163,6 +175,8 @@ struct Config {
   // have 232 registers, 2 in the 96 / 104-register kernels (4 spills there).
   static constexpr int kEpiBatch = kMmaRegs >= 232 ? 4 : 2;
   static_assert(kBM_ % kChunkM == 0, "the persistent epilogue stores whole 32-row chunks");
+  static_assert(!kPair_ || (kKG_ == 1 && kCtas_ == 1 && kBM_ >= 128),
+                "the split-2 epilogue: one K group, one CTA per SM, whole rounds of 8 exchange words");
   static_assert(kWG * 2 * kOutBuffer <= kWG * kChunkM * kStagePitch * 4,
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
 };
@@ -534,6 +548,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     }
     wgmma_wait<0>();
     fence_regs(acc);
+    if constexpr (Cfg::kPair) {
+      consumer_sync<Cfg>();  // every consumer is past the pipeline before the exchange overwrites it
+      pair_exchange<Cfg>(acc, pipe_addr, rank, mwg, ct & 127);
+      store_tma<Cfg, Cfg::kBM / kChunkM / 2>(p, &out_map, acc, pipe_addr + Cfg::kPairXchg + 2 * kOutBuffer * mwg,
+                                             chunk, m0 + rank * (Cfg::kBM / 2), n0, mwg, ct & 127, alpha, has_alpha);
+      cluster_sync_all();  // keep this rank's exchange words alive until the other rank read them
+      continue;
+    }
     if (persistent) {
       // The tile's last stage goes back now: the producer refills it during the stores.
       __syncwarp();
@@ -710,13 +732,15 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   Params p = operand_params(a, (tiles + split - 1) / split);
 
   const bool persistent = a.persistent && split == 1;
-  // 16-bit outputs with 16-byte rows leave a persistent launch by TMA tensor stores.
+  // 16-bit outputs with 16-byte rows leave a persistent launch, and a split-2 one (Config::kPair,
+  // which returns false without them: the caller then takes the one-tile kernel), by TMA tensor stores.
   CUtensorMap out_map{};
-  const bool out_tma = persistent && a.out_dtype != small_m::kOutF32 && a.n % 8 == 0 &&
+  const bool out_tma = (persistent || Cfg::kPair) && a.out_dtype != small_m::kOutF32 && a.n % 8 == 0 &&
                        reinterpret_cast<uintptr_t>(a.out) % 16 == 0 &&
                        encode_2d(&out_map, a.out_dtype == small_m::kOutF16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
                                                                            : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
                                  a.out, a.m, a.n, a.n * 2, kChunkM, 64, CU_TENSOR_MAP_SWIZZLE_128B);
+  if (Cfg::kPair && !out_tma) return false;
   const int smem = smem_bytes(Cfg::kBM, Cfg::kWG, Cfg::kSubs, a.stages, persistent, Cfg::kKG);
   auto kernel = wgmma_mm_kernel<Cfg>;
   static int configured[kMaxDevices] = {};
@@ -742,6 +766,17 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   return true;
 }
 
+// Whether a launch takes the split-2 kernel (Config::kPair): one tile per CTA, split 2 after the
+// clamp to the K steps, one K group and one CTA per SM at block_m 128 or 256, 16-bit outputs with
+// 16-byte rows.
+inline bool pair_launch(const WgmmaMmArgs& a) {
+  const int64_t steps = (a.k + kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed) - 1) /
+                        (kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed));
+  return !a.persistent && std::min<int64_t>(a.split_k, steps) == 2 && a.k_groups == 1 && a.ctas_per_sm == 1 &&
+         a.block_m >= 128 && a.out_dtype != small_m::kOutF32 && a.n % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+}
+
 template <bool kFp16, bool kMx, bool kPacked>
 bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (a.k_groups == 2) {
@@ -759,8 +794,12 @@ bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
     case 64:
       return a.ctas_per_sm == 2 ? launch_cfg<Config<64, kFp16, kMx, kPacked, 2>>(a, stream, pdl)
                                 : launch_cfg<Config<64, kFp16, kMx, kPacked>>(a, stream, pdl);
-    case 128: return launch_cfg<Config<128, kFp16, kMx, kPacked>>(a, stream, pdl);
-    case 256: return launch_cfg<Config<256, kFp16, kMx, kPacked>>(a, stream, pdl);
+    case 128:
+      if (pair_launch(a) && launch_cfg<Config<128, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
+      return launch_cfg<Config<128, kFp16, kMx, kPacked>>(a, stream, pdl);
+    case 256:
+      if (pair_launch(a) && launch_cfg<Config<256, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
+      return launch_cfg<Config<256, kFp16, kMx, kPacked>>(a, stream, pdl);
     default: return false;
   }
 }

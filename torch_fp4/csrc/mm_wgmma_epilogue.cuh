@@ -1,6 +1,7 @@
 // The Hopper GEMM's (mm_wgmma.cu) tile ends, per MMA warpgroup after its main loop: the
 // persistent epilogue through a small staging area (staged fp32 stores, or transposed stmatrix and
-// TMA tensor stores for 16-bit outputs), the stream-K partial sums through a global workspace, and
+// TMA tensor stores for 16-bit outputs, which split-2 launches use too), split 2's half tiles
+// through distributed shared memory, the stream-K partial sums through a global workspace, and
 // the two K groups' sums through shared memory; and the finishing of a sum (the 2^-7 fold undone,
 // alpha). Every function takes the kernel's Config as Cfg.
 #pragma once
@@ -101,11 +102,12 @@ __device__ __forceinline__ uint32_t pack_out(float x, float y, float alpha, bool
 // tile's main loop) proceeds. One warpgroup barrier per chunk: before it, the storing thread waits
 // until every earlier store has read its buffer, so the buffer the next chunk writes is free.
 // `chunk` counts the warpgroup's chunks across tiles (the buffer parity).
-template <class Cfg>
+// kChunks: the chunks it stores from m0 on (a split-2 rank's half of the tile: pair_exchange).
+template <class Cfg, int kChunks = Cfg::kBM / kChunkM>
 __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* out_map, const float (&acc)[Cfg::kAcc],
                                           uint32_t buffers, int& chunk, int m0, int n0, int mwg, int wct, float alpha,
                                           bool has_alpha) {
-  const int rows = min(Cfg::kBM, p.m - m0);
+  const int rows = min(kChunks * kChunkM, p.m - m0);
   const int n_base = n0 + 64 * mwg;
   const bool fp16 = p.out_dtype == small_m::kOutF16;
   const int lane = wct & 31, w = wct >> 5;
@@ -119,7 +121,7 @@ __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* ou
     if (has_bias && n < p.n) bias[h] = small_m::load_bias(p.bias, n, p.bias_dtype);
   }
 #pragma unroll
-  for (int ch = 0; ch < Cfg::kBM / kChunkM; ++ch) {
+  for (int ch = 0; ch < kChunks; ++ch) {
     if (ch * kChunkM < rows) {  // uniform over the warpgroup
       const uint32_t buf = buffers + kOutBuffer * (chunk & 1);
 #pragma unroll
@@ -150,6 +152,50 @@ __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* ou
         asm volatile("cp.async.bulk.commit_group;" ::: "memory");
       }
       ++chunk;
+    }
+  }
+}
+
+// A split-2 tile (Config::kPair: one tile per CTA, its two ranks a cluster): rank r finishes
+// activation rows [r kBM / 2, (r + 1) kBM / 2) of the tile, accumulators acc[r H ..] (H = kAcc / 2),
+// and hands the other half to the other rank: each thread writes it to its own shared memory at
+// `xchg` (per warpgroup [H / 4][128 threads] 16-byte words: a warp's words are contiguous), then
+// after the cluster barrier reads its twin's (the same warpgroup and thread of the other rank)
+// through distributed shared memory in rounds of 8 words and adds them to its own: the sums of
+// its half land in acc[0 .. H), with the bits of the rank-order sum (two terms: IEEE addition
+// commutes). The caller's second cluster barrier keeps the words alive until the other rank has
+// read them.
+template <class Cfg>
+__device__ __forceinline__ void pair_exchange(float (&acc)[Cfg::kAcc], uint32_t xchg, int rank, int mwg, int wct) {
+  constexpr int H = Cfg::kAcc / 2, kRound = 8;
+  static_assert(H % (4 * kRound) == 0, "whole rounds of 8 words");
+  const uint32_t base = xchg + static_cast<uint32_t>(mwg * (H / 4) * 128 + wct) * 16u;
+  const bool one = rank != 0;
+#pragma unroll
+  for (int v = 0; v < H / 4; ++v) {
+    float x[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) x[e] = one ? acc[4 * v + e] : acc[H + 4 * v + e];
+    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(base + 2048u * v), "f"(x[0]), "f"(x[1]), "f"(x[2]),
+                 "f"(x[3])
+                 : "memory");
+  }
+  cluster_sync_all();
+#pragma unroll
+  for (int v0 = 0; v0 < H / 4; v0 += kRound) {
+    F4 t[kRound];
+#pragma unroll
+    for (int v = 0; v < kRound; ++v) t[v] = ld_cluster128f(base + 2048u * (v0 + v), rank ^ 1);
+#pragma unroll
+    for (int v = 0; v < kRound; ++v) {
+      const int i = 4 * (v0 + v);
+      const F4 mine = one ? F4{acc[H + i], acc[H + i + 1], acc[H + i + 2], acc[H + i + 3]}
+                          : F4{acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
+      const F4 sum = small_m::add4(mine, t[v]);
+      acc[i] = sum.x;
+      acc[i + 1] = sum.y;
+      acc[i + 2] = sum.z;
+      acc[i + 3] = sum.w;
     }
   }
 }

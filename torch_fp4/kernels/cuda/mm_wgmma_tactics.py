@@ -10,7 +10,9 @@ launch fills every CTA slot, and when the tiles leave a partial last wave, the K
 last one to two waves' tiles are shared out evenly; a tile's owner adds the other CTAs' fp32
 partial sums, in CTA order, from a workspace),
 split_k: CTAs along K per output tile, launched as a thread-block cluster whose partial tiles are
-added in rank order through distributed shared memory (deterministic), and persistent (split_k 1
+added in rank order through distributed shared memory (deterministic; split 2 at block_m >= 128 with
+16-bit outputs runs a kernel of its own whose ranks each store half the tile from registers, the
+other half's sums handed to the other rank), and persistent (split_k 1
 only): one CTA per SM looping over the output tiles, the stage ring running on across tiles so
 the next tile loads while this one is stored through a small per-warpgroup staging area (no
 whole-tile epilogue over the stages; 16-bit outputs with N % 8 == 0 leave it by TMA tensor stores
