@@ -6,7 +6,10 @@
 // sub-tiles or one (stage_subs below), one ring of `stages` stages, one full / empty mbarrier pair
 // per stage:
 // - a producer warpgroup (three loader threads, one per operand) loads, per sub-tile, the
-//   activation tile [block_m, 64] bf16/fp16 by TMA in wgmma's 128-byte swizzle and the FP4 weight
+//   activation tile [block_m, 64] bf16/fp16 by TMA in wgmma's 128-byte swizzle (the last tile of
+//   an M that is no multiple of block_m through a second map whose box holds only its rows: a box
+//   reaching past M loads slowly; the rows past M keep stale values that reach only output rows
+//   past M, never stored) and the FP4 weight
 //   tile [rows, 32 bytes] by TMA (32-byte swizzle: conflict-free reads) or, for weights in the
 //   "sm90" layout (docs/NUMERICS.md 4b), the stage's contiguous 4 KiB per sub-tile by one bulk
 //   copy, and per stage its 128x4 scale words by a bulk copy, all completing on the stage's "full" mbarrier, once the
@@ -341,10 +344,13 @@ constexpr int kLoaders = 3;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <class Cfg, int kLoader>
-__device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CUtensorMap& w_map, const Params& p,
-                                            const Schedule& sc, int stages, uint32_t full, uint32_t empty,
-                                            uint32_t pipe) {
-  if constexpr (kLoader == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
+__device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CUtensorMap& tail_map,
+                                            const CUtensorMap& w_map, const Params& p, const Schedule& sc,
+                                            int stages, uint32_t full, uint32_t empty, uint32_t pipe) {
+  if constexpr (kLoader == 0) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(&act_map) : "memory");
+    if (p.m % Cfg::kBM != 0) asm volatile("prefetch.tensormap [%0];" ::"l"(&tail_map) : "memory");
+  }
   if constexpr (kLoader == 1 && !Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
   // Computed here, not shared with the MMA warps' copies in the kernel's prologue: values live
   // across the split into the 40-register producer would be spilled.
@@ -361,6 +367,11 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
   for (Work w; list.next(sc, p, n_tiles, kt0, kt1, w);) {
     const int t = w.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
+    // The last activation tile of an M that is no multiple of block_m: the tail map's box holds
+    // only its M - m0 rows (BENCHMARKS.md, "FP4 GEMM on Hopper at M between the tile sizes").
+    const bool tail = m0 + Cfg::kBM > p.m;
+    const CUtensorMap* a_map = tail ? &tail_map : &act_map;
+    const uint32_t a_bytes = (tail ? p.m - m0 : Cfg::kBM) * kBK * 2;
     // "sm90" weights: per 128-row group, its K / 64 sub-tiles of 4 KiB in K order.
     const uint8_t* w_src =
         p.w + w.expert * p.w_expert + (static_cast<int64_t>(n0 / 128) * (k / kBK) + w.kb * Cfg::kSubs) * Cfg::kW;
@@ -372,9 +383,9 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
       const int k0 = kt * Cfg::kSK;
       const bool two = Cfg::kSubs == 2 && k0 + kBK < k;  // the second sub-tile holds K elements
       if constexpr (kLoader == 0) {
-        mbar_expect_tx(bar, Cfg::kSubs * act_sub_bytes(Cfg::kBM));
-        tma_2d(st, &act_map, bar, k0, m0);
-        if (Cfg::kSubs == 2) tma_2d(st + act_sub_bytes(Cfg::kBM), &act_map, bar, k0 + kBK, m0);
+        mbar_expect_tx(bar, Cfg::kSubs * a_bytes);
+        tma_2d(st, a_map, bar, k0, m0);
+        if (Cfg::kSubs == 2) tma_2d(st + act_sub_bytes(Cfg::kBM), a_map, bar, k0 + kBK, m0);
       } else if constexpr (kLoader == 1) {
         if constexpr (Cfg::kPacked) {
           const uint32_t bytes = (two ? 2 : 1) * Cfg::kW;
@@ -400,7 +411,8 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
 
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
-    wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap w_map,
+    wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap tail_map,
+                    const __grid_constant__ CUtensorMap w_map,
                     const __grid_constant__ CUtensorMap out_map, const Params p, const Schedule sc, void* workspace,
                     int stages, int persistent, int out_tma) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -439,9 +451,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     const int loader = tid >> 5;
     if ((tid & 31) == 0) {
       const uint32_t f = smem_u32(full), e = smem_u32(empty), d = smem_u32(pipe);
-      if (loader == 0) load_stages<Cfg, 0>(act_map, w_map, p, sc, stages, f, e, d);
-      if (loader == 1) load_stages<Cfg, 1>(act_map, w_map, p, sc, stages, f, e, d);
-      if (loader == 2) load_stages<Cfg, 2>(act_map, w_map, p, sc, stages, f, e, d);
+      if (loader == 0) load_stages<Cfg, 0>(act_map, tail_map, w_map, p, sc, stages, f, e, d);
+      if (loader == 1) load_stages<Cfg, 1>(act_map, tail_map, w_map, p, sc, stages, f, e, d);
+      if (loader == 2) load_stages<Cfg, 2>(act_map, tail_map, w_map, p, sc, stages, f, e, d);
     }
     __syncwarp();  // lane 0 rejoins its warp: the cluster barriers are warp-aligned
     if (splits > 1) {
@@ -720,9 +732,14 @@ inline Schedule schedule_of(const WgmmaMmArgs& a) {
 
 template <class Cfg>
 bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
-  CUtensorMap act_map, w_map{};
-  if (!encode_2d(&act_map, a.act_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, a.act,
-                 a.m, a.k, a.k * 2, Cfg::kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
+  CUtensorMap act_map, tail_map{}, w_map{};
+  const CUtensorMapDataType act_type = a.act_fp16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  if (!encode_2d(&act_map, act_type, a.act, a.m, a.k, a.k * 2, Cfg::kBM, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
+    return false;
+  // The last activation tile of an M that is no multiple of block_m loads through a box of its rows.
+  const int tail_rows = static_cast<int>(a.m % Cfg::kBM);
+  if (tail_rows != 0 &&
+      !encode_2d(&tail_map, act_type, a.act, a.m, a.k, a.k * 2, tail_rows, kBK, CU_TENSOR_MAP_SWIZZLE_128B))
     return false;
   if (!Cfg::kPacked && !encode_2d(&w_map, CU_TENSOR_MAP_DATA_TYPE_UINT8, a.w, a.n * a.experts, a.k / 2, a.k / 2,
                                   Cfg::kRows, kBK / 2, CU_TENSOR_MAP_SWIZZLE_32B))
@@ -761,7 +778,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   const dim3 grid(static_cast<unsigned>(sc.ctas), 1, static_cast<unsigned>(split));
   // The splits of one output tile form a cluster along z (reduced through distributed smem).
   launch_cluster(kernel, grid, dim3(Cfg::kThreads, 1, 1), smem, dim3(1, 1, static_cast<unsigned>(split)), stream,
-                 pdl, act_map, w_map, out_map, p, sc, a.workspace, a.stages, static_cast<int>(persistent),
+                 pdl, act_map, tail_map, w_map, out_map, p, sc, a.workspace, a.stages, static_cast<int>(persistent),
                  static_cast<int>(out_tma));
   return true;
 }
