@@ -43,11 +43,13 @@ def test_two_k_groups_for_sm90_split_k_at_block_m_64(m, n, want):
 @pytest.mark.parametrize("m,n,want", [(17, 8192, (32, 2)), (32, 8192, (32, 2)), (33, 8192, (64, 2)),
                                       (64, 8192, (64, 2)), (128, 8192, (128, 2)), (256, 8192, (256, 2)),
                                       (1024, 8192, (256, 1)), (4096, 8192, (256, 1)), (64, 28672, (64, 1)),
-                                      (32, 28672, (32, 1)), (128, 28672, (128, 1)), (64, 12288, (64, 1))])
+                                      (32, 28672, (32, 1)), (128, 28672, (128, 1)), (64, 12288, (64, 1)),
+                                      (129, 8192, (192, 2)), (192, 8192, (192, 2)), (193, 8192, (256, 2)),
+                                      (257, 8192, (192, 1)), (384, 8192, (192, 1)), (385, 8192, (256, 1))])
 def test_heuristic_from_h100_sweeps(m, n, want):
-    """Smallest block_m covering M (up to 256), split-K up to about one CTA per SM, persistent
-    without split-K, two CTAs per SM at block_m <= 64 once the tiles outnumber the SMs, most
-    stages."""
+    """Smallest block_m covering M (up to 256; 192 for two tiles at M = 257-384), split-K up to
+    about one CTA per SM, persistent without split-K, two CTAs per SM at block_m <= 64 once the
+    tiles outnumber the SMs, most stages."""
     t = WT.default(_args(m, n))
     assert (t.block_m, t.split_k) == want
     assert t.persistent == (t.split_k == 1)
@@ -175,10 +177,10 @@ def test_smem_mirror_of_the_kernel():
 
 def test_stage_k_where_two_sub_tiles_measured_faster():
     """128-K stages (two 64-K sub-tiles per barrier pair) for "sm90" weights up to block_m 128 and
-    for row-major ones at block_m 128; 64-K stages at block_m 256, for row-major weights at block_m
+    for row-major ones at block_m 128; 64-K stages at block_m 192 and 256, for row-major weights at block_m
     <= 64 and at block_m 64 with two CTAs per SM. Every launch kind keeps at least MIN_STAGES."""
-    assert [WT.stage_k(bm, 1, True) for bm in WT.BLOCK_MS] == [128, 128, 128, 64]
-    assert [WT.stage_k(bm, 1, False) for bm in WT.BLOCK_MS] == [64, 64, 128, 64]
+    assert [WT.stage_k(bm, 1, True) for bm in WT.BLOCK_MS] == [128, 128, 128, 64, 64]
+    assert [WT.stage_k(bm, 1, False) for bm in WT.BLOCK_MS] == [64, 64, 128, 64, 64]
     assert (WT.stage_k(32, 2, True), WT.stage_k(64, 2, True), WT.stage_k(64, 2, False)) == (128, 64, 64)
     two = (WT.SM90_SMEM_PER_SM - 2048) // 2
     for bm in (32, 64):

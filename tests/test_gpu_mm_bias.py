@@ -53,6 +53,8 @@ def _wgmma_tactics(sm90: bool):
     out = [WT.WgmmaMmTactic(64, 4, 1, False),                 # one tile per CTA
            WT.WgmmaMmTactic(128, 4, 3, False),                # split-K through the cluster
            WT.WgmmaMmTactic(256, 4, 2, False),                # split 2: each rank stores half the rows
+           WT.WgmmaMmTactic(192, 4, 2, False),                # the same at block_m 192 (rounds of 4 words)
+           WT.WgmmaMmTactic(192, 4, 1, True),
            WT.WgmmaMmTactic(64, 4, 1, True),                  # persistent: TMA stores or staged
            WT.WgmmaMmTactic(64, 4, 1, True, stream_k=True),   # stream-K
            WT.WgmmaMmTactic(32, 4, 1, True, ctas_per_sm=2),   # two CTAs per SM (96 registers)

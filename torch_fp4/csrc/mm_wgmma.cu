@@ -2,7 +2,7 @@
 //
 // Swap-AB warpgroup MMA with the FP4 weights decoded into wgmma's register A operand: the weight
 // rows are the wgmma's M side (64 per MMA warpgroup, two warpgroups: 128 per CTA), the
-// activation rows its N side (block_m = 32, 64, 128 or 256 per CTA), K in stages of two 64-K
+// activation rows its N side (block_m = 32, 64, 128, 192 or 256 per CTA), K in stages of two 64-K
 // sub-tiles or one (stage_subs below), one ring of `stages` stages, one full / empty mbarrier pair
 // per stage:
 // - a producer warpgroup (three loader threads, one per operand) loads, per sub-tile, the
@@ -46,7 +46,7 @@
 // before the first is used. Every path undoes the 2^-7 fold, applies alpha and rounds once.
 // Split-K: the CTAs of one output tile form a cluster along K; each reduces
 // a share of the rows by reading ranks 0, 1, ... in order through distributed shared memory
-// (deterministic, no atomics). Split 2 at block_m 128 / 256 (one K group, one CTA per SM) with
+// (deterministic, no atomics). Split 2 at block_m 128 / 192 / 256 (one K group, one CTA per SM) with
 // 16-bit outputs of 16-byte rows has a kernel of its own (Config::kPair): each rank keeps the
 // accumulators of half the tile's activation rows, hands the other half's to the other rank through
 // distributed shared memory (pair_exchange), adds the other rank's to its own and stores its half
@@ -110,7 +110,8 @@ constexpr int kMaxDevices = 64;
 // 64-K sub-tiles per stage. Two (128 K: one full/empty barrier pair, one ring step and one
 // lookahead wait per 128 K, about 12% fewer instructions per HGMMA) where they measured faster
 // (BENCHMARKS.md): "sm90" weights up to block_m 128, and row-major ones at block_m 128; one at
-// block_m 256 (three 128-K stages do not fit beside the persistent epilogue's staging), for
+// block_m 256 (three 128-K stages do not fit beside the persistent epilogue's staging) and 192
+// (as 256; 128-K stages not measured there), for
 // row-major weights at block_m <= 64, and at block_m 64 with two CTAs per SM (three 128-K stages
 // in half the shared memory keep too few bytes in flight).
 __host__ __device__ constexpr int stage_subs(int bm, int ctas, bool packed) {
@@ -179,7 +180,7 @@ struct Config {
   static constexpr int kEpiBatch = kMmaRegs >= 232 ? 4 : 2;
   static_assert(kBM_ % kChunkM == 0, "the persistent epilogue stores whole 32-row chunks");
   static_assert(!kPair_ || (kKG_ == 1 && kCtas_ == 1 && kBM_ >= 128),
-                "the split-2 epilogue: one K group, one CTA per SM, whole rounds of 8 exchange words");
+                "the split-2 epilogue: one K group, one CTA per SM, block_m >= 128");
   static_assert(kWG * 2 * kOutBuffer <= kWG * kChunkM * kStagePitch * 4,
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
 };
@@ -784,7 +785,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 }
 
 // Whether a launch takes the split-2 kernel (Config::kPair): one tile per CTA, split 2 after the
-// clamp to the K steps, one K group and one CTA per SM at block_m 128 or 256, 16-bit outputs with
+// clamp to the K steps, one K group and one CTA per SM at block_m 128, 192 or 256, 16-bit outputs with
 // 16-byte rows.
 inline bool pair_launch(const WgmmaMmArgs& a) {
   const int64_t steps = (a.k + kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed) - 1) /
@@ -814,6 +815,9 @@ bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
     case 128:
       if (pair_launch(a) && launch_cfg<Config<128, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
       return launch_cfg<Config<128, kFp16, kMx, kPacked>>(a, stream, pdl);
+    case 192:
+      if (pair_launch(a) && launch_cfg<Config<192, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
+      return launch_cfg<Config<192, kFp16, kMx, kPacked>>(a, stream, pdl);
     case 256:
       if (pair_launch(a) && launch_cfg<Config<256, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
       return launch_cfg<Config<256, kFp16, kMx, kPacked>>(a, stream, pdl);

@@ -161,14 +161,14 @@ __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* ou
 // and hands the other half to the other rank: each thread writes it to its own shared memory at
 // `xchg` (per warpgroup [H / 4][128 threads] 16-byte words: a warp's words are contiguous), then
 // after the cluster barrier reads its twin's (the same warpgroup and thread of the other rank)
-// through distributed shared memory in rounds of 8 words and adds them to its own: the sums of
-// its half land in acc[0 .. H), with the bits of the rank-order sum (two terms: IEEE addition
-// commutes). The caller's second cluster barrier keeps the words alive until the other rank has
+// through distributed shared memory in rounds of 8 words (4 at block_m 192) and adds them to its
+// own: the sums of its half land in acc[0 .. H), with the bits of the rank-order sum (two terms:
+// IEEE addition commutes). The caller's second cluster barrier keeps the words alive until the other rank has
 // read them.
 template <class Cfg>
 __device__ __forceinline__ void pair_exchange(float (&acc)[Cfg::kAcc], uint32_t xchg, int rank, int mwg, int wct) {
-  constexpr int H = Cfg::kAcc / 2, kRound = 8;
-  static_assert(H % (4 * kRound) == 0, "whole rounds of 8 words");
+  constexpr int H = Cfg::kAcc / 2, kRound = (H / 4) % 8 == 0 ? 8 : 4;
+  static_assert((H / 4) % kRound == 0, "whole rounds of words");
   const uint32_t base = xchg + static_cast<uint32_t>(mwg * (H / 4) * 128 + wct) * 16u;
   const bool one = rank != 0;
 #pragma unroll

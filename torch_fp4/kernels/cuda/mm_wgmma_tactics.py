@@ -2,7 +2,7 @@
 import: no toolchain, no extension build.
 
 A CTA computes 128 weight rows (two MMA warpgroups of 64). A tactic picks block_m (activation rows
-per CTA, the wgmma's N: 32, 64, 128 or 256), the number of shared-memory stages (of stage_k K
+per CTA, the wgmma's N: 32, 64, 128, 192 or 256), the number of shared-memory stages (of stage_k K
 elements: 128 or 64 by block_m, CTAs per SM and weight layout; one barrier pair and ring step each),
 ctas_per_sm (2 at block_m <= 64: two CTAs share an SM, each with half its shared memory and 96
 registers per MMA thread, for more loads and decodes in flight), stream_k (persistent only: the
@@ -35,7 +35,7 @@ from .._common import (empty_k_slice, largest_split, mm_key, problem_sm_count, p
                        problem_smem_per_sm, smem_reason)
 from .mm_tactics import SM90_SMEM_PER_BLOCK, SM90_SMEM_PER_SM, half_mx_reason
 
-BLOCK_MS = (32, 64, 128, 256)
+BLOCK_MS = (32, 64, 128, 192, 256)
 ROWS = 128                    # weight rows per CTA
 BLOCK_K = 64                  # K elements per sub-tile (one 128-byte-swizzled activation box)
 MAX_STAGES = 12
@@ -70,8 +70,9 @@ def stage_k(block_m: int, ctas_per_sm: int, packed: bool) -> int:
     same-process A/B against 64-K stages): "sm90" weights up to block_m 128 (8192 x 28672 M = 32
     two K groups 61.6 -> 57.3 us; 28672 x 8192 M = 32 two CTAs per SM 69.1 -> 64.1) and row-major
     ones at block_m 128 (-0.5 to -1.3%); else one: block_m 256 (three 128-K stages do not fit beside
-    the persistent staging), row-major weights at block_m <= 64 (+1.7 to +3.9%), block_m 64 with
-    two CTAs per SM (three 128-K stages in half the shared memory: 79.1 -> 82.0 us)."""
+    the persistent staging) and 192 (as 256; 128-K stages not measured there), row-major weights at
+    block_m <= 64 (+1.7 to +3.9%), block_m 64 with two CTAs per SM (three 128-K stages in half the
+    shared memory: 79.1 -> 82.0 us)."""
     two = block_m <= 128 and (packed or block_m == 128) and not (block_m == 64 and ctas_per_sm == 2)
     return 2 * BLOCK_K if two else BLOCK_K
 
@@ -195,8 +196,20 @@ def _split_for(ctas: int, k: int, sms: int, block_m: int, ctas_per_sm: int, pack
     return largest_split(split, steps)
 
 
+TWO_192_MAX_M = 384   # M = 257..384: two tiles of 192 rows instead of two of 256
+
+
+def _block_m(m: int) -> int:
+    """The smallest block_m covering M; above 256 rows 256, but 192 where two 192-row tiles cover M.
+    H200, 8192 x 8192, against block_m 256 (scripts/ab_block_m.py): M = 160 47.3 -> 37.4 us, M = 192
+    48.2 -> 38.8, M = 320 85.3 -> 66.0, M = 384 92.2 -> 68.1; 28672 x 8192 M = 192 174.5 -> 132.7."""
+    if m <= BLOCK_MS[-1]:
+        return next(b for b in BLOCK_MS if b >= m)
+    return 192 if 192 in BLOCK_MS and m <= TWO_192_MAX_M else BLOCK_MS[-1]
+
+
 def default(p: MmProblem) -> Tactic:
-    """The smallest block_m covering M (up to 256: more activation rows per weight decode won every
+    """The smallest block_m covering M (_block_m; up to 256: more activation rows per weight decode won every
     H100 sweep, e.g. M = 128, N = 8192, K = 28672: block_m 128 with split 2 153 us, block_m 64
     266 us), split-K up to one wave, as many stages as fit, persistent without split-K; two CTAs
     per SM at block_m <= 64 once the tiles outnumber the SMs (H100, N = 28672, K = 8192, sm90
@@ -209,7 +222,7 @@ def default(p: MmProblem) -> Tactic:
     short (N <= ~5600 at M <= block_m), no split-K cluster of 4 or 8 one-CTA-per-SM CTAs:
     _few_tiles."""
     m, n, k = p.m, p.n, p.k
-    bm = next(b for b in BLOCK_MS if b >= min(m, BLOCK_MS[-1]))
+    bm = _block_m(m)
     n_tiles = -(-n // ROWS)
     tiles = -(-m // bm) * n_tiles
     sms = problem_sm_count(p)
@@ -255,9 +268,7 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
         return bm // 2, 2, 1, False
     if -(-k // BLOCK_K) >= LONG_K_STEPS and tiles * SK_MAX_PARTS >= sms:
         return bm, 1, 1, True
-    b = bm
-    while b > BLOCK_MS[0]:
-        b //= 2
+    for b in reversed([b for b in BLOCK_MS if b < bm]):
         if fills_at_split_2(b):
             return b, 2, 1, False
     if bm <= TWO_CTA_MAX_BLOCK_M:
