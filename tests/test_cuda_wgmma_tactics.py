@@ -204,3 +204,6 @@ def test_joined_space_picks_the_family_by_m():
     assert {type(t) for t in cands} == {SM.CudaMmTactic, WT.WgmmaMmTactic}
     assert S.key(_args(64)) == SM.key(_args(64)) and S.key(_args(65)) == WT.key(_args(65))
     assert WT.key(_args(65)) == WT.key(_args(128)) != WT.key(_args(129))
+    # Buckets split where the heuristic's block_m changes: 129-192 | 193-256, 257-384 | 385-512.
+    assert WT.key(_args(129)) == WT.key(_args(192)) != WT.key(_args(193)) == WT.key(_args(256))
+    assert WT.key(_args(257)) == WT.key(_args(384)) != WT.key(_args(385)) == WT.key(_args(512))

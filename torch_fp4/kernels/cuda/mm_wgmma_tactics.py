@@ -332,5 +332,11 @@ def candidates(p: MmProblem) -> list[Tactic]:
 
 
 def key(p: MmProblem) -> str:
-    return mm_key(p, max(32, 1 << (p.m - 1).bit_length()))
+    """M in power-of-two buckets, split at 192 and 384 where the heuristic's block_m changes (_block_m),
+    so that a tactic tuned at M = 160 (block_m 192) is not taken at M = 256, nor one tuned at
+    M = 320 (two tiles of 192) at M = 512."""
+    b = max(32, 1 << (p.m - 1).bit_length())
+    if b in (256, 512) and p.m <= 3 * b // 4:
+        b = 3 * b // 4
+    return mm_key(p, b)
 
