@@ -259,13 +259,13 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
     took 27.3: 16 CTAs' partials per tile). At block_m 256, block_m 128 at split 2 comes first
     where its tiles fill the SMs (H200, 4096 x 14336 M = 256: stream-K 54.8 -> 50.2 us; at M = 64
     and 128 stream-K stays ahead of half the block_m at split 2: 28.7 against 31.8, 35.8 against
-    36.6)."""
+    36.6). block_m 192 (M = 129-192) takes the same rule, not measured there."""
     tiles = -(-m // bm) * n_tiles
 
     def fills_at_split_2(b: int) -> bool:
         return 2 * -(-m // b) * n_tiles >= FILL * sms
-    if bm == BLOCK_MS[-1] and fills_at_split_2(bm // 2):
-        return bm // 2, 2, 1, False
+    if bm > 128 and fills_at_split_2(128):
+        return 128, 2, 1, False
     if -(-k // BLOCK_K) >= LONG_K_STEPS and tiles * SK_MAX_PARTS >= sms:
         return bm, 1, 1, True
     for b in reversed([b for b in BLOCK_MS if b < bm]):
