@@ -46,8 +46,8 @@
 // before the first is used. Every path undoes the 2^-7 fold, applies alpha and rounds once.
 // Split-K: the CTAs of one output tile form a cluster along K; each reduces
 // a share of the rows by reading ranks 0, 1, ... in order through distributed shared memory
-// (deterministic, no atomics). Split 2 at block_m 128 / 192 / 256 (one K group, one CTA per SM) with
-// 16-bit outputs of 16-byte rows has a kernel of its own (Config::kPair): each rank keeps the
+// (deterministic, no atomics). Split 2 at block_m 128 / 192 / 256 (one K group, one CTA per SM)
+// with 16-bit outputs of 16-byte rows has a kernel of its own (Config::kPair): each rank keeps the
 // accumulators of half the tile's activation rows, hands the other half's to the other rank through
 // distributed shared memory (pair_exchange), adds the other rank's to its own and stores its half
 // from registers as persistent launches do (transposed stmatrix, TMA tensor stores): half the
@@ -144,7 +144,8 @@ struct Config {
   // of their own: each rank finishes half of the tile's activation rows from its accumulators
   // (pair_exchange, then store_tma), the exchange words (kPairXchg bytes) then the TMA-store
   // buffers over the drained stages. Its own instantiation: the same epilogue inside the other
-  // kernels moved ptxas's main loop of their persistent launches (BENCHMARKS.md).
+  // kernels moved ptxas's main loop of their persistent launches (BENCHMARKS.md, "FP4 GEMM on
+  // Hopper: split-2 tiles stored from registers; ...").
   static constexpr bool kPair = kPair_;
   static constexpr int kPairXchg = 2 * (kBM_ / 4) * 128 * 4;
   static constexpr int kCtas = kCtas_;             // CTAs per SM (launch bounds, register split)
@@ -369,7 +370,8 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
     const int t = w.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
     // The last activation tile of an M that is no multiple of block_m: the tail map's box holds
-    // only its M - m0 rows (BENCHMARKS.md, "FP4 GEMM on Hopper at M between the tile sizes").
+    // only its M - m0 rows (BENCHMARKS.md, "FP4 GEMM on Hopper: split-2 tiles stored from registers;
+    // at M between the tile sizes, ...").
     const bool tail = m0 + Cfg::kBM > p.m;
     const CUtensorMap* a_map = tail ? &tail_map : &act_map;
     const uint32_t a_bytes = (tail ? p.m - m0 : Cfg::kBM) * kBK * 2;
@@ -785,14 +787,21 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 }
 
 // Whether a launch takes the split-2 kernel (Config::kPair): one tile per CTA, split 2 after the
-// clamp to the K steps, one K group and one CTA per SM at block_m 128, 192 or 256, 16-bit outputs with
-// 16-byte rows.
+// clamp to the K steps, one K group and one CTA per SM at block_m 128, 192 or 256, 16-bit
+// outputs with 16-byte rows.
 inline bool pair_launch(const WgmmaMmArgs& a) {
   const int64_t steps = (a.k + kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed) - 1) /
                         (kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed));
   return !a.persistent && std::min<int64_t>(a.split_k, steps) == 2 && a.k_groups == 1 && a.ctas_per_sm == 1 &&
          a.block_m >= 128 && a.out_dtype != small_m::kOutF32 && a.n % 8 == 0 &&
          reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
+}
+
+// block_m 128, 192 or 256: the split-2 kernel where pair_launch, else the one-tile / persistent one.
+template <int kBM, bool kFp16, bool kMx, bool kPacked>
+bool launch_wide(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+  if (pair_launch(a) && launch_cfg<Config<kBM, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
+  return launch_cfg<Config<kBM, kFp16, kMx, kPacked>>(a, stream, pdl);
 }
 
 template <bool kFp16, bool kMx, bool kPacked>
@@ -812,15 +821,9 @@ bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
     case 64:
       return a.ctas_per_sm == 2 ? launch_cfg<Config<64, kFp16, kMx, kPacked, 2>>(a, stream, pdl)
                                 : launch_cfg<Config<64, kFp16, kMx, kPacked>>(a, stream, pdl);
-    case 128:
-      if (pair_launch(a) && launch_cfg<Config<128, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
-      return launch_cfg<Config<128, kFp16, kMx, kPacked>>(a, stream, pdl);
-    case 192:
-      if (pair_launch(a) && launch_cfg<Config<192, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
-      return launch_cfg<Config<192, kFp16, kMx, kPacked>>(a, stream, pdl);
-    case 256:
-      if (pair_launch(a) && launch_cfg<Config<256, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
-      return launch_cfg<Config<256, kFp16, kMx, kPacked>>(a, stream, pdl);
+    case 128: return launch_wide<128, kFp16, kMx, kPacked>(a, stream, pdl);
+    case 192: return launch_wide<192, kFp16, kMx, kPacked>(a, stream, pdl);
+    case 256: return launch_wide<256, kFp16, kMx, kPacked>(a, stream, pdl);
     default: return false;
   }
 }
