@@ -8,7 +8,7 @@ import sys
 import torch
 from torch_fp4 import ops
 from torch_fp4.bench.mm import rotated
-from torch_fp4.bench.timing import graph_time_us, interleaved_medians
+from torch_fp4.bench.timing import interleaved_medians
 
 dev = torch.device("cuda")
 n = k = 8192
@@ -22,10 +22,10 @@ for m in (int(v) for v in sys.argv[1:] or ["160", "192"]):
     def call(x, p, pk):
         return ops.mm_fp4(x, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90")
     cols = {
-        f"M={m}": lambda: graph_time_us(lambda p, pk: call(a, p, pk), list(zip(ps, packs))),
-        "256 zero-padded": lambda: graph_time_us(lambda p, pk: call(pad, p, pk), list(zip(ps, packs))),
-        "256 random": lambda: graph_time_us(lambda p, pk: call(full, p, pk), list(zip(ps, packs))),
-        f"bf16 M={m}": lambda: graph_time_us(lambda b: torch.matmul(a, b.T), [(b,) for b in r.bf16]),
+        f"M={m}": lambda: r.time_sm90(lambda p, pk: call(a, p, pk)),
+        "256 zero-padded": lambda: r.time_sm90(lambda p, pk: call(pad, p, pk)),
+        "256 random": lambda: r.time_sm90(lambda p, pk: call(full, p, pk)),
+        f"bf16 M={m}": r.time_bf16,
     }
     us = interleaved_medians(cols, 5)
     same = torch.equal(call(a, ps[0], packs[0]), call(pad, ps[0], packs[0])[:m])

@@ -10,7 +10,7 @@ import torch
 from torch_fp4 import formats as F
 from torch_fp4 import ops, tactics
 from torch_fp4.bench.mm import rotated
-from torch_fp4.bench.timing import graph_time_us, interleaved_medians
+from torch_fp4.bench.timing import interleaved_medians
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
 
@@ -36,9 +36,9 @@ for m in opt.ms:
     def run(t, p, pk):
         with tactics.use_tactic(t):
             return ops.mm_fp4(p.a, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90", backend="cuda")
-    cols = {"auto": lambda: graph_time_us(lambda p, pk: run(new, p, pk), list(zip(ps, packs))),
-            f"without {opt.without}": lambda: graph_time_us(lambda p, pk: run(old, p, pk), list(zip(ps, packs))),
-            "bf16": lambda: graph_time_us(lambda b: torch.matmul(p0.a, b.T), [(b,) for b in r.bf16])}
+    cols = {"auto": lambda: r.time_sm90(lambda p, pk: run(new, p, pk)),
+            f"without {opt.without}": lambda: r.time_sm90(lambda p, pk: run(old, p, pk)),
+            "bf16": r.time_bf16}
     us = interleaved_medians(cols, 5)
     same = torch.equal(run(new, p0, packs[0]), run(old, p0, packs[0]))
     print(f"M={m} N={opt.n} K={opt.k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) +

@@ -14,7 +14,7 @@ import sys
 import torch
 
 from torch_fp4.bench.mm import rotated
-from torch_fp4.bench.timing import graph_time_us, interleaved_medians
+from torch_fp4.bench.timing import interleaved_medians
 from torch_fp4.kernels.cuda import native
 
 
@@ -33,10 +33,8 @@ def main(name: str, builds: dict[str, str], problems: list[tuple[int, int, int]]
         outs = {tag: under(tag, lambda: ps[0].w4a16_sm90(packs[0])) for tag in libs}
         first = next(iter(outs.values()))
         same = all(torch.equal(o, first) for o in outs.values())
-        cols = {tag: (lambda tag=tag: under(tag, lambda: graph_time_us(lambda p, pk: p.w4a16_sm90(pk),
-                                                                        list(zip(ps, packs)))))
-                for tag in libs}
-        cols["bf16"] = lambda: graph_time_us(lambda b: torch.matmul(ps[0].a, b.T), [(b,) for b in r.bf16])
+        cols = {tag: (lambda tag=tag: under(tag, lambda: r.time_sm90(lambda p, pk: p.w4a16_sm90(pk)))) for tag in libs}
+        cols["bf16"] = r.time_bf16
         us = interleaved_medians(cols, 5)
         base = next(iter(libs))
         print(f"M={m} N={n} K={k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) + "  " +

@@ -36,10 +36,10 @@ def main(problems):
             return call
         outs = {c: under(t)(p0, packs[0]).float() for c, t in pair.items()}
         diff = ((outs["wgmma"] - outs["small-M"]).abs().max() / outs["small-M"].abs().max()).item()
-        cols = {c: (lambda t=t: graph_time_us(under(t), list(zip(ps, packs)))) for c, t in pair.items()}
+        cols = {c: (lambda t=t: r.time_sm90(under(t))) for c, t in pair.items()}
         if quacks[0] is not None:
             cols["quack"] = lambda: graph_time_us(lambda f, a: f(a), [(f, p.a) for f, p in zip(quacks, ps)])
-        cols["bf16"] = lambda: graph_time_us(lambda b: torch.matmul(p0.a, b.T), [(b,) for b in r.bf16])
+        cols["bf16"] = r.time_bf16
         us = interleaved_medians(cols, 5)
         print(f"M={m} N={n} K={k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) +
               f"  wgmma/small-M {us['wgmma'] / us['small-M']:.3f}  max rel diff {diff:.1e}  "

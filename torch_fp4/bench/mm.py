@@ -105,6 +105,14 @@ class Rotated(NamedTuple):
     packs: list
     bf16: list
 
+    def time_sm90(self, fn: Callable) -> float:
+        """Device time per call of fn(problem, prepack), cycling through the copies."""
+        return graph_time_us(fn, list(zip(self.problems, self.packs)))
+
+    def time_bf16(self) -> float:
+        """Device time per call of torch's bf16 matmul: the first copy's activations by each bf16 weight."""
+        return graph_time_us(lambda b: torch.matmul(self.problems[0].a, b.T), [(b,) for b in self.bf16])
+
 
 def rotated(m: int, n: int, k: int, device: torch.device) -> Rotated:
     """The operands of scripts' A/B columns on "sm90" weights (`bench mm` itself reuses one shape's

@@ -147,7 +147,6 @@ struct Config {
   // kernels moved ptxas's main loop of their persistent launches (BENCHMARKS.md, "FP4 GEMM on
   // Hopper: split-2 tiles stored from registers; ...").
   static constexpr bool kPair = kPair_;
-  static constexpr int kPairXchg = 2 * (kBM_ / 4) * 128 * 4;
   static constexpr int kCtas = kCtas_;             // CTAs per SM (launch bounds, register split)
   // K groups: MMA warpgroups per 64 weight rows. With 2, K group 0 takes the CTA's even stages and
   // K group 1 its odd ones, into accumulators of their own that meet in shared memory at the
@@ -176,6 +175,7 @@ struct Config {
   static constexpr bool kPacked = kPacked_;  // weights in the "sm90" fragment layout, else rows
   static constexpr bool kFold = !kMx;
   static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
+  static constexpr int kPairXchg = kWG * (kAcc / 2) * 128 * 4;  // the half each split-2 rank hands over
   // Chunks per thread and round of the one-tile epilogue's store loop: 4 where the MMA threads
   // have 232 registers, 2 in the 96 / 104-register kernels (4 spills there).
   static constexpr int kEpiBatch = kMmaRegs >= 232 ? 4 : 2;
@@ -720,11 +720,16 @@ inline int sm_count() {
 
 // The work of a launch: one CTA per output tile and split, or for persistent launches as many
 // CTAs as fit at once (every CTA slot with stream-K, which then shares out the last waves' steps).
+// K steps (stages) of one output tile of a launch.
+inline int k_steps(const WgmmaMmArgs& a) {
+  const int sk = kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed);
+  return static_cast<int>((a.k + sk - 1) / sk);
+}
+
 inline Schedule schedule_of(const WgmmaMmArgs& a) {
   const int64_t total = ((a.n + 127) / 128) * ((a.m + a.block_m - 1) / a.block_m);
   const int tiles = static_cast<int>(std::min<int64_t>(total, INT32_MAX));
-  const int sk = kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed);
-  const int ksteps = static_cast<int>((a.k + sk - 1) / sk);
+  const int ksteps = k_steps(a);
   const bool persistent = a.persistent && a.split_k == 1;
   if (!persistent) return Schedule{tiles, tiles, ksteps, tiles, 1};
   const int slots = a.ctas_per_sm * sm_count();
@@ -790,9 +795,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 // clamp to the K steps, one K group and one CTA per SM at block_m 128, 192 or 256, 16-bit
 // outputs with 16-byte rows.
 inline bool pair_launch(const WgmmaMmArgs& a) {
-  const int64_t steps = (a.k + kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed) - 1) /
-                        (kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed));
-  return !a.persistent && std::min<int64_t>(a.split_k, steps) == 2 && a.k_groups == 1 && a.ctas_per_sm == 1 &&
+  return !a.persistent && std::min(a.split_k, k_steps(a)) == 2 && a.k_groups == 1 && a.ctas_per_sm == 1 &&
          a.block_m >= 128 && a.out_dtype != small_m::kOutF32 && a.n % 8 == 0 &&
          reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
 }
