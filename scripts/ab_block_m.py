@@ -2,7 +2,7 @@
 process, beside torch bf16 ("sm90" NVFP4 weights, rotating operands, medians of five interleaved
 rounds, and whether both give the same bits):
 
-    python scripts/ab_block_m.py N K M [M ...] [--without 192]      (sm_90 GPU)"""
+    python scripts/ab_block_m.py N K M [M ...] [--without 160,224]      (sm_90 GPU)"""
 import argparse
 
 import torch
@@ -18,7 +18,7 @@ ap = argparse.ArgumentParser()
 ap.add_argument("n", type=int)
 ap.add_argument("k", type=int)
 ap.add_argument("ms", type=int, nargs="+")
-ap.add_argument("--without", type=int, default=192)
+ap.add_argument("--without", default="160,224", help="block_m left out, comma-separated")
 opt = ap.parse_args()
 dev = torch.device("cuda")
 for m in opt.ms:
@@ -29,7 +29,7 @@ for m in opt.ms:
                            F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
     new = WT.default(problem)
     kept = WT.BLOCK_MS
-    WT.BLOCK_MS = tuple(b for b in kept if b != opt.without)
+    WT.BLOCK_MS = tuple(b for b in kept if str(b) not in opt.without.split(","))
     old = WT.default(problem)
     WT.BLOCK_MS = kept
 

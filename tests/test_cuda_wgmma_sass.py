@@ -5,7 +5,8 @@ no ptxas serialization of the wgmmas (warning C7513); one pass of each main loop
 8 HGMMAs where mm_wgmma_tactics.stage_k is 128 K and 4 where it is 64 (the kernel's stage_subs
 mirrored); the main loop on "sm90" weights at least 15% shorter per HGMMA than on row-major ones,
 and with two K groups no longer than with one and free of R2UR (descriptors in uniform
-registers); the split-2 kernels at block_m 128, 192 and 256 with main loops as short as the others'; every mbarrier wait sleeps on a suspend-time hint between phase checks. It compiles to
+registers); the split-2 kernels at every block_m from 128 with main loops as short as the others';
+every mbarrier wait sleeps on a suspend-time hint between phase checks. It compiles to
 a stub for sm_100a (wgmma is Hopper-only).
 Skipped without nvcc or a disassembler."""
 import re
@@ -42,7 +43,7 @@ def test_sm90a_register_a_hgmma_no_spills_no_serialization(tmp_path):
     sass = disassemble(cubin)
     # fp16 inputs print without a type suffix (HGMMA.64xNx16.F32), bf16 as .F32.BF16.
     hgmma = re.findall(r"HGMMA\.64x(\d+)x16\.F32(\.BF16)? R\d+, (\S+), (\S+), ", sass)
-    assert {(n, t) for n, t, _, _ in hgmma} == {(n, t) for n in ("32", "64", "128", "192", "256") for t in (".BF16", "")}
+    assert {(n, t) for n, t, _, _ in hgmma} == {(str(n), t) for n in WT.BLOCK_MS for t in (".BF16", "")}
     assert all(re.fullmatch(r"R\d+", a) for _, _, a, _ in hgmma), "A operand must come from registers"
     assert all(b.startswith("gdesc[") for _, _, _, b in hgmma), "B operand must come from shared memory"
     # Every wait keeps three k16 steps in flight (no wgmma is waited for right after its issue).
@@ -115,11 +116,12 @@ def test_main_loops_sm90_layout_and_two_k_groups(tmp_path):
             one, two = (bm, fp16, mx, 1, 1, 1, 0), (bm, fp16, mx, 1, 1, 2, 0)
             assert per_step(two) <= per_step(one) + 2, (bm, fp16, mx, per_step(one), per_step(two))
             assert not any("R2UR" in b for b in loops[two]), (bm, fp16, mx)
-    # The split-2 kernels (Config's kPair) exist at block_m 128, 192 and 256 with one K group and one CTA
+    # The split-2 kernels (Config's kPair) exist at every block_m from 128 with one K group and one CTA
     # per SM, for every variant, and their main loops are as short as the one-tile kernels' (the
     # epilogue of their own leaves ptxas's main loop alone).
     pairs = {cfg[:6] for cfg in loops if cfg[6]}
-    assert {(c[0], c[4], c[5]) for c in pairs} == {(128, 1, 1), (192, 1, 1), (256, 1, 1)}, pairs
-    assert len(pairs) == 3 * len({cfg[1:4] for cfg in loops}), pairs
+    wide = [bm for bm in WT.BLOCK_MS if bm >= 128]
+    assert {(c[0], c[4], c[5]) for c in pairs} == {(bm, 1, 1) for bm in wide}, pairs
+    assert len(pairs) == len(wide) * len({cfg[1:4] for cfg in loops}), pairs
     for cfg in pairs:
         assert len(loops[cfg + (1,)]) <= len(loops[cfg + (0,)]) + 4, (cfg, len(loops[cfg + (1,)]), len(loops[cfg + (0,)]))

@@ -44,12 +44,14 @@ def test_two_k_groups_for_sm90_split_k_at_block_m_64(m, n, want):
                                       (64, 8192, (64, 2)), (128, 8192, (128, 2)), (256, 8192, (256, 2)),
                                       (1024, 8192, (256, 1)), (4096, 8192, (256, 1)), (64, 28672, (64, 1)),
                                       (32, 28672, (32, 1)), (128, 28672, (128, 1)), (64, 12288, (64, 1)),
-                                      (129, 8192, (192, 2)), (192, 8192, (192, 2)), (193, 8192, (256, 2)),
-                                      (257, 8192, (192, 1)), (384, 8192, (192, 1)), (385, 8192, (256, 1))])
+                                      (129, 8192, (160, 2)), (192, 8192, (192, 2)), (193, 8192, (224, 2)),
+                                      (257, 8192, (160, 1)), (320, 8192, (160, 1)), (384, 8192, (192, 1)),
+                                      (385, 8192, (224, 1)), (448, 8192, (224, 1))])
 def test_heuristic_from_h100_sweeps(m, n, want):
-    """Smallest block_m covering M (up to 256; 192 for two tiles at M = 257-384), split-K up to
-    about one CTA per SM, persistent without split-K, two CTAs per SM at block_m <= 64 once the
-    tiles outnumber the SMs, most stages."""
+    """Smallest block_m covering M up to 256; above, the block_m of least padding and wave waste
+    (_launch_cost: two tiles of 160 at M = 257-320, of 224 at M = 385-448), split-K up to about
+    one CTA per SM, persistent without split-K, two CTAs per SM at block_m <= 64 once the tiles
+    outnumber the SMs, most stages."""
     t = WT.default(_args(m, n))
     assert (t.block_m, t.split_k) == want
     assert t.persistent == (t.split_k == 1)
@@ -65,7 +67,7 @@ def test_heuristic_from_h100_sweeps(m, n, want):
     (256, 4096, 4096, (128, 2, 1, False)), (32, 4096, 4096, (32, 8, 2, False)),
     (32, 4096, 14336, (32, 1, 1, True)), (128, 4096, 14336, (128, 1, 1, True)),
     (256, 4096, 14336, (128, 2, 1, False)), (256, 2304, 14336, (256, 1, 1, True)),
-    (160, 4096, 14336, (128, 2, 1, False)), (160, 2304, 14336, (192, 1, 1, True)),
+    (160, 4096, 14336, (128, 2, 1, False)), (160, 2304, 14336, (160, 1, 1, True)),
     (64, 2048, 4096, (64, 8, 2, False)), (128, 2048, 4096, (32, 2, 1, False)),
     (128, 1024, 4096, (128, 8, 1, False)), (128, 1024, 14336, (128, 8, 1, False)),
     (128, 8192, 8192, (128, 2, 1, False))])
@@ -178,10 +180,11 @@ def test_smem_mirror_of_the_kernel():
 
 def test_stage_k_where_two_sub_tiles_measured_faster():
     """128-K stages (two 64-K sub-tiles per barrier pair) for "sm90" weights up to block_m 128 and
-    for row-major ones at block_m 128; 64-K stages at block_m 192 and 256, for row-major weights at block_m
-    <= 64 and at block_m 64 with two CTAs per SM. Every launch kind keeps at least MIN_STAGES."""
-    assert [WT.stage_k(bm, 1, True) for bm in WT.BLOCK_MS] == [128, 128, 128, 64, 64]
-    assert [WT.stage_k(bm, 1, False) for bm in WT.BLOCK_MS] == [64, 64, 128, 64, 64]
+    for row-major ones at block_m 128; 64-K stages from block_m 160 up, for row-major weights at
+    block_m <= 64 and at block_m 64 with two CTAs per SM. Every launch kind keeps at least MIN_STAGES."""
+    assert WT.BLOCK_MS == (32, 64, 128, 160, 192, 224, 256)
+    assert [WT.stage_k(bm, 1, True) for bm in WT.BLOCK_MS] == [128, 128, 128, 64, 64, 64, 64]
+    assert [WT.stage_k(bm, 1, False) for bm in WT.BLOCK_MS] == [64, 64, 128, 64, 64, 64, 64]
     assert (WT.stage_k(32, 2, True), WT.stage_k(64, 2, True), WT.stage_k(64, 2, False)) == (128, 64, 64)
     two = (WT.SM90_SMEM_PER_SM - 2048) // 2
     for bm in (32, 64):
@@ -205,6 +208,6 @@ def test_joined_space_picks_the_family_by_m():
     assert {type(t) for t in cands} == {SM.CudaMmTactic, WT.WgmmaMmTactic}
     assert S.key(_args(64)) == SM.key(_args(64)) and S.key(_args(65)) == WT.key(_args(65))
     assert WT.key(_args(65)) == WT.key(_args(128)) != WT.key(_args(129))
-    # Buckets split where the heuristic's block_m changes: 129-192 | 193-256, 257-384 | 385-512.
-    assert WT.key(_args(129)) == WT.key(_args(192)) != WT.key(_args(193)) == WT.key(_args(256))
-    assert WT.key(_args(257)) == WT.key(_args(384)) != WT.key(_args(385)) == WT.key(_args(512))
+    # From 129 to 1024, where the heuristic's block_m changes with M, buckets of 32 rows.
+    assert WT.key(_args(129)) == WT.key(_args(160)) != WT.key(_args(161)) == WT.key(_args(192))
+    assert WT.key(_args(993)) == WT.key(_args(1024)) != WT.key(_args(1025)) == WT.key(_args(2048))

@@ -55,6 +55,9 @@ def _wgmma_tactics(sm90: bool):
            WT.WgmmaMmTactic(256, 4, 2, False),                # split 2: each rank stores half the rows
            WT.WgmmaMmTactic(192, 4, 2, False),                # the same at block_m 192 (rounds of 4 words)
            WT.WgmmaMmTactic(192, 4, 1, True),
+           WT.WgmmaMmTactic(160, 4, 2, False),                # unequal shares (96 + 64 rows, 128 + 96)
+           WT.WgmmaMmTactic(224, 4, 2, False),
+           WT.WgmmaMmTactic(160, 4, 1, True),
            WT.WgmmaMmTactic(64, 4, 1, True),                  # persistent: TMA stores or staged
            WT.WgmmaMmTactic(64, 4, 1, True, stream_k=True),   # stream-K
            WT.WgmmaMmTactic(32, 4, 1, True, ctas_per_sm=2),   # two CTAs per SM (96 registers)

@@ -1,7 +1,7 @@
 """The cuda backend's Hopper wgmma GEMM (csrc/mm_wgmma.cu) against the spec, on sm_90 only.
 
-Every compiled tile (block_m 32/64/128/256) with and without split-K, persistent (with and without
-stream-K) or one tile per CTA, few and many stages: exact on
+Every compiled tile (each block_m of mm_wgmma_tactics.BLOCK_MS) with and without split-K,
+persistent (with and without stream-K) or one tile per CTA, few and many stages: exact on
 grid-exact operands, within the spec's bound on random quantized data; M = 1, 33, 129, 4097; N
 and K not multiples of the tiles (K a multiple of 32); NVFP4 and MXFP4; bf16, fp16 and FP4
 activations; outputs NaN-poisoned at allocation; identical bits run to run; CUDA-graph replay.

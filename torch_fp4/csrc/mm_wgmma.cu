@@ -2,7 +2,7 @@
 //
 // Swap-AB warpgroup MMA with the FP4 weights decoded into wgmma's register A operand: the weight
 // rows are the wgmma's M side (64 per MMA warpgroup, two warpgroups: 128 per CTA), the
-// activation rows its N side (block_m = 32, 64, 128, 192 or 256 per CTA), K in stages of two 64-K
+// activation rows its N side (block_m = 32, 64, 128, 160, 192, 224 or 256 per CTA), K in stages of two 64-K
 // sub-tiles or one (stage_subs below), one ring of `stages` stages, one full / empty mbarrier pair
 // per stage:
 // - a producer warpgroup (three loader threads, one per operand) loads, per sub-tile, the
@@ -110,8 +110,8 @@ constexpr int kMaxDevices = 64;
 // 64-K sub-tiles per stage. Two (128 K: one full/empty barrier pair, one ring step and one
 // lookahead wait per 128 K, about 12% fewer instructions per HGMMA) where they measured faster
 // (BENCHMARKS.md): "sm90" weights up to block_m 128, and row-major ones at block_m 128; one at
-// block_m 256 (three 128-K stages do not fit beside the persistent epilogue's staging) and 192
-// (as 256; 128-K stages not measured there), for
+// block_m 256 (three 128-K stages do not fit beside the persistent epilogue's staging) and 160 to
+// 224 (as 256; 128-K stages not measured there), for
 // row-major weights at block_m <= 64, and at block_m 64 with two CTAs per SM (three 128-K stages
 // in half the shared memory keep too few bytes in flight).
 __host__ __device__ constexpr int stage_subs(int bm, int ctas, bool packed) {
@@ -175,7 +175,12 @@ struct Config {
   static constexpr bool kPacked = kPacked_;  // weights in the "sm90" fragment layout, else rows
   static constexpr bool kFold = !kMx;
   static constexpr int kAcc = kBM / 2;  // fp32 accumulators per consumer thread
-  static constexpr int kPairXchg = kWG * (kAcc / 2) * 128 * 4;  // the half each split-2 rank hands over
+  // Split 2 (kPair): rank 0 stores the tile's first kPairChunks 32-row chunks (half, rounded up:
+  // block_m 160 and 224 split 3 + 2 and 4 + 3), rank 1 the rest; kPairAcc of the accumulators are
+  // rank 0's, and kPairXchg bytes hold the larger share a rank hands over.
+  static constexpr int kPairChunks = (kBM / kChunkM + 1) / 2;
+  static constexpr int kPairAcc = kPairChunks * kChunkM / 2;
+  static constexpr int kPairXchg = kWG * kPairAcc * 128 * 4;
   // Chunks per thread and round of the one-tile epilogue's store loop: 4 where the MMA threads
   // have 232 registers, 2 in the 96 / 104-register kernels (4 spills there).
   static constexpr int kEpiBatch = kMmaRegs >= 232 ? 4 : 2;
@@ -566,8 +571,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     if constexpr (Cfg::kPair) {
       consumer_sync<Cfg>();  // every consumer is past the pipeline before the exchange overwrites it
       pair_exchange<Cfg>(acc, pipe_addr, rank, mwg, ct & 127);
-      store_tma<Cfg, Cfg::kBM / kChunkM / 2>(p, &out_map, acc, pipe_addr + Cfg::kPairXchg + 2 * kOutBuffer * mwg,
-                                             chunk, m0 + rank * (Cfg::kBM / 2), n0, mwg, ct & 127, alpha, has_alpha);
+      constexpr int kChunks0 = Cfg::kPairChunks, kChunks1 = Cfg::kBM / kChunkM - kChunks0;
+      store_tma<Cfg, kChunks0>(p, &out_map, acc, pipe_addr + Cfg::kPairXchg + 2 * kOutBuffer * mwg, chunk,
+                               m0 + rank * kChunks0 * kChunkM, n0, mwg, ct & 127, alpha, has_alpha,
+                               rank != 0 ? kChunks1 : kChunks0);
       cluster_sync_all();  // keep this rank's exchange words alive until the other rank read them
       continue;
     }
@@ -792,7 +799,7 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 }
 
 // Whether a launch takes the split-2 kernel (Config::kPair): one tile per CTA, split 2 after the
-// clamp to the K steps, one K group and one CTA per SM at block_m 128, 192 or 256, 16-bit
+// clamp to the K steps, one K group and one CTA per SM at block_m >= 128, 16-bit
 // outputs with 16-byte rows.
 inline bool pair_launch(const WgmmaMmArgs& a) {
   return !a.persistent && std::min(a.split_k, k_steps(a)) == 2 && a.k_groups == 1 && a.ctas_per_sm == 1 &&
@@ -800,7 +807,7 @@ inline bool pair_launch(const WgmmaMmArgs& a) {
          reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
 }
 
-// block_m 128, 192 or 256: the split-2 kernel where pair_launch, else the one-tile / persistent one.
+// block_m >= 128: the split-2 kernel where pair_launch, else the one-tile / persistent one.
 template <int kBM, bool kFp16, bool kMx, bool kPacked>
 bool launch_wide(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (pair_launch(a) && launch_cfg<Config<kBM, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
@@ -825,7 +832,9 @@ bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
       return a.ctas_per_sm == 2 ? launch_cfg<Config<64, kFp16, kMx, kPacked, 2>>(a, stream, pdl)
                                 : launch_cfg<Config<64, kFp16, kMx, kPacked>>(a, stream, pdl);
     case 128: return launch_wide<128, kFp16, kMx, kPacked>(a, stream, pdl);
+    case 160: return launch_wide<160, kFp16, kMx, kPacked>(a, stream, pdl);
     case 192: return launch_wide<192, kFp16, kMx, kPacked>(a, stream, pdl);
+    case 224: return launch_wide<224, kFp16, kMx, kPacked>(a, stream, pdl);
     case 256: return launch_wide<256, kFp16, kMx, kPacked>(a, stream, pdl);
     default: return false;
   }

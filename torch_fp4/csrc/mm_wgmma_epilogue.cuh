@@ -102,12 +102,13 @@ __device__ __forceinline__ uint32_t pack_out(float x, float y, float alpha, bool
 // tile's main loop) proceeds. One warpgroup barrier per chunk: before it, the storing thread waits
 // until every earlier store has read its buffer, so the buffer the next chunk writes is free.
 // `chunk` counts the warpgroup's chunks across tiles (the buffer parity).
-// kChunks: the chunks it stores from m0 on (a split-2 rank's half of the tile: pair_exchange).
+// kChunks: the chunks it may store from m0 on, `chunks` of them (a split-2 rank's share of the
+// tile: pair_exchange).
 template <class Cfg, int kChunks = Cfg::kBM / kChunkM>
 __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* out_map, const float (&acc)[Cfg::kAcc],
                                           uint32_t buffers, int& chunk, int m0, int n0, int mwg, int wct, float alpha,
-                                          bool has_alpha) {
-  const int rows = min(kChunks * kChunkM, p.m - m0);
+                                          bool has_alpha, int chunks = kChunks) {
+  const int rows = min(chunks * kChunkM, p.m - m0);
   const int n_base = n0 + 64 * mwg;
   const bool fp16 = p.out_dtype == small_m::kOutF16;
   const int lane = wct & 31, w = wct >> 5;
@@ -156,46 +157,55 @@ __device__ __forceinline__ void store_tma(const Params& p, const CUtensorMap* ou
   }
 }
 
-// A split-2 tile (Config::kPair: one tile per CTA, its two ranks a cluster): rank r finishes
-// activation rows [r kBM / 2, (r + 1) kBM / 2) of the tile, accumulators acc[r H ..] (H = kAcc / 2),
-// and hands the other half to the other rank: each thread writes it to its own shared memory at
-// `xchg` (per warpgroup [H / 4][128 threads] 16-byte words: a warp's words are contiguous), then
+// A split-2 tile (Config::kPair: one tile per CTA, its two ranks a cluster): rank 0 finishes the
+// tile's first Cfg::kPairChunks chunks of activation rows, accumulators acc[0 .. H0) (H0 =
+// Cfg::kPairAcc), rank 1 the rest, acc[H0 .. kAcc) (the same count but at block_m 160 and 224), and
+// each hands the other's share to the other rank: each thread writes it to its own shared memory at
+// `xchg` (per warpgroup [H0 / 4][128 threads] 16-byte words: a warp's words are contiguous), then
 // after the cluster barrier reads its twin's (the same warpgroup and thread of the other rank)
-// through distributed shared memory in rounds of 8 words (4 at block_m 192) and adds them to its
-// own: the sums of its half land in acc[0 .. H), with the bits of the rank-order sum (two terms:
-// IEEE addition commutes). The caller's second cluster barrier keeps the words alive until the other rank has
-// read them.
+// through distributed shared memory in rounds of 8 words (4 where a share is no multiple of 8
+// words) and adds them to its own: the sums of its share land in acc[0 ..), with the bits of the
+// rank-order sum (two terms: IEEE addition commutes). The caller's second cluster barrier keeps the
+// words alive until the other rank has read them.
 template <class Cfg>
 __device__ __forceinline__ void pair_exchange(float (&acc)[Cfg::kAcc], uint32_t xchg, int rank, int mwg, int wct) {
-  constexpr int H = Cfg::kAcc / 2, kRound = (H / 4) % 8 == 0 ? 8 : 4;
-  static_assert((H / 4) % kRound == 0, "whole rounds of words");
-  const uint32_t base = xchg + static_cast<uint32_t>(mwg * (H / 4) * 128 + wct) * 16u;
+  constexpr int H0 = Cfg::kPairAcc, W0 = H0 / 4, W1 = (Cfg::kAcc - H0) / 4;
+  constexpr int kRound = W0 % 8 == 0 && W1 % 8 == 0 ? 8 : 4;
+  static_assert(W0 % kRound == 0 && W1 % kRound == 0 && W1 <= W0, "whole rounds of words");
+  const uint32_t base = xchg + static_cast<uint32_t>(mwg * W0 * 128 + wct) * 16u;
   const bool one = rank != 0;
+  const int hand = one ? W0 : W1, keep = one ? W1 : W0;  // words this rank hands over / keeps
+  // Rank 1's accumulator i of its share: acc[H0 + i] (clamped: past kAcc only where unused).
+  const auto hi = [](int i) { return H0 + i < Cfg::kAcc ? H0 + i : Cfg::kAcc - 1; };
 #pragma unroll
-  for (int v = 0; v < H / 4; ++v) {
-    float x[4];
+  for (int v = 0; v < W0; ++v) {
+    if (v < hand) {
+      float x[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) x[e] = one ? acc[4 * v + e] : acc[H + 4 * v + e];
-    asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(base + 2048u * v), "f"(x[0]), "f"(x[1]), "f"(x[2]),
-                 "f"(x[3])
-                 : "memory");
+      for (int e = 0; e < 4; ++e) x[e] = one ? acc[4 * v + e] : acc[hi(4 * v + e)];
+      asm volatile("st.shared.v4.f32 [%0], {%1, %2, %3, %4};" ::"r"(base + 2048u * v), "f"(x[0]), "f"(x[1]),
+                   "f"(x[2]), "f"(x[3])
+                   : "memory");
+    }
   }
   cluster_sync_all();
 #pragma unroll
-  for (int v0 = 0; v0 < H / 4; v0 += kRound) {
-    F4 t[kRound];
+  for (int v0 = 0; v0 < W0; v0 += kRound) {
+    if (v0 < keep) {
+      F4 t[kRound];
 #pragma unroll
-    for (int v = 0; v < kRound; ++v) t[v] = ld_cluster128f(base + 2048u * (v0 + v), rank ^ 1);
+      for (int v = 0; v < kRound; ++v) t[v] = ld_cluster128f(base + 2048u * (v0 + v), rank ^ 1);
 #pragma unroll
-    for (int v = 0; v < kRound; ++v) {
-      const int i = 4 * (v0 + v);
-      const F4 mine = one ? F4{acc[H + i], acc[H + i + 1], acc[H + i + 2], acc[H + i + 3]}
-                          : F4{acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
-      const F4 sum = small_m::add4(mine, t[v]);
-      acc[i] = sum.x;
-      acc[i + 1] = sum.y;
-      acc[i + 2] = sum.z;
-      acc[i + 3] = sum.w;
+      for (int v = 0; v < kRound; ++v) {
+        const int i = 4 * (v0 + v);
+        const F4 mine = one ? F4{acc[hi(i)], acc[hi(i + 1)], acc[hi(i + 2)], acc[hi(i + 3)]}
+                            : F4{acc[i], acc[i + 1], acc[i + 2], acc[i + 3]};
+        const F4 sum = small_m::add4(mine, t[v]);
+        acc[i] = sum.x;
+        acc[i + 1] = sum.y;
+        acc[i + 2] = sum.z;
+        acc[i + 3] = sum.w;
+      }
     }
   }
 }

@@ -2,7 +2,7 @@
 import: no toolchain, no extension build.
 
 A CTA computes 128 weight rows (two MMA warpgroups of 64). A tactic picks block_m (activation rows
-per CTA, the wgmma's N: 32, 64, 128, 192 or 256), the number of shared-memory stages (of stage_k K
+per CTA, the wgmma's N: 32, 64, 128, 160, 192, 224 or 256), the number of shared-memory stages (of stage_k K
 elements: 128 or 64 by block_m, CTAs per SM and weight layout; one barrier pair and ring step each),
 ctas_per_sm (2 at block_m <= 64: two CTAs share an SM, each with half its shared memory and 96
 registers per MMA thread, for more loads and decodes in flight), stream_k (persistent only: the
@@ -35,7 +35,7 @@ from .._common import (empty_k_slice, largest_split, mm_key, problem_sm_count, p
                        problem_smem_per_sm, smem_reason)
 from .mm_tactics import SM90_SMEM_PER_BLOCK, SM90_SMEM_PER_SM, half_mx_reason
 
-BLOCK_MS = (32, 64, 128, 192, 256)
+BLOCK_MS = (32, 64, 128, 160, 192, 224, 256)
 ROWS = 128                    # weight rows per CTA
 BLOCK_K = 64                  # K elements per sub-tile (one 128-byte-swizzled activation box)
 MAX_STAGES = 12
@@ -70,7 +70,7 @@ def stage_k(block_m: int, ctas_per_sm: int, packed: bool) -> int:
     same-process A/B against 64-K stages): "sm90" weights up to block_m 128 (8192 x 28672 M = 32
     two K groups 61.6 -> 57.3 us; 28672 x 8192 M = 32 two CTAs per SM 69.1 -> 64.1) and row-major
     ones at block_m 128 (-0.5 to -1.3%); else one: block_m 256 (three 128-K stages do not fit beside
-    the persistent staging) and 192 (as 256; 128-K stages not measured there), row-major weights at
+    the persistent staging) and 160 to 224 (as 256; 128-K stages not measured there), row-major weights at
     block_m <= 64 (+1.7 to +3.9%), block_m 64 with two CTAs per SM (three 128-K stages in half the
     shared memory: 79.1 -> 82.0 us)."""
     two = block_m <= 128 and (packed or block_m == 128) and not (block_m == 64 and ctas_per_sm == 2)
@@ -196,20 +196,44 @@ def _split_for(ctas: int, k: int, sms: int, block_m: int, ctas_per_sm: int, pack
     return largest_split(split, steps)
 
 
-TWO_192_MAX_M = 384   # M = 257..384: two tiles of 192 rows instead of two of 256
+WIDE_MIN_BLOCK_M = 128   # M > 128: block_m from 128 up, by _launch_cost
+TILE_FIXED_ROWS = 32     # a tile's fixed cost per K step (weight decode, barriers), in activation rows
 
 
-def _block_m(m: int) -> int:
-    """The smallest block_m covering M; above 256 rows 256, but 192 where two 192-row tiles cover M.
-    H200, 8192 x 8192, against block_m 256 (scripts/ab_block_m.py): M = 160 47.3 -> 37.4 us, M = 192
-    48.2 -> 38.8, M = 320 85.3 -> 66.0, M = 384 92.2 -> 68.1; 28672 x 8192 M = 192 174.5 -> 132.7."""
-    if m <= BLOCK_MS[-1]:
-        return next(b for b in BLOCK_MS if b >= m)
-    return 192 if 192 in BLOCK_MS and m <= TWO_192_MAX_M else BLOCK_MS[-1]
+def _launch_cost(t: "WgmmaMmTactic", p: MmProblem) -> float:
+    """A launch's time in units of one K step of one activation row, for choosing block_m at M > 128:
+    waves x (block_m + TILE_FIXED_ROWS). Waves: whole waves of the CTA slots, fractional where
+    stream-K shares the last ones out, and a split-K launch's waves divided by its split (each CTA
+    takes 1 / split of the K steps). Against the fastest block_m of each M in a sweep (H200, "sm90"
+    weights, scripts/sweep_block_m.py: every block_m from 128 at M = 160-1024 on 8192 x 8192,
+    28672 x 8192 and 8192 x 28672, and 160-256 at M = 1100-4096 on the first two;
+    docs/benchmarks/mm_block_m_sweep_h200.txt) its choice lost 0.3% on average over the 47 points,
+    at most 5.2% (8192 x 8192 M = 704: block_m 256 with stream-K 151.0 us, 192 143.6); with no
+    fixed cost it picked block_m 128 where 192 was 27% faster (8192 x 8192 M = 384)."""
+    sms = problem_sm_count(p)
+    tiles = -(-p.m // t.block_m) * -(-p.n // ROWS)
+    slots = t.ctas_per_sm * sms
+    if t.persistent:
+        waves = tiles / slots if t.stream_k else -(-tiles // slots)
+    else:
+        waves = -(-tiles * t.split_k // slots) / t.split_k
+    return waves * (t.block_m + TILE_FIXED_ROWS)
 
 
 def default(p: MmProblem) -> Tactic:
-    """The smallest block_m covering M (_block_m; up to 256: more activation rows per weight decode won every
+    """At M <= 128 the smallest block_m covering M (_tactic_for); above, of the block_m from 128 up,
+    the one whose tactic has the lowest _launch_cost (ties: the larger block_m). Each block_m's tile
+    waste differs: M = 320 fills two tiles of 160, M = 448 two of 224, M = 576 three of 192 (H200,
+    8192 x 8192: 320 at block_m 160 62.8 us against 71.0 at 192 and 91.7 at 256; 28672 x 8192 M = 448
+    314.5 at 224 against 352.8 at 256; docs/benchmarks/mm_block_m_sweep_h200.txt)."""
+    if p.m <= WIDE_MIN_BLOCK_M:
+        return _tactic_for(p, next(b for b in BLOCK_MS if b >= p.m))
+    tactics = [_tactic_for(p, b) for b in reversed(BLOCK_MS) if b >= WIDE_MIN_BLOCK_M]
+    return min(tactics, key=lambda t: _launch_cost(t, p))
+
+
+def _tactic_for(p: MmProblem, bm: int) -> Tactic:
+    """The tactic at block_m `bm` (up to 256: more activation rows per weight decode won every
     H100 sweep, e.g. M = 128, N = 8192, K = 28672: block_m 128 with split 2 153 us, block_m 64
     266 us), split-K up to one wave, as many stages as fit, persistent without split-K; two CTAs
     per SM at block_m <= 64 once the tiles outnumber the SMs (H100, N = 28672, K = 8192, sm90
@@ -220,9 +244,8 @@ def default(p: MmProblem) -> Tactic:
     61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128, not
     compiled, the accumulators spilled: 97.6 -> 105.7 us). Where split 2 would leave the SMs
     short (N <= ~5600 at M <= block_m), no split-K cluster of 4 or 8 one-CTA-per-SM CTAs:
-    _few_tiles."""
+    _few_tiles (which may take another block_m)."""
     m, n, k = p.m, p.n, p.k
-    bm = _block_m(m)
     n_tiles = -(-n // ROWS)
     tiles = -(-m // bm) * n_tiles
     sms = problem_sm_count(p)
@@ -259,7 +282,7 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
     took 27.3: 16 CTAs' partials per tile). At block_m 256, block_m 128 at split 2 comes first
     where its tiles fill the SMs (H200, 4096 x 14336 M = 256: stream-K 54.8 -> 50.2 us; at M = 64
     and 128 stream-K stays ahead of half the block_m at split 2: 28.7 against 31.8, 35.8 against
-    36.6). block_m 192 (M = 129-192) takes the same rule, not measured there."""
+    36.6). block_m 160 to 224 take the same rule, not measured there."""
     tiles = -(-m // bm) * n_tiles
 
     def fills_at_split_2(b: int) -> bool:
@@ -332,11 +355,12 @@ def candidates(p: MmProblem) -> list[Tactic]:
 
 
 def key(p: MmProblem) -> str:
-    """M in power-of-two buckets, split at 192 and 384 where the heuristic's block_m changes (_block_m),
-    so that a tactic tuned at M = 160 (block_m 192) is not taken at M = 256, nor one tuned at
-    M = 320 (two tiles of 192) at M = 512."""
-    b = max(32, 1 << (p.m - 1).bit_length())
-    if b in (256, 512) and p.m <= 3 * b // 4:
-        b = 3 * b // 4
-    return mm_key(p, b)
+    """M in power-of-two buckets, but from 129 to KEY_STEP_MAX_M in steps of 32 rows: there the
+    heuristic's block_m changes with M (default; a tactic tuned at M = 320, two tiles of 160, would
+    waste a third of its rows at M = 352)."""
+    if WIDE_MIN_BLOCK_M < p.m <= KEY_STEP_MAX_M:
+        return mm_key(p, -(-p.m // 32) * 32)
+    return mm_key(p, max(32, 1 << (p.m - 1).bit_length()))
 
+
+KEY_STEP_MAX_M = 1024
