@@ -2,10 +2,10 @@
 
     python scripts/ab_libraries.py NAME TAG=PATH TAG=PATH [M,N,K ...]
 
-NAME: the library (e.g. wgmma1: the Hopper GEMM, bf16 activations, "sm90" NVFP4 weights); each
+NAME: the library (e.g. wgmma1_1: the Hopper GEMM at block_m >= 128, bf16 activations, "sm90" NVFP4 weights); each
 TAG=PATH a built copy of it (build it from each tree with `python -c "import torch; from
 torch_fp4.kernels.cuda import build; print(build.build(torch.cuda.get_device_capability(),
-['wgmma1'])['wgmma1'])"` and copy the file). Per problem: auto's W4A16 tactic under each build
+['wgmma1_1'])['wgmma1_1'])"` and copy the file). Per problem: auto's W4A16 tactic under each build
 and torch bf16 over rotating operands, medians of five interleaved rounds, and a check that every
 build gives the first build's bits. Both builds run in the same process, so the clock and the
 host are the same for both (processes of one tree differ by several percent)."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A/B of source variants of one cuda kernel library in one process, on an sm_90 GPU:
 #   bash scripts/ab_overlay.sh LIB NAME=DIR [NAME=DIR ...] -- M,N,K [M,N,K ...]
-# Builds LIB (e.g. wgmma1, the Hopper GEMM on bf16 activations and "sm90" NVFP4 weights) from this
+# Builds LIB (e.g. wgmma1_1, the Hopper GEMM at block_m >= 128 on bf16 activations and "sm90" weights) from this
 # checkout ("base") and, per NAME=DIR, from a copy of torch_fp4/ with the files of DIR laid over
 # torch_fp4/csrc/ (each copy hashes to its own build folder), in parallel; then times auto's tactic
 # under every build beside torch bf16 in one process (scripts/ab_libraries.py: rotating operands,

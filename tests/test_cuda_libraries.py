@@ -27,8 +27,11 @@ def test_every_kernel_source_is_in_a_library():
     assert {u.source for u in units} == set(build.KERNEL_SOURCES)
     assert len(set(units)) == len(units)                       # no unit in two libraries
     for v in range(build.MM_VARIANTS):
-        assert build.LIBRARIES[f"small_m{v}"] == (build.Unit("mm_small_m.cu", (v,)),)
-        assert build.LIBRARIES[f"wgmma{v}"] == (build.Unit("mm_wgmma.cu", (v,)),)
+        for g in (0, 1):   # kernel groups by the M a call serves (csrc/mm_operands.h, group_compiled)
+            assert build.LIBRARIES[f"small_m{v}_{g}"] == (build.Unit("mm_small_m.cu", (v,), g),)
+            assert build.LIBRARIES[f"wgmma{v}_{g}"] == (build.Unit("mm_wgmma.cu", (v,), g),)
+        assert (build.small_m_library(v, 8), build.small_m_library(v, 9)) == (f"small_m{v}_0", f"small_m{v}_1")
+        assert (build.wgmma_library(v, 64), build.wgmma_library(v, 128)) == (f"wgmma{v}_0", f"wgmma{v}_1")
     # fused_moe's decode path, row-major experts (even variants) and "sm90" ones (odd): bf16 x, or
     # fp16 x (fp16 FC1, bf16 FC2); MXFP4 experts (gpt-oss): bf16 activations only
     for packed in (0, 1):
@@ -37,6 +40,8 @@ def test_every_kernel_source_is_in_a_library():
         assert build.LIBRARIES[f"moe_small_m{4 + packed}"] == (build.Unit("moe_small_m.cu", (4 + packed,)),)
     assert sorted(n for n in build.LIBRARIES if n.startswith("moe_small_m")) == [f"moe_small_m{v}" for v in range(6)]
     assert build.Unit("mm_wgmma.cu", (3,)).defines() == ("-DTORCH_FP4_PARTS=8",)
+    assert build.Unit("mm_wgmma.cu", (3,), 1).defines() == ("-DTORCH_FP4_PARTS=8", "-DTORCH_FP4_GROUP=1")
+    assert build.Unit("mm_wgmma.cu", (3,), 1).stem == "mm_wgmma.part3.group1"
     assert build.Unit("moe_small_m.cu", (2, 0)).defines() == ("-DTORCH_FP4_PARTS=5",)
     assert build.Unit("moe_small_m.cu", (2, 0)).stem == "moe_small_m.part2_0"
     assert build.Unit("quantize.cu").defines() == ()
@@ -73,13 +78,21 @@ def _tools():
 def test_a_variant_unit_holds_only_its_kernels(tmp_path):
     nm = _tools()
     obj = tmp_path / "part.o"
-    unit = build.Unit("mm_small_m.cu", (5,))                 # bf16, MXFP4, "sm90" weights
+    unit = build.Unit("mm_small_m.cu", (5,), 0)              # bf16, MXFP4, "sm90" weights; M <= 8
     subprocess.run(build.compile_command(unit, (9, 0), obj), check=True, capture_output=True, timeout=600)
     text = subprocess.run([nm, "-C", str(obj)], check=True, capture_output=True, text=True).stdout
     config = r"Config<[^>]*?(true|false), (true|false), (true|false), (true|false)>"
     kernels = re.findall(r"small_m_mm_kernel<torch_fp4::small_m::" + config, text)
     assert kernels and set(kernels) == {("false", "true", "true", "false")}   # fp16, MXFP4, sm90, grouped
+    nbs = re.findall(r"small_m_mm_kernel<torch_fp4::small_m::Config<(\d+),", text)
+    assert set(nbs) == {"1"}                                   # group 0: one 8-row block
     assert re.search(r" T torch_fp4_mm_small_m\b", text)
+    # The Hopper GEMM's group 0: block_m 32 and 64 only
+    subprocess.run(build.compile_command(build.Unit("mm_wgmma.cu", (1,), 0), (9, 0), obj), check=True,
+                   capture_output=True, timeout=600)
+    text = subprocess.run([nm, "-C", str(obj)], check=True, capture_output=True, text=True).stdout
+    block_ms = re.findall(r"wgmma_mm_kernel<torch_fp4::wgmma_mm::Config<(\d+),", text)
+    assert block_ms and set(block_ms) == {"32", "64"}, set(block_ms)
     # fused_moe's fp16 decode unit: grouped kernels of the fp16 and the bf16 row-major NVFP4
     # variants (FC1 reads fp16 x, FC2 the bf16 intermediate), and the routing kernels
     moe = build.Unit("moe_small_m.cu", (2, 0))

@@ -71,6 +71,20 @@ constexpr bool mm_variant_compiled() {
 #endif
 }
 
+// Kernel groups of a GEMM source by the M it serves, so that a first call builds only the kernels
+// its M needs: the source compiled with -DTORCH_FP4_GROUP=g holds group g's kernels only (and its
+// dispatch refuses the others); without TORCH_FP4_GROUP, every group. mm_small_m.cu: group 0
+// M <= 8 (one 8-row block), group 1 M = 9-64; mm_wgmma.cu: group 0 block_m <= 64, group 1
+// block_m >= 128 (torch_fp4/kernels/cuda/build.py names the libraries).
+template <int kGroup>
+constexpr bool group_compiled() {
+#if defined(TORCH_FP4_GROUP)
+  return (TORCH_FP4_GROUP) == kGroup;
+#else
+  return true;
+#endif
+}
+
 // f(MmVariantIndex<v>{}) for the runtime index v (false for an index with no variant).
 template <class F>
 bool with_mm_variant(int v, F&& f) {

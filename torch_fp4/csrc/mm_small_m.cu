@@ -43,12 +43,17 @@ void launch_cfg(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
 
 // The compiled tile shapes (warps, MMA tiles per warp, block_k): tile_compiled() in mm_small_m.cuh;
 // the tactic space (torch_fp4/kernels/cuda/mm_tactics.py) offers exactly these.
+// Kernel group (group_compiled): 0 for one 8-row block (M <= 8), 1 for more.
 template <int kNB, bool kFp16, bool kMx, bool kPacked>
 bool launch_nb(const SmallMMmArgs& a, cudaStream_t stream, bool pdl) {
-  return with_tile<kNB, kFp16, kMx, kPacked, false>(a, [&](auto cfg) {
-    launch_cfg<decltype(cfg)>(a, stream, pdl);
-    return true;
-  });
+  if constexpr (!group_compiled<kNB == 1 ? 0 : 1>()) {
+    return false;
+  } else {
+    return with_tile<kNB, kFp16, kMx, kPacked, false>(a, [&](auto cfg) {
+      launch_cfg<decltype(cfg)>(a, stream, pdl);
+      return true;
+    });
+  }
 }
 
 template <bool kFp16, bool kMx, bool kPacked>

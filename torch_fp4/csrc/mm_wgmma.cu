@@ -814,8 +814,9 @@ bool launch_wide(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   return launch_cfg<Config<kBM, kFp16, kMx, kPacked>>(a, stream, pdl);
 }
 
+// block_m 32 or 64 (kernel group 0): one or two CTAs per SM, one or two K groups.
 template <bool kFp16, bool kMx, bool kPacked>
-bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+bool launch_narrow(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (a.k_groups == 2) {
     if constexpr (!kPacked) return false;
     else switch (a.block_m) {
@@ -831,13 +832,28 @@ bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
     case 64:
       return a.ctas_per_sm == 2 ? launch_cfg<Config<64, kFp16, kMx, kPacked, 2>>(a, stream, pdl)
                                 : launch_cfg<Config<64, kFp16, kMx, kPacked>>(a, stream, pdl);
-    case 128: return launch_wide<128, kFp16, kMx, kPacked>(a, stream, pdl);
-    case 160: return launch_wide<160, kFp16, kMx, kPacked>(a, stream, pdl);
-    case 192: return launch_wide<192, kFp16, kMx, kPacked>(a, stream, pdl);
-    case 224: return launch_wide<224, kFp16, kMx, kPacked>(a, stream, pdl);
-    case 256: return launch_wide<256, kFp16, kMx, kPacked>(a, stream, pdl);
     default: return false;
   }
+}
+
+// The kernels of the unit's groups (group_compiled): 0 block_m <= 64, 1 block_m >= 128.
+template <bool kFp16, bool kMx, bool kPacked>
+bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
+  if (a.block_m <= 64) {
+    if constexpr (group_compiled<0>()) return launch_narrow<kFp16, kMx, kPacked>(a, stream, pdl);
+    return false;
+  }
+  if constexpr (group_compiled<1>()) {
+    switch (a.block_m) {
+      case 128: return launch_wide<128, kFp16, kMx, kPacked>(a, stream, pdl);
+      case 160: return launch_wide<160, kFp16, kMx, kPacked>(a, stream, pdl);
+      case 192: return launch_wide<192, kFp16, kMx, kPacked>(a, stream, pdl);
+      case 224: return launch_wide<224, kFp16, kMx, kPacked>(a, stream, pdl);
+      case 256: return launch_wide<256, kFp16, kMx, kPacked>(a, stream, pdl);
+      default: return false;
+    }
+  }
+  return false;
 }
 
 // Variant kV's kernels (mm_operands.h), where this unit holds them.

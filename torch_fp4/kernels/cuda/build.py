@@ -1,10 +1,11 @@
 """Builds the cuda backend's kernel libraries from torch_fp4/csrc, each when a call first needs it.
 
 A library is a shared object built by nvcc alone (no torch headers, no torch C++ ABI): "core"
-(quantize, dequantize, global scale) and one per GEMM source and kernel variant ("small_m1",
-"wgmma4": csrc/mm_operands.h's variant index, the source compiled with -DTORCH_FP4_PARTS=1<<index;
-fused_moe's decode path with fp16 activations holds two variants: fp16 FC1, bf16 FC2).
-So the first call of a fresh process waits only for the units it uses, compiled in parallel, each
+(quantize, dequantize, global scale); per GEMM source, kernel variant and kernel group one
+("small_m1_0", "wgmma4_1": csrc/mm_operands.h's variant index, the source compiled with
+-DTORCH_FP4_PARTS=1<<index, then the group by the M it serves, -DTORCH_FP4_GROUP: small_m_library,
+wgmma_library); and fused_moe's decode path per variant (with fp16 activations it holds two: fp16
+FC1, bf16 FC2). So the first call of a fresh process waits only for the units it uses, compiled in parallel, each
 unit's kernels optimized on several threads (nvcc_flags). A library links its own static CUDA
 runtime with its symbols kept inside (-Bsymbolic, no exported runtime), exports only its C entry
 points (csrc/capi.h; called through native.py), and is cached under
@@ -51,23 +52,47 @@ SPLIT_COMPILE = 8
 
 @dataclass(frozen=True)
 class Unit:
-    """One translation unit: a csrc source, or the kernel variants `parts` of a GEMM source."""
+    """One translation unit: a csrc source, or the kernel variants `parts` of a GEMM source, of
+    kernel group `group` only where one is given (csrc/mm_operands.h, group_compiled)."""
     source: str
     parts: tuple[int, ...] = ()
+    group: Optional[int] = None
 
     @property
     def stem(self) -> str:
         base = self.source.removesuffix(".cu")
-        return base if not self.parts else f"{base}.part{'_'.join(map(str, self.parts))}"
+        base = base if not self.parts else f"{base}.part{'_'.join(map(str, self.parts))}"
+        return base if self.group is None else f"{base}.group{self.group}"
 
     def defines(self) -> tuple[str, ...]:
-        return () if not self.parts else (f"-DTORCH_FP4_PARTS={sum(1 << v for v in set(self.parts))}",)
+        parts = () if not self.parts else (f"-DTORCH_FP4_PARTS={sum(1 << v for v in set(self.parts))}",)
+        return parts + (() if self.group is None else (f"-DTORCH_FP4_GROUP={self.group}",))
+
+
+# Kernel groups (csrc/mm_operands.h, group_compiled) by the M a call serves, so that its first call
+# builds only those kernels: the small-M GEMM's group 0 holds M <= SMALL_M_GROUP0_MAX_M (one
+# 8-row block; 5 of its 12 kernels), the Hopper GEMM's group 0 block_m <= WGMMA_GROUP0_MAX_BLOCK_M
+# (6 of 16). On one H200 machine (scripts/ab_build_time.py) the small-M GEMM's group 0 built in
+# 6.1 s against 7.1-8.1 s for the whole library, the Hopper GEMM's groups in 5.7-6.2 and 10.3-10.9
+# s against 13.0-13.2 s; every library at once in 38.2 s against 35.8 s.
+SMALL_M_GROUP0_MAX_M = 8
+WGMMA_GROUP0_MAX_BLOCK_M = 64
+
+
+def small_m_library(variant: int, m: int) -> str:
+    """The library of the small-M GEMM's kernels of this variant for M rows."""
+    return f"small_m{variant}_{0 if m <= SMALL_M_GROUP0_MAX_M else 1}"
+
+
+def wgmma_library(variant: int, block_m: int) -> str:
+    """The library of the Hopper GEMM's kernels of this variant at this block_m."""
+    return f"wgmma{variant}_{0 if block_m <= WGMMA_GROUP0_MAX_BLOCK_M else 1}"
 
 
 LIBRARIES: dict[str, tuple[Unit, ...]] = {
     "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu"), Unit("moe_swiglu.cu")),
-    **{f"small_m{v}": (Unit("mm_small_m.cu", (v,)),) for v in range(MM_VARIANTS)},
-    **{f"wgmma{v}": (Unit("mm_wgmma.cu", (v,)),) for v in range(MM_VARIANTS)},
+    **{f"small_m{v}_{g}": (Unit("mm_small_m.cu", (v,), g),) for v in range(MM_VARIANTS) for g in (0, 1)},
+    **{f"wgmma{v}_{g}": (Unit("mm_wgmma.cu", (v,), g),) for v in range(MM_VARIANTS) for g in (0, 1)},
     # fused_moe's decode path by FC1's activations: bf16, or fp16 (its FC2 reads the bf16
     # intermediate: both variants), NVFP4 or MXFP4 experts, row-major or "sm90" (odd variants)
     **{f"moe_small_m{v}": (Unit("moe_small_m.cu", (v,)),) for v in (0, 1, 4, 5)},

@@ -20,7 +20,7 @@ from ... import formats as F
 from ...problems import MmProblem
 from .. import _common
 from .._common import cuda_empty, prepare_outputs, tactic_or_default
-from .build import mm_variant
+from .build import mm_variant, small_m_library, wgmma_library
 from .mm_space import MM_SPACE
 from .mm_tactics import CudaMmTactic
 from .mm_wgmma_tactics import WgmmaMmTactic
@@ -65,7 +65,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
     variant = mm_variant(fp16, mx, p.packed)
     bias_args = (None, 0) if bias is None else (bias.data_ptr(), DTYPE_CODES[bias.dtype])
     if isinstance(t, WgmmaMmTactic):
-        lib = library(i, f"wgmma{variant}")
+        lib = library(i, wgmma_library(variant, t.block_m))
         tactic_args = (t.block_m, t.stages, t.split_k, int(t.persistent), t.ctas_per_sm, int(t.stream_k),
                        t.k_groups)
         workspace = None
@@ -78,7 +78,7 @@ def mm_fp4(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor | None, b_sca
         status = lib.mm_wgmma(i, stream, pdl, *ops, *bias_args, *tactic_args,
                               None if workspace is None else workspace.data_ptr())
     else:
-        lib = library(i, f"small_m{variant}")
+        lib = library(i, small_m_library(variant, m))
         status = lib.mm_small_m(i, stream, pdl, *ops, *bias_args, t.warps, t.tiles_per_warp, t.block_k, t.stages,
                                 t.split_k)
     if status:

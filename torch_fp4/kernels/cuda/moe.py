@@ -54,7 +54,7 @@ from .._common import tactic_or_default
 from ..triton import moe_grouped
 from ..triton.moe_align import max_blocks
 from ..triton.moe_gemm import GptOss
-from .build import mm_variant
+from .build import mm_variant, wgmma_library
 from .moe_tactics import MOE_SPACE, SmallMMoeTactic, WgmmaMoeTactic
 from .native import DTYPE_CODES, MoeDecodePlan, library, raw_stream
 from .quantize import exact_values, nvfp4_quantize
@@ -78,7 +78,7 @@ def _grouped_gemm(a: torch.Tensor, a_scale: Optional[torch.Tensor], w: torch.Ten
         i = a.get_device()
         fp16 = a.dtype == torch.float16
         kp = w_scale.shape[2]
-        lib = library(i, f"wgmma{mm_variant(fp16, mx, packed)}")
+        lib = library(i, wgmma_library(mm_variant(fp16, mx, packed), tactic.block_m))
         pdl = _common.PDL
         status = lib.mm_wgmma_grouped(
             i, raw_stream(i), pdl, a.data_ptr(), w.data_ptr(), w_scale.data_ptr(), alpha.data_ptr(),
