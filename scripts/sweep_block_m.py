@@ -6,6 +6,7 @@ weights, rotating operands, medians of interleaved rounds): which tile size wins
 
 A block_m whose tactic takes another block_m (mm_wgmma_tactics._few_tiles) is left out."""
 import argparse
+import dataclasses
 
 import torch
 
@@ -22,6 +23,8 @@ ap.add_argument("k", type=int)
 ap.add_argument("ms")
 ap.add_argument("--bms", default=",".join(str(b) for b in WT.BLOCK_MS if b >= 128))
 ap.add_argument("--rounds", type=int, default=3)
+ap.add_argument("--stream-k", action="store_true",
+                help="also each persistent tactic with stream-K on (column '<block_m>sk') where it is off")
 opt = ap.parse_args()
 dev = torch.device("cuda")
 bms = [int(b) for b in opt.bms.split(",")]
@@ -31,20 +34,23 @@ for m in (int(v) for v in opt.ms.split(",")):
     p0, pk0 = r.problems[0], r.packs[0]
     problem = MmProblem.of(p0.a, pk0.T, None, p0.w_scale.T, p0.alpha, torch.bfloat16, F.NVFP4,
                            F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
-    chosen = {bm: t for bm in bms for t in [WT._tactic_for(problem, bm)]
+    chosen = {str(bm): t for bm in bms for t in [WT._tactic_for(problem, bm)]
               if t.block_m == bm and WT.why_not(t, problem) is None}
+    if opt.stream_k:
+        chosen.update({f"{c}sk": dataclasses.replace(t, stream_k=True) for c, t in list(chosen.items())
+                       if t.persistent and not t.stream_k})
     auto = WT.default(problem)
 
     def run(t, p, pk):
         with tactics.use_tactic(t):
             return ops.mm_fp4(p.a, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90", backend="cuda")
-    cols = {str(bm): (lambda t=t: r.time_sm90(lambda p, pk: run(t, p, pk))) for bm, t in chosen.items()}
+    cols = {c: (lambda t=t: r.time_sm90(lambda p, pk: run(t, p, pk))) for c, t in chosen.items()}
     cols["bf16"] = r.time_bf16
     us = interleaved_medians(cols, opt.rounds)
     best = min((c for c in us if c != "bf16"), key=us.get)
     print(f"M={m:5d} bf16 {us['bf16']:7.1f} | " +
           "  ".join(f"{c}: {v:7.1f} ({us['bf16'] / v:4.2f})" for c, v in us.items() if c != "bf16") +
           f" | best {best} x bf16 {us['bf16'] / us[best]:.2f}; auto {auto.label()}; " +
-          "; ".join(f"{bm}={t.label()}" for bm, t in chosen.items()), flush=True)
+          "; ".join(f"{c}={t.label()}" for c, t in chosen.items()), flush=True)
     del r
     torch.cuda.empty_cache()

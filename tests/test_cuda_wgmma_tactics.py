@@ -63,6 +63,20 @@ def test_heuristic_from_h100_sweeps(m, n, want):
 
 
 @pytest.mark.parametrize("m,n,k,want", [
+    (320, 8192, 8192, (160, False)), (448, 28672, 8192, (224, True)), (576, 8192, 8192, (192, True)),
+    (640, 8192, 8192, (160, False)), (704, 8192, 8192, (192, False)), (2000, 8192, 8192, (256, False)),
+    (576, 8192, 28672, (192, True)), (640, 8192, 28672, (160, False)), (1024, 8192, 28672, (256, False))])
+def test_block_m_by_launch_cost_where_a_sweep_measured_it_fastest(m, n, k, want):
+    """Above M = 128, the block_m (and stream-K) of least padding and wave waste (_launch_cost), at
+    points where scripts/sweep_block_m.py measured that tactic fastest or within 2.5% of it (H200,
+    docs/benchmarks/mm_block_m_sweep_h200.txt); stream-K spans the activations of up to 36 MB of
+    m-tiles (576 x 28672: three 192-row tiles, 33 MB)."""
+    t = WT.default(_args(m, n, k, layout=F.WeightLayout.SM90))
+    assert (t.block_m, t.stream_k) == want, t
+    assert t.persistent and t.split_k == 1
+
+
+@pytest.mark.parametrize("m,n,k,want", [
     (64, 4096, 4096, (32, 2, 1, False)), (128, 4096, 4096, (64, 2, 1, False)),
     (256, 4096, 4096, (128, 2, 1, False)), (32, 4096, 4096, (32, 8, 2, False)),
     (32, 4096, 14336, (32, 1, 1, True)), (128, 4096, 14336, (128, 1, 1, True)),

@@ -198,23 +198,26 @@ def _split_for(ctas: int, k: int, sms: int, block_m: int, ctas_per_sm: int, pack
 
 WIDE_MIN_BLOCK_M = 128   # M > 128: block_m from 128 up, by _launch_cost
 TILE_FIXED_ROWS = 32     # a tile's fixed cost per K step (weight decode, barriers), in activation rows
+SK_WAVE_COST = 0.15      # stream-K's cost (partial sums through global memory, flags), in waves
 
 
 def _launch_cost(t: "WgmmaMmTactic", p: MmProblem) -> float:
     """A launch's time in units of one K step of one activation row, for choosing block_m at M > 128:
-    waves x (block_m + TILE_FIXED_ROWS). Waves: whole waves of the CTA slots, fractional where
-    stream-K shares the last ones out, and a split-K launch's waves divided by its split (each CTA
-    takes 1 / split of the K steps). Against the fastest block_m of each M in a sweep (H200, "sm90"
-    weights, scripts/sweep_block_m.py: every block_m from 128 at M = 160-1024 on 8192 x 8192,
-    28672 x 8192 and 8192 x 28672, and 160-256 at M = 1100-4096 on the first two;
-    docs/benchmarks/mm_block_m_sweep_h200.txt) its choice lost 0.3% on average over the 47 points,
-    at most 5.2% (8192 x 8192 M = 704: block_m 256 with stream-K 151.0 us, 192 143.6); with no
-    fixed cost it picked block_m 128 where 192 was 27% faster (8192 x 8192 M = 384)."""
+    waves x (block_m + TILE_FIXED_ROWS). Waves: whole waves of the CTA slots; with stream-K, which
+    shares the last ones out, the fraction, plus SK_WAVE_COST past one wave (few tiles shared over
+    every slot, _few_tiles, pay none); a split-K launch's waves divided by
+    its split (each CTA takes 1 / split of the K steps). Checked against the fastest tactic at each
+    of 50 points of a sweep (H200, "sm90" weights, scripts/sweep_block_m.py, every block_m from 128,
+    with and without stream-K at some: M = 160-1024 on 8192 x 8192, 28672 x 8192 and 8192 x 28672,
+    M = 1100-4096 on the first two; docs/benchmarks/mm_block_m_sweep_h200.txt). Its choice lost
+    0.05% on average, at most 2.5% (28672 x 8192 M = 1536). With stream-K at no cost it lost 5.2%
+    at 8192 x 8192 M = 704 (block_m 256 with stream-K 151.0 us, 192 without 143.6). With no
+    fixed cost per tile it picked block_m 128 where 192 was 27% faster (8192 x 8192 M = 384)."""
     sms = problem_sm_count(p)
     tiles = -(-p.m // t.block_m) * -(-p.n // ROWS)
     slots = t.ctas_per_sm * sms
     if t.persistent:
-        waves = tiles / slots if t.stream_k else -(-tiles // slots)
+        waves = tiles / slots + (SK_WAVE_COST if tiles > slots else 0.0) if t.stream_k else -(-tiles // slots)
     else:
         waves = -(-tiles * t.split_k // slots) / t.split_k
     return waves * (t.block_m + TILE_FIXED_ROWS)
@@ -300,25 +303,29 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
 
 
 SK_MIN_IDLE = 0.10                 # idle share of the last wave's CTA slots that stream-K wins back
-SK_MAX_ACT_BYTES = 24 << 20        # activations the stream-K tiles span at once: half the H100's L2
+SK_MAX_ACT_BYTES = 36 << 20        # activations the stream-K tiles span at once: ~70% of the 50 MB L2
 
 
 def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int) -> bool:
     """Stream-K for a persistent launch when the tiles fill at least one wave of the CTA slots and
     leave at least SK_MIN_IDLE of the last wave idle, and the activation rows of its tiles (taken
-    at different K offsets at once) stay within SK_MAX_ACT_BYTES. H100, sm90 weights, against the
+    at different K offsets at once: the m-tiles they reach, at most all) stay within
+    SK_MAX_ACT_BYTES. H100, sm90 weights, against the
     same tactic without it: N x K = 28672 x 8192 M = 256 (224 tiles on 132 slots) 176 -> 162 us,
     M = 512 380 -> 335 us, M = 128 112 -> 105 us (M = 64 at two CTAs per SM, 224 tiles on 264
     slots, less than one wave: 79.8 -> 77.7 us, not taken); with 3% of the last wave idle it loses
     (8192 x 8192 M = 1024, 256 tiles: 180 -> 195 us); and with K = 28672 four 256-row activation
-    tiles (59 MB) at once thrash the L2 (8192 x 28672 M = 1024: 627 -> 1054 us)."""
+    tiles (59 MB) at once thrash the L2 (8192 x 28672 M = 1024: 627 -> 1054 us). Up to 44 MB they
+    did not (H200, 8192 x 28672 M = 576 three 192-row tiles, 33 MB: 437.0 -> 383.8 us; M = 768
+    three 256-row tiles: 570.5 -> 533.5; docs/benchmarks/mm_block_m_sweep_h200.txt)."""
     if tiles <= slots or tiles % slots == 0:
         return False
     waves = -(-tiles // slots)
     if waves * slots - tiles < SK_MIN_IDLE * waves * slots:
         return False
     sk_tiles = tiles - (tiles // slots - 1) * slots
-    return (-(-sk_tiles // n_tiles) + 1) * block_m * k * 2 <= SK_MAX_ACT_BYTES
+    m_tiles = -(-tiles // n_tiles)
+    return min(-(-sk_tiles // n_tiles) + 1, m_tiles) * block_m * k * 2 <= SK_MAX_ACT_BYTES
 
 
 def candidates(p: MmProblem) -> list[Tactic]:
