@@ -361,13 +361,14 @@ def candidates(p: MmProblem) -> list[Tactic]:
     return valid_unique(out, why_not, p)
 
 
+KEY_STEP_MAX_M = 1024   # up to here the tactic cache's M buckets are steps of 32 rows (key)
+
+
 def key(p: MmProblem) -> str:
     """M in power-of-two buckets, but from 129 to KEY_STEP_MAX_M in steps of 32 rows: there the
     heuristic's block_m changes with M (default; a tactic tuned at M = 320, two tiles of 160, would
-    waste a third of its rows at M = 352)."""
+    take three, 480 rows, at M = 352)."""
     if WIDE_MIN_BLOCK_M < p.m <= KEY_STEP_MAX_M:
         return mm_key(p, -(-p.m // 32) * 32)
     return mm_key(p, max(32, 1 << (p.m - 1).bit_length()))
 
-
-KEY_STEP_MAX_M = 1024
