@@ -7,12 +7,9 @@ import argparse
 
 import torch
 
-from torch_fp4 import formats as F
-from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import rotated
+from torch_fp4.bench.mm import rotated, sm90_under
 from torch_fp4.bench.timing import interleaved_medians
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
-from torch_fp4.problems import MmProblem
 
 ap = argparse.ArgumentParser()
 ap.add_argument("n", type=int)
@@ -23,26 +20,21 @@ opt = ap.parse_args()
 dev = torch.device("cuda")
 for m in opt.ms:
     r = rotated(m, opt.n, opt.k, dev)
-    ps, packs = r.problems, r.packs
-    p0 = ps[0]
-    problem = MmProblem.of(p0.a, packs[0].T, None, p0.w_scale.T, p0.alpha, torch.bfloat16, F.NVFP4,
-                           F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+    problem = r.sm90_problem()
     new = WT.default(problem)
     kept = WT.BLOCK_MS
     WT.BLOCK_MS = tuple(b for b in kept if str(b) not in opt.without.split(","))
     old = WT.default(problem)
     WT.BLOCK_MS = kept
 
-    def run(t, p, pk):
-        with tactics.use_tactic(t):
-            return ops.mm_fp4(p.a, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90", backend="cuda")
-    cols = {"auto": lambda: r.time_sm90(lambda p, pk: run(new, p, pk)),
-            f"without {opt.without}": lambda: r.time_sm90(lambda p, pk: run(old, p, pk)),
+    cols = {"auto": lambda: r.time_sm90(sm90_under(new)),
+            f"without {opt.without}": lambda: r.time_sm90(sm90_under(old)),
             "bf16": r.time_bf16}
     us = interleaved_medians(cols, 5)
-    same = torch.equal(run(new, p0, packs[0]), run(old, p0, packs[0]))
+    first = (r.problems[0], r.packs[0])
+    same = torch.equal(sm90_under(new)(*first), sm90_under(old)(*first))
     print(f"M={m} N={opt.n} K={opt.k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) +
           f"  auto x bf16 {us['bf16'] / us['auto']:.2f}  same bits: {same}  auto {new.label()}  without {old.label()}",
           flush=True)
-    del r, ps, packs
+    del r
     torch.cuda.empty_cache()

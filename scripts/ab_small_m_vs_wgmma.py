@@ -10,12 +10,9 @@ import sys
 
 import torch
 
-from torch_fp4 import formats as F
-from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import quack_w4a16, rotated
+from torch_fp4.bench.mm import quack_w4a16, rotated, sm90_under
 from torch_fp4.bench.timing import graph_time_us, interleaved_medians
 from torch_fp4.kernels.cuda import mm_tactics as small, mm_wgmma_tactics as wg
-from torch_fp4.problems import MmProblem
 
 
 def main(problems):
@@ -24,19 +21,11 @@ def main(problems):
         r = rotated(m, n, k, dev)
         ps, packs = r.problems, r.packs
         quacks = [quack_w4a16(wc[0], wc[1], n, k) for wc in r.weights]
-        p0 = ps[0]
-        prob = MmProblem.of(p0.a, packs[0].T, None, p0.w_scale.T, p0.alpha, torch.bfloat16, F.NVFP4,
-                            F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+        prob = r.sm90_problem()
         pair = {"small-M": small.default(prob), "wgmma": wg.default(prob)}
-
-        def under(t):
-            def call(p, pk):
-                with tactics.use_tactic(t):
-                    return ops.mm_fp4(p.a, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90", backend="cuda")
-            return call
-        outs = {c: under(t)(p0, packs[0]).float() for c, t in pair.items()}
+        outs = {c: sm90_under(t)(ps[0], packs[0]).float() for c, t in pair.items()}
         diff = ((outs["wgmma"] - outs["small-M"]).abs().max() / outs["small-M"].abs().max()).item()
-        cols = {c: (lambda t=t: r.time_sm90(under(t))) for c, t in pair.items()}
+        cols = {c: (lambda t=t: r.time_sm90(sm90_under(t))) for c, t in pair.items()}
         if quacks[0] is not None:
             cols["quack"] = lambda: graph_time_us(lambda f, a: f(a), [(f, p.a) for f, p in zip(quacks, ps)])
         cols["bf16"] = r.time_bf16

@@ -10,12 +10,9 @@ import dataclasses
 
 import torch
 
-from torch_fp4 import formats as F
-from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import rotated
+from torch_fp4.bench.mm import rotated, sm90_under
 from torch_fp4.bench.timing import interleaved_medians
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
-from torch_fp4.problems import MmProblem
 
 ap = argparse.ArgumentParser()
 ap.add_argument("n", type=int)
@@ -31,20 +28,14 @@ bms = [int(b) for b in opt.bms.split(",")]
 print(f"N={opt.n} K={opt.k}: us per block_m (x bf16); 'auto' is the heuristic's tactic", flush=True)
 for m in (int(v) for v in opt.ms.split(",")):
     r = rotated(m, opt.n, opt.k, dev)
-    p0, pk0 = r.problems[0], r.packs[0]
-    problem = MmProblem.of(p0.a, pk0.T, None, p0.w_scale.T, p0.alpha, torch.bfloat16, F.NVFP4,
-                           F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+    problem = r.sm90_problem()
     chosen = {str(bm): t for bm in bms for t in [WT._tactic_for(problem, bm)]
               if t.block_m == bm and WT.why_not(t, problem) is None}
     if opt.stream_k:
         chosen.update({f"{c}sk": dataclasses.replace(t, stream_k=True) for c, t in list(chosen.items())
                        if t.persistent and not t.stream_k})
     auto = WT.default(problem)
-
-    def run(t, p, pk):
-        with tactics.use_tactic(t):
-            return ops.mm_fp4(p.a, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90", backend="cuda")
-    cols = {c: (lambda t=t: r.time_sm90(lambda p, pk: run(t, p, pk))) for c, t in chosen.items()}
+    cols = {c: (lambda t=t: r.time_sm90(sm90_under(t))) for c, t in chosen.items()}
     cols["bf16"] = r.time_bf16
     us = interleaved_medians(cols, opt.rounds)
     best = min((c for c in us if c != "bf16"), key=us.get)

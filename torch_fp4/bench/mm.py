@@ -26,6 +26,7 @@ import torch
 
 from .. import formats as F
 from .. import ops, tactics
+from ..problems import MmProblem
 from .timing import copies, copy_bandwidth_gbs, graph_time_us, interleaved_medians, rotation, write_csv
 
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
@@ -112,6 +113,21 @@ class Rotated(NamedTuple):
     def time_bf16(self) -> float:
         """Device time per call of torch's bf16 matmul: the first copy's activations by each bf16 weight."""
         return graph_time_us(lambda b: torch.matmul(self.problems[0].a, b.T), [(b,) for b in self.bf16])
+
+    def sm90_problem(self) -> MmProblem:
+        """The mm_fp4 problem the copies pose on their "sm90" prepacks (bf16 in and out), as the
+        tactic spaces see it."""
+        p, pk = self.problems[0], self.packs[0]
+        return MmProblem.of(p.a, pk.T, None, p.w_scale.T, p.alpha, torch.bfloat16, F.NVFP4,
+                            F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+
+
+def sm90_under(tactic) -> Callable:
+    """fn(problem, prepack): the cuda backend's mm_fp4 on the "sm90" prepack with `tactic` forced."""
+    def call(p, pk):
+        with tactics.use_tactic(tactic):
+            return ops.mm_fp4(p.a, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90", backend="cuda")
+    return call
 
 
 def rotated(m: int, n: int, k: int, device: torch.device) -> Rotated:

@@ -79,20 +79,24 @@ SMALL_M_GROUP0_MAX_M = 8
 WGMMA_GROUP0_MAX_BLOCK_M = 64
 
 
+def _grouped(base: str, variant: int, group: int) -> str:
+    return f"{base}{variant}_{group}"
+
+
 def small_m_library(variant: int, m: int) -> str:
     """The library of the small-M GEMM's kernels of this variant for M rows."""
-    return f"small_m{variant}_{0 if m <= SMALL_M_GROUP0_MAX_M else 1}"
+    return _grouped("small_m", variant, 0 if m <= SMALL_M_GROUP0_MAX_M else 1)
 
 
 def wgmma_library(variant: int, block_m: int) -> str:
     """The library of the Hopper GEMM's kernels of this variant at this block_m."""
-    return f"wgmma{variant}_{0 if block_m <= WGMMA_GROUP0_MAX_BLOCK_M else 1}"
+    return _grouped("wgmma", variant, 0 if block_m <= WGMMA_GROUP0_MAX_BLOCK_M else 1)
 
 
 LIBRARIES: dict[str, tuple[Unit, ...]] = {
     "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu"), Unit("moe_swiglu.cu")),
-    **{f"small_m{v}_{g}": (Unit("mm_small_m.cu", (v,), g),) for v in range(MM_VARIANTS) for g in (0, 1)},
-    **{f"wgmma{v}_{g}": (Unit("mm_wgmma.cu", (v,), g),) for v in range(MM_VARIANTS) for g in (0, 1)},
+    **{_grouped(base, v, g): (Unit(f"mm_{base}.cu", (v,), g),)
+       for base in ("small_m", "wgmma") for v in range(MM_VARIANTS) for g in (0, 1)},
     # fused_moe's decode path by FC1's activations: bf16, or fp16 (its FC2 reads the bf16
     # intermediate: both variants), NVFP4 or MXFP4 experts, row-major or "sm90" (odd variants)
     **{f"moe_small_m{v}": (Unit("moe_small_m.cu", (v,)),) for v in (0, 1, 4, 5)},
