@@ -155,8 +155,29 @@ def test_stream_k_where_the_last_wave_idles(m, n, k, want):
     assert t.stream_k == want, t
     assert not t.stream_k or t.persistent
     assert not WT.stream_k_pays(4 * 132, 132, 64, 256, 8192)          # whole waves
-    assert not WT.stream_k_pays(100, 132, 64, 256, 8192)              # less than one wave
     assert not WT.stream_k_pays(224, 132, 8, 256, 28672)              # 59 MB of activations at once
+    # Less than one wave: at long K, tiles of 128 rows or more, more than SK_WAVE_COST of the slots idle.
+    assert WT.stream_k_pays(100, 132, 64, 256, 8192) and WT.stream_k_pays(112, 132, 28, 224, 18944)
+    assert not WT.stream_k_pays(100, 132, 64, 256, 4096)              # short K
+    assert not WT.stream_k_pays(100, 132, 64, 64, 8192)               # 64-row tiles
+    assert not WT.stream_k_pays(120, 132, 40, 128, 8192)              # 9% of the slots idle
+
+
+@pytest.mark.parametrize("m,n,k,want", [
+    (224, 5120, 8192, (128, 1, True)), (288, 5120, 8192, (160, 1, True)), (576, 3584, 18944, (192, 1, True)),
+    (144, 12288, 8192, (160, 1, True)), (304, 6144, 16384, (160, 1, True)), (496, 6144, 8192, (256, 1, True)),
+    (449, 4096, 14336, (256, 2, False)), (640, 4096, 14336, (160, 1, False)), (784, 2048, 8192, (224, 2, False)),
+    (160, 14336, 4096, (160, 1, False))])
+def test_stream_k_below_one_wave(m, n, k, want):
+    """Tiles of 128 rows or more filling less than one wave, at long K, share their K steps over every
+    slot where that costs less than the alternatives (_launch_cost: SK_WAVE_COST past half a wave),
+    at points where scripts/ab_stream_k_one_wave.py measured it faster (H200: 5120 x 8192 M = 224
+    59.1 -> 42.6 us, 3584 x 18944 M = 576 135.5 -> 109.4); split 2 and whole waves of smaller tiles
+    stay where they measured faster (4096 x 14336 M = 449 79.1 against 88.9, M = 640 102.1 against
+    110.6, 2048 x 8192 M = 784 44.9 against 48.9); never at K = 4096 (14336 x 4096 M = 160, 112
+    tiles: 31.3 against 37.0); (block_m, split_k, stream_k)."""
+    t = WT.default(_args(m, n, k, layout=F.WeightLayout.SM90))
+    assert (t.block_m, t.split_k, t.stream_k) == want, t
 
 
 def test_problem_limits():

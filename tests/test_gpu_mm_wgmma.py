@@ -168,11 +168,13 @@ def test_persistent_ctas_take_many_tiles(n):
                 assert torch.equal(value, got[True, 1, False]), (bm, out_dtype, key)
 
 
-@pytest.mark.parametrize("m,n", [(33, 2304), (100, 2304), (256, 2304), (256, 2176), (33, 2560), (256, 2560)])
+@pytest.mark.parametrize("m,n", [(33, 2304), (100, 2304), (256, 2304), (256, 2176), (33, 2560), (256, 2560),
+                                 (224, 5120), (288, 5120), (496, 6144)])
 def test_stream_k_with_fewer_tiles_than_slots(m, n):
     """Stream-K where every tile is shared out (fewer tiles than CTA slots, long K: the heuristic
-    for N <= ~5600 and K >= 8192, mm_wgmma_tactics._few_tiles): each tile's K steps run on several
-    CTAs whose partials its owner adds. The CTAs run in groups of four, two or one (as the CTA
+    for N <= ~5600 and K >= 8192, mm_wgmma_tactics._few_tiles, and for 80-96 tiles of 128-256 rows,
+    stream_k_pays): each tile's K steps run on one to several CTAs whose partials its owner adds.
+    The CTAs run in groups of four, two or one (as the CTA
     slots and the tiles divide: 20, 18 and 17 weight tiles on an even number of slots), the CTAs
     of a group on side-by-side tiles. Exact on grid-exact operands, every output dtype, and
     identical bits run to run; the heuristic picks it for these shapes."""

@@ -204,20 +204,27 @@ SK_WAVE_COST = 0.15      # stream-K's cost (partial sums through global memory, 
 def _launch_cost(t: "WgmmaMmTactic", p: MmProblem) -> float:
     """A launch's time in units of one K step of one activation row, for choosing block_m at M > 128:
     waves x (block_m + TILE_FIXED_ROWS). Waves: whole waves of the CTA slots; with stream-K, which
-    shares the last ones out, the fraction, plus SK_WAVE_COST past one wave (few tiles shared over
-    every slot, _few_tiles, pay none); a split-K launch's waves divided by
+    shares the last ones out, the fraction, plus SK_WAVE_COST past half a wave (few tiles shared over
+    every slot, _few_tiles' at most a third of a wave, pay none: split-K, their alternative, pays
+    too); a split-K launch's waves divided by
     its split (each CTA takes 1 / split of the K steps). Checked against the fastest tactic at each
     of 50 points of a sweep (H200, "sm90" weights, scripts/sweep_block_m.py, every block_m from 128,
     with and without stream-K at some: M = 160-1024 on 8192 x 8192, 28672 x 8192 and 8192 x 28672,
     M = 1100-4096 on the first two; docs/benchmarks/mm_block_m_sweep_h200.txt). Its choice lost
     0.05% on average, at most 2.5% (28672 x 8192 M = 1536). With stream-K at no cost it lost 5.2%
     at 8192 x 8192 M = 704 (block_m 256 with stream-K 151.0 us, 192 without 143.6). With no
-    fixed cost per tile it picked block_m 128 where 192 was 27% faster (8192 x 8192 M = 384)."""
+    fixed cost per tile it picked block_m 128 where 192 was 27% faster (8192 x 8192 M = 384).
+    Stream-K below one wave (stream_k_pays) pays the same cost past half a wave: at the 27 points
+    where that changed the choice on shapes of 1024-12288 x 8192-18944 (H200,
+    scripts/ab_stream_k_one_wave.py, docs/benchmarks/mm_stream_k_one_wave_h200.txt), 24 ran
+    2-33% faster and 3 slower (6144 x 8192 M = 240 +1.1%, 2048 x 8192 M = 1040 +2.2%, 2304 x 14336
+    M = 496 +7.0%: 128-row tiles with stream-K against 192-row tiles at split 2); at no cost it
+    also displaced split 2 and whole waves of smaller tiles where those were up to 16% faster."""
     sms = problem_sm_count(p)
     tiles = -(-p.m // t.block_m) * -(-p.n // ROWS)
     slots = t.ctas_per_sm * sms
     if t.persistent:
-        waves = tiles / slots + (SK_WAVE_COST if tiles > slots else 0.0) if t.stream_k else -(-tiles // slots)
+        waves = tiles / slots + (SK_WAVE_COST if 2 * tiles > slots else 0.0) if t.stream_k else -(-tiles // slots)
     else:
         waves = -(-tiles * t.split_k // slots) / t.split_k
     return waves * (t.block_m + TILE_FIXED_ROWS)
@@ -310,7 +317,12 @@ def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int) ->
     """Stream-K for a persistent launch when the tiles fill at least one wave of the CTA slots and
     leave at least SK_MIN_IDLE of the last wave idle, and the activation rows of its tiles (taken
     at different K offsets at once: the m-tiles they reach, at most all) stay within
-    SK_MAX_ACT_BYTES. H100, sm90 weights, against the
+    SK_MAX_ACT_BYTES. Also where the tiles of block_m >= 128 fill less than one wave (too many for
+    split 2) and leave more of the slots idle than stream-K's own cost (SK_WAVE_COST), at long K
+    (LONG_K_STEPS): their K steps are shared out over every slot (H200, against the whole tiles:
+    5120 x 8192 M = 288, 80 tiles of 160 rows on 132 slots, 52.2 -> 47.6 us; 12288 x 8192 M = 144,
+    96 tiles, 60.4 -> 55.3; 3584 x 18944 M = 832, 112 tiles, 177.8 -> 173.4; at K = 4096 it lost:
+    14336 x 4096 M = 160, 112 tiles, 31.3 -> 37.0). H100, sm90 weights, against the
     same tactic without it: N x K = 28672 x 8192 M = 256 (224 tiles on 132 slots) 176 -> 162 us,
     M = 512 380 -> 335 us, M = 128 112 -> 105 us (M = 64 at two CTAs per SM, 224 tiles on 264
     slots, less than one wave: 79.8 -> 77.7 us, not taken); with 3% of the last wave idle it loses
@@ -318,13 +330,16 @@ def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int) ->
     tiles (59 MB) at once thrash the L2 (8192 x 28672 M = 1024: 627 -> 1054 us). Up to 44 MB they
     did not (H200, 8192 x 28672 M = 576 three 192-row tiles, 33 MB: 437.0 -> 383.8 us; M = 768
     three 256-row tiles: 570.5 -> 533.5; docs/benchmarks/mm_block_m_sweep_h200.txt)."""
-    if tiles <= slots or tiles % slots == 0:
+    m_tiles = -(-tiles // n_tiles)
+    if tiles < slots:
+        return (block_m >= WIDE_MIN_BLOCK_M and -(-k // BLOCK_K) >= LONG_K_STEPS
+                and slots - tiles > SK_WAVE_COST * slots and m_tiles * block_m * k * 2 <= SK_MAX_ACT_BYTES)
+    if tiles % slots == 0:
         return False
     waves = -(-tiles // slots)
     if waves * slots - tiles < SK_MIN_IDLE * waves * slots:
         return False
     sk_tiles = tiles - (tiles // slots - 1) * slots
-    m_tiles = -(-tiles // n_tiles)
     return min(-(-sk_tiles // n_tiles) + 1, m_tiles) * block_m * k * 2 <= SK_MAX_ACT_BYTES
 
 
