@@ -33,12 +33,18 @@ def test_every_kernel_source_is_in_a_library():
         assert (build.small_m_library(v, 8), build.small_m_library(v, 9)) == (f"small_m{v}_0", f"small_m{v}_1")
         assert (build.wgmma_library(v, 64), build.wgmma_library(v, 128)) == (f"wgmma{v}_0", f"wgmma{v}_1")
     # fused_moe's decode path, row-major experts (even variants) and "sm90" ones (odd): bf16 x, or
-    # fp16 x (fp16 FC1, bf16 FC2); MXFP4 experts (gpt-oss): bf16 activations only
+    # fp16 x (fp16 FC1, bf16 FC2); MXFP4 experts (gpt-oss): bf16 activations only; group 0 for
+    # blocks of 8 routed rows, group 1 for 16-64
     for packed in (0, 1):
-        assert build.LIBRARIES[f"moe_small_m{packed}"] == (build.Unit("moe_small_m.cu", (packed,)),)
-        assert build.LIBRARIES[f"moe_small_m{2 + packed}"] == (build.Unit("moe_small_m.cu", (2 + packed, packed)),)
-        assert build.LIBRARIES[f"moe_small_m{4 + packed}"] == (build.Unit("moe_small_m.cu", (4 + packed,)),)
-    assert sorted(n for n in build.LIBRARIES if n.startswith("moe_small_m")) == [f"moe_small_m{v}" for v in range(6)]
+        for g in (0, 1):
+            lib = build.LIBRARIES
+            assert lib[f"moe_small_m{packed}_{g}"] == (build.Unit("moe_small_m.cu", (packed,), g),)
+            assert lib[f"moe_small_m{2 + packed}_{g}"] == (build.Unit("moe_small_m.cu", (2 + packed, packed), g),)
+            assert lib[f"moe_small_m{4 + packed}_{g}"] == (build.Unit("moe_small_m.cu", (4 + packed,), g),)
+    assert sorted(n for n in build.LIBRARIES if n.startswith("moe_small_m")) == [
+        f"moe_small_m{v}_{g}" for v in range(6) for g in (0, 1)]
+    assert [build.moe_decode_library(2, bm) for bm in (8, 16, 64)] == ["moe_small_m2_0", "moe_small_m2_1",
+                                                                       "moe_small_m2_1"]
     assert build.Unit("mm_wgmma.cu", (3,)).defines() == ("-DTORCH_FP4_PARTS=8",)
     assert build.Unit("mm_wgmma.cu", (3,), 1).defines() == ("-DTORCH_FP4_PARTS=8", "-DTORCH_FP4_GROUP=1")
     assert build.Unit("mm_wgmma.cu", (3,), 1).stem == "mm_wgmma.part3.group1"

@@ -92,9 +92,10 @@ bool launch_cfg(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
 }
 
 // The tile shapes of mm_small_m.cu (with_tile), grouped; "sm90" experts up to kPackedMaxBlockM.
+// Kernel group (group_compiled): 0 for blocks of 8 routed rows, 1 for 16-64.
 template <int kNB, bool kFp16, bool kMx, bool kPacked>
 bool launch_nb(const SmallMMoeArgs& a, cudaStream_t stream, bool pdl) {
-  if constexpr (kPacked && 8 * kNB > kPackedMaxBlockM) {
+  if constexpr ((kPacked && 8 * kNB > kPackedMaxBlockM) || !group_compiled<kNB == 1 ? 0 : 1>()) {
     return false;
   } else {
     return with_tile<kNB, kFp16, kMx, kPacked, true>(a, [&](auto cfg) {

@@ -4,8 +4,8 @@ A library is a shared object built by nvcc alone (no torch headers, no torch C++
 (quantize, dequantize, global scale); per GEMM source, kernel variant and kernel group one
 ("small_m1_0", "wgmma4_1": csrc/mm_operands.h's variant index, the source compiled with
 -DTORCH_FP4_PARTS=1<<index, then the group by the M it serves, -DTORCH_FP4_GROUP: small_m_library,
-wgmma_library); and fused_moe's decode path per variant (with fp16 activations it holds two: fp16
-FC1, bf16 FC2). So the first call of a fresh process waits only for the units it uses, compiled in parallel, each
+wgmma_library); and fused_moe's decode path per variant and group of block_m (moe_decode_library;
+with fp16 activations it holds two variants: fp16 FC1, bf16 FC2). So the first call of a fresh process waits only for the units it uses, compiled in parallel, each
 unit's kernels optimized on several threads (nvcc_flags). A library links its own static CUDA
 runtime with its symbols kept inside (-Bsymbolic, no exported runtime), exports only its C entry
 points (csrc/capi.h; called through native.py), and is cached under
@@ -35,6 +35,7 @@ CSRC = Path(__file__).resolve().parents[2] / "csrc"
 KERNEL_SOURCES = ("quantize.cu", "dequantize.cu", "global_scale.cu", "moe_swiglu.cu", "mm_small_m.cu", "mm_wgmma.cu",
                   "moe_small_m.cu")
 MM_VARIANTS = 6                                       # kNumMmVariants in csrc/mm_operands.h
+FP16_VARIANTS = (2, 3)                                # fp16 activations (mm_variant); bf16 is 2 less
 
 # Every unit: IEEE fp32 (no fast math), the half/bfloat16 operator macros that keep conversions
 # explicit, position-independent code whose symbols stay hidden but for the C entry points.
@@ -77,6 +78,7 @@ class Unit:
 # s against 13.0-13.2 s; every library at once in 38.2 s against 35.8 s.
 SMALL_M_GROUP0_MAX_M = 8
 WGMMA_GROUP0_MAX_BLOCK_M = 64
+MOE_SMALL_M_GROUP0_MAX_BLOCK_M = 8   # fused_moe's decode path: blocks of 8 routed rows (T <= ~4)
 
 
 def _grouped(base: str, variant: int, group: int) -> str:
@@ -93,15 +95,20 @@ def wgmma_library(variant: int, block_m: int) -> str:
     return _grouped("wgmma", variant, 0 if block_m <= WGMMA_GROUP0_MAX_BLOCK_M else 1)
 
 
+def moe_decode_library(variant: int, block_m: int) -> str:
+    """The library of fused_moe's decode path for FC1's variant at this block_m."""
+    return _grouped("moe_small_m", variant, 0 if block_m <= MOE_SMALL_M_GROUP0_MAX_BLOCK_M else 1)
+
+
 LIBRARIES: dict[str, tuple[Unit, ...]] = {
     "core": (Unit("quantize.cu"), Unit("dequantize.cu"), Unit("global_scale.cu"), Unit("moe_swiglu.cu")),
     **{_grouped(base, v, g): (Unit(f"mm_{base}.cu", (v,), g),)
        for base in ("small_m", "wgmma") for v in range(MM_VARIANTS) for g in (0, 1)},
     # fused_moe's decode path by FC1's activations: bf16, or fp16 (its FC2 reads the bf16
-    # intermediate: both variants), NVFP4 or MXFP4 experts, row-major or "sm90" (odd variants)
-    **{f"moe_small_m{v}": (Unit("moe_small_m.cu", (v,)),) for v in (0, 1, 4, 5)},
-    "moe_small_m2": (Unit("moe_small_m.cu", (2, 0)),),
-    "moe_small_m3": (Unit("moe_small_m.cu", (3, 1)),),
+    # intermediate: both variants), NVFP4 or MXFP4 experts, row-major or "sm90" (odd variants),
+    # and kernel group (moe_decode_library)
+    **{_grouped("moe_small_m", v, g): (Unit("moe_small_m.cu", (v, v - 2) if v in FP16_VARIANTS else (v,), g),)
+       for v in range(MM_VARIANTS) for g in (0, 1)},
 }
 
 

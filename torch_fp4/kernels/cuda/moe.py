@@ -18,7 +18,7 @@ output with a2_global_scale and writes the exact dequantized values (16 columns 
 lanes' chunks: one shuffle pair gives the block amax), the global scales entering through the
 alphas (MXFP4 activations, act_mx: x's MXFP4 exact values, the intermediate's in FC1's epilogue
 over eight lanes per 32-column block, no global scales). gpt-oss's features (the plan holds them):
-MXFP4 experts (the moe_small_m4 library, alpha 1), w1_bias / w2_bias added to FC1's gate and up sums and to FC2's sums in fp32
+MXFP4 experts (the moe_small_m4_* libraries, alpha 1), w1_bias / w2_bias added to FC1's gate and up sums and to FC2's sums in fp32
 before rounding, the clamped SwiGLU in FC1's epilogue (spec section 6). The grouped Hopper GEMMs
 below take them through moe_grouped's gpt_oss (MXFP4 variant, fp32 results where a bias follows).
 
@@ -54,7 +54,7 @@ from .._common import tactic_or_default
 from ..triton import moe_grouped
 from ..triton.moe_align import max_blocks
 from ..triton.moe_gemm import GptOss
-from .build import mm_variant, wgmma_library
+from .build import mm_variant, moe_decode_library, wgmma_library
 from .moe_tactics import MOE_SPACE, SmallMMoeTactic, WgmmaMoeTactic
 from .native import DTYPE_CODES, MoeDecodePlan, library, raw_stream
 from .quantize import exact_values, nvfp4_quantize
@@ -185,7 +185,7 @@ def _decode(p: MoeProblem, t: SmallMMoeTactic, w1_scale: torch.Tensor, w2_scale:
         bias2_dtype=DTYPE_CODES[p.bias_dtypes[1] or torch.bfloat16], activation=int(p.activation != "swiglu"),
         swiglu_alpha_bits=_f32_bits(p.swiglu_alpha), swiglu_limit_bits=_f32_bits(p.swiglu_limit),
         act_mx=int(mx and p.w4a4), packed=int(p.packed))
-    name = f"moe_small_m{mm_variant(fp16, mx, p.packed)}"
+    name = moe_decode_library(mm_variant(fp16, mx, p.packed), t.block_m)
     nbytes = library(p.device.index, name).moe_decode_workspace_bytes(ctypes.addressof(plan))
     if nbytes < 0 or nbytes != workspace_layout(p, t.block_m)[1]:
         raise RuntimeError(f"torch_fp4 internal: the cuda fused_moe decode path refused its plan {plan_fields(plan)} "
