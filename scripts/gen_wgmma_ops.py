@@ -7,7 +7,7 @@ are generated.
 """
 from pathlib import Path
 
-NS = (32, 64, 128, 160, 192, 224, 256)
+NS = (32, 64, 96, 128, 160, 192, 224, 256)
 OUT = Path(__file__).resolve().parents[1] / "torch_fp4" / "csrc" / "wgmma_ops.cuh"
 
 

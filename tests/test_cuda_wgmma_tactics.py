@@ -44,6 +44,8 @@ def test_two_k_groups_for_sm90_split_k_at_block_m_64(m, n, want):
                                       (64, 8192, (64, 2)), (128, 8192, (128, 2)), (256, 8192, (256, 2)),
                                       (1024, 8192, (256, 1)), (4096, 8192, (256, 1)), (64, 28672, (64, 1)),
                                       (32, 28672, (32, 1)), (128, 28672, (128, 1)), (64, 12288, (64, 1)),
+                                      (65, 8192, (96, 2)), (96, 8192, (96, 2)), (97, 8192, (128, 2)),
+                                      (80, 28672, (96, 1)),
                                       (129, 8192, (160, 2)), (192, 8192, (192, 2)), (193, 8192, (224, 2)),
                                       (257, 8192, (160, 1)), (320, 8192, (160, 1)), (384, 8192, (192, 1)),
                                       (385, 8192, (224, 1)), (448, 8192, (224, 1))])
@@ -122,7 +124,7 @@ def test_candidates_valid_unique_default_first():
 
 
 @pytest.mark.parametrize("change,msg", [
-    (dict(block_m=96), "block_m=96 must be one of"),
+    (dict(block_m=80), "block_m=80 must be one of"),
     (dict(stages=2), "stages=2 must be between 3 and 12"),
     (dict(split_k=9, persistent=False), "split_k=9 must be between 1 and 8"),
     (dict(split_k=8, persistent=False), "leaves an empty K slice"),
@@ -216,10 +218,10 @@ def test_smem_mirror_of_the_kernel():
 def test_stage_k_where_two_sub_tiles_measured_faster():
     """128-K stages (two 64-K sub-tiles per barrier pair) for "sm90" weights up to block_m 128 and
     for row-major ones at block_m 128; 64-K stages from block_m 160 up, for row-major weights at
-    block_m <= 64 and at block_m 64 with two CTAs per SM. Every launch kind keeps at least MIN_STAGES."""
-    assert WT.BLOCK_MS == (32, 64, 128, 160, 192, 224, 256)
-    assert [WT.stage_k(bm, 1, True) for bm in WT.BLOCK_MS] == [128, 128, 128, 64, 64, 64, 64]
-    assert [WT.stage_k(bm, 1, False) for bm in WT.BLOCK_MS] == [64, 64, 128, 64, 64, 64, 64]
+    block_m <= 96 and at block_m 64 with two CTAs per SM. Every launch kind keeps at least MIN_STAGES."""
+    assert WT.BLOCK_MS == (32, 64, 96, 128, 160, 192, 224, 256)
+    assert [WT.stage_k(bm, 1, True) for bm in WT.BLOCK_MS] == [128, 128, 128, 128, 64, 64, 64, 64]
+    assert [WT.stage_k(bm, 1, False) for bm in WT.BLOCK_MS] == [64, 64, 64, 128, 64, 64, 64, 64]
     assert (WT.stage_k(32, 2, True), WT.stage_k(64, 2, True), WT.stage_k(64, 2, False)) == (128, 64, 64)
     two = (WT.SM90_SMEM_PER_SM - 2048) // 2
     for bm in (32, 64):
@@ -242,7 +244,7 @@ def test_joined_space_picks_the_family_by_m():
     assert cands[0] == S.default(_args(32))
     assert {type(t) for t in cands} == {SM.CudaMmTactic, WT.WgmmaMmTactic}
     assert S.key(_args(64)) == SM.key(_args(64)) and S.key(_args(65)) == WT.key(_args(65))
-    assert WT.key(_args(65)) == WT.key(_args(128)) != WT.key(_args(129))
-    # From 129 to 1024, where the heuristic's block_m changes with M, buckets of 32 rows.
+    # From 65 to 1024, where the heuristic's block_m changes with M, buckets of 32 rows.
+    assert WT.key(_args(65)) == WT.key(_args(96)) != WT.key(_args(97)) == WT.key(_args(128)) != WT.key(_args(129))
     assert WT.key(_args(129)) == WT.key(_args(160)) != WT.key(_args(161)) == WT.key(_args(192))
     assert WT.key(_args(993)) == WT.key(_args(1024)) != WT.key(_args(1025)) == WT.key(_args(2048))

@@ -75,7 +75,7 @@ constexpr bool mm_variant_compiled() {
 // its M needs: the source compiled with -DTORCH_FP4_GROUP=g holds group g's kernels only (and its
 // dispatch refuses the others); without TORCH_FP4_GROUP, every group. mm_small_m.cu: group 0
 // M <= 8 (one 8-row block), group 1 M = 9-64; mm_wgmma.cu: group 0 block_m <= 64, group 1
-// block_m >= 128; moe_small_m.cu: group 0 block_m 8, group 1 block_m 16-64
+// block_m >= 96; moe_small_m.cu: group 0 block_m 8, group 1 block_m 16-64
 // (torch_fp4/kernels/cuda/build.py names the libraries).
 template <int kGroup>
 constexpr bool group_compiled() {

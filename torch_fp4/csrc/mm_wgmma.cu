@@ -2,7 +2,7 @@
 //
 // Swap-AB warpgroup MMA with the FP4 weights decoded into wgmma's register A operand: the weight
 // rows are the wgmma's M side (64 per MMA warpgroup, two warpgroups: 128 per CTA), the
-// activation rows its N side (block_m = 32, 64, 128, 160, 192, 224 or 256 per CTA), K in stages of two 64-K
+// activation rows its N side (block_m = 32, 64, 96, 128, 160, 192, 224 or 256 per CTA), K in stages of two 64-K
 // sub-tiles or one (stage_subs below), one ring of `stages` stages, one full / empty mbarrier pair
 // per stage:
 // - a producer warpgroup (three loader threads, one per operand) loads, per sub-tile, the
@@ -111,9 +111,9 @@ constexpr int kMaxDevices = 64;
 // lookahead wait per 128 K, about 12% fewer instructions per HGMMA) where they measured faster
 // (BENCHMARKS.md): "sm90" weights up to block_m 128, and row-major ones at block_m 128; one at
 // block_m 256 (three 128-K stages do not fit beside the persistent epilogue's staging) and 160 to
-// 224 (as 256; 128-K stages not measured there), for
-// row-major weights at block_m <= 64, and at block_m 64 with two CTAs per SM (three 128-K stages
-// in half the shared memory keep too few bytes in flight).
+// 224 (half as many 128-K stages measured slower there), for row-major weights at block_m <= 96
+// (96 as 64), and at block_m 64 with two CTAs per SM (three 128-K stages in half the shared memory
+// keep too few bytes in flight).
 __host__ __device__ constexpr int stage_subs(int bm, int ctas, bool packed) {
   return bm <= 128 && (packed || bm == 128) && !(bm == 64 && ctas == 2) ? 2 : 1;
 }
@@ -807,10 +807,12 @@ inline bool pair_launch(const WgmmaMmArgs& a) {
          reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
 }
 
-// block_m >= 128: the split-2 kernel where pair_launch, else the one-tile / persistent one.
+// block_m >= 96: from 128 the split-2 kernel where pair_launch, else the one-tile / persistent one.
 template <int kBM, bool kFp16, bool kMx, bool kPacked>
 bool launch_wide(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
-  if (pair_launch(a) && launch_cfg<Config<kBM, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
+  if constexpr (kBM >= 128) {
+    if (pair_launch(a) && launch_cfg<Config<kBM, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
+  }
   return launch_cfg<Config<kBM, kFp16, kMx, kPacked>>(a, stream, pdl);
 }
 
@@ -836,7 +838,7 @@ bool launch_narrow(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   }
 }
 
-// The kernels of the unit's groups (group_compiled): 0 block_m <= 64, 1 block_m >= 128.
+// The kernels of the unit's groups (group_compiled): 0 block_m <= 64, 1 block_m >= 96.
 template <bool kFp16, bool kMx, bool kPacked>
 bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   if (a.block_m <= 64) {
@@ -845,6 +847,7 @@ bool launch_tile(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
   }
   if constexpr (group_compiled<1>()) {
     switch (a.block_m) {
+      case 96: return launch_wide<96, kFp16, kMx, kPacked>(a, stream, pdl);
       case 128: return launch_wide<128, kFp16, kMx, kPacked>(a, stream, pdl);
       case 160: return launch_wide<160, kFp16, kMx, kPacked>(a, stream, pdl);
       case 192: return launch_wide<192, kFp16, kMx, kPacked>(a, stream, pdl);

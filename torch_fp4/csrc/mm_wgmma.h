@@ -13,7 +13,7 @@
 namespace torch_fp4 {
 
 // The operands (mm_operands.h; act rows 16-byte aligned with k % 32 == 0, w and w_scale 16-byte
-// aligned) and the tactic: block_m (activation rows per CTA: 32, 64, 128, 160, 192, 224 or 256;
+// aligned) and the tactic: block_m (activation rows per CTA: 32, 64, 96, 128, 160, 192, 224 or 256;
 // 128 weight rows per CTA), stages (3..12), split_k (1..8, a thread-block cluster along K), persistent (with
 // split_k 1: one CTA per SM looping over the output tiles; 16-bit outputs with N % 8 == 0 and a
 // 16-byte aligned `out` leave by TMA tensor stores), stream_k (persistent only: every CTA slot

@@ -73,7 +73,7 @@ class Unit:
 # Kernel groups (csrc/mm_operands.h, group_compiled) by the M a call serves, so that its first call
 # builds only those kernels: the small-M GEMM's group 0 holds M <= SMALL_M_GROUP0_MAX_M (one
 # 8-row block; 5 of its 12 kernels), the Hopper GEMM's group 0 block_m <= WGMMA_GROUP0_MAX_BLOCK_M
-# (6 of 16). On one H200 machine (scripts/ab_build_time.py) the small-M GEMM's group 0 built in
+# (6 of 18). On one H200 machine (scripts/ab_build_time.py) the small-M GEMM's group 0 built in
 # 6.1 s against 7.1-8.1 s for the whole library, the Hopper GEMM's groups in 5.7-6.2 and 10.3-10.9
 # s against 13.0-13.2 s; every library at once in 38.2 s against 35.8 s.
 SMALL_M_GROUP0_MAX_M = 8

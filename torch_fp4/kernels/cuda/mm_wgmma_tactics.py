@@ -2,7 +2,7 @@
 import: no toolchain, no extension build.
 
 A CTA computes 128 weight rows (two MMA warpgroups of 64). A tactic picks block_m (activation rows
-per CTA, the wgmma's N: 32, 64, 128, 160, 192, 224 or 256), the number of shared-memory stages (of stage_k K
+per CTA, the wgmma's N: 32, 64, 96, 128, 160, 192, 224 or 256), the number of shared-memory stages (of stage_k K
 elements: 128 or 64 by block_m, CTAs per SM and weight layout; one barrier pair and ring step each),
 ctas_per_sm (2 at block_m <= 64: two CTAs share an SM, each with half its shared memory and 96
 registers per MMA thread, for more loads and decodes in flight), stream_k (persistent only: the
@@ -35,7 +35,7 @@ from .._common import (empty_k_slice, largest_split, mm_key, problem_sm_count, p
                        problem_smem_per_sm, smem_reason)
 from .mm_tactics import SM90_SMEM_PER_BLOCK, SM90_SMEM_PER_SM, half_mx_reason
 
-BLOCK_MS = (32, 64, 128, 160, 192, 224, 256)
+BLOCK_MS = (32, 64, 96, 128, 160, 192, 224, 256)
 ROWS = 128                    # weight rows per CTA
 BLOCK_K = 64                  # K elements per sub-tile (one 128-byte-swizzled activation box)
 MAX_STAGES = 12
@@ -70,9 +70,10 @@ def stage_k(block_m: int, ctas_per_sm: int, packed: bool) -> int:
     same-process A/B against 64-K stages): "sm90" weights up to block_m 128 (8192 x 28672 M = 32
     two K groups 61.6 -> 57.3 us; 28672 x 8192 M = 32 two CTAs per SM 69.1 -> 64.1) and row-major
     ones at block_m 128 (-0.5 to -1.3%); else one: block_m 256 (three 128-K stages do not fit beside
-    the persistent staging) and 160 to 224 (as 256; 128-K stages not measured there), row-major weights at
-    block_m <= 64 (+1.7 to +3.9%), block_m 64 with two CTAs per SM (three 128-K stages in half the
-    shared memory: 79.1 -> 82.0 us)."""
+    the persistent staging) and 160 to 224 (half as many 128-K stages: block_m 160 -3% to +6%,
+    192 and 224, three stages, +16 to +29%; BENCHMARKS.md), row-major weights at block_m <= 64
+    (+1.7 to +3.9%) and 96 (as 64, not measured), block_m 64 with two CTAs per SM (three 128-K
+    stages in half the shared memory: 79.1 -> 82.0 us)."""
     two = block_m <= 128 and (packed or block_m == 128) and not (block_m == 64 and ctas_per_sm == 2)
     return 2 * BLOCK_K if two else BLOCK_K
 
@@ -231,7 +232,9 @@ def _launch_cost(t: "WgmmaMmTactic", p: MmProblem) -> float:
 
 
 def default(p: MmProblem) -> Tactic:
-    """At M <= 128 the smallest block_m covering M (_tactic_for); above, of the block_m from 128 up,
+    """At M <= 128 the smallest block_m covering M (_tactic_for; block_m 96 at M = 65-96: 3.4-9.2%
+    faster than 128 at 12 points, H200, scripts/ab_block_m.py --without 96,
+    docs/benchmarks/mm_block_m_96_h200.txt); above, of the block_m from 128 up,
     the one whose tactic has the lowest _launch_cost (ties: the larger block_m). Each block_m's tile
     waste differs: M = 320 fills two tiles of 160, M = 448 two of 224, M = 576 three of 192 (H200,
     8192 x 8192: 320 at block_m 160 62.8 us against 71.0 at 192 and 91.7 at 256; 28672 x 8192 M = 448
@@ -284,8 +287,9 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
     clusters of one-CTA-per-SM CTAs do not all fit on the GPU at once. H200, "sm90" weights,
     against that split (BENCHMARKS.md, docs/benchmarks/mm_few_tiles_heuristic_h200.csv): long K,
     every tile's steps over at most SK_MAX_PARTS CTAs: persistent stream-K over every slot (N x K
-    = 4096 x 14336, M = 32 / 128 / 256: 38.1 -> 26.1, 55.1 -> 35.5, 85.8 -> 55.4 us); else the
-    largest smaller block_m whose tiles fill the SMs at split 2 (4096 x 4096 M = 64 / 128 / 256:
+    = 4096 x 14336, M = 32 / 128 / 256: 38.1 -> 26.1, 55.1 -> 35.5, 85.8 -> 55.4 us); else, of the
+    smaller block_m whose tiles fill the SMs at split 2, the one of the fewest padded rows and fixed
+    costs (m-tiles x (block_m + TILE_FIXED_ROWS); ties: the larger) (4096 x 4096 M = 64 / 128 / 256:
     20.8 -> 13.9, 25.5 -> 15.9, 38.3 -> 20.2 us; 2048 x 4096 M = 128: 19.7 -> 13.6); else, at
     block_m <= 64, two CTAs per SM with split-K up to one wave of them (2048 x 4096 M = 32: 14.9
     -> 10.2, M = 64: 17.0 -> 11.7 us); else `split` (1024 x 4096 M = 128: 10.6 us, where stream-K
@@ -301,9 +305,9 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
         return 128, 2, 1, False
     if -(-k // BLOCK_K) >= LONG_K_STEPS and tiles * SK_MAX_PARTS >= sms:
         return bm, 1, 1, True
-    for b in reversed([b for b in BLOCK_MS if b < bm]):
-        if fills_at_split_2(b):
-            return b, 2, 1, False
+    fill = [b for b in BLOCK_MS if b < bm and fills_at_split_2(b)]
+    if fill:
+        return min(fill, key=lambda b: (-(-m // b) * (b + TILE_FIXED_ROWS), -b)), 2, 1, False
     if bm <= TWO_CTA_MAX_BLOCK_M:
         return bm, _split_for(tiles, k, 2 * sms, bm, 2, packed), 2, False
     return bm, split, 1, False
@@ -376,14 +380,15 @@ def candidates(p: MmProblem) -> list[Tactic]:
     return valid_unique(out, why_not, p)
 
 
-KEY_STEP_MAX_M = 1024   # up to here the tactic cache's M buckets are steps of 32 rows (key)
+KEY_STEP_MIN_M = 64     # from above here up to KEY_STEP_MAX_M the tactic cache's M buckets are
+KEY_STEP_MAX_M = 1024   # steps of 32 rows (key)
 
 
 def key(p: MmProblem) -> str:
-    """M in power-of-two buckets, but from 129 to KEY_STEP_MAX_M in steps of 32 rows: there the
+    """M in power-of-two buckets, but from 65 to KEY_STEP_MAX_M in steps of 32 rows: there the
     heuristic's block_m changes with M (default; a tactic tuned at M = 320, two tiles of 160, would
-    take three, 480 rows, at M = 352)."""
-    if WIDE_MIN_BLOCK_M < p.m <= KEY_STEP_MAX_M:
+    take three, 480 rows, at M = 352; one tuned at M = 96, one tile of 96, two at M = 128)."""
+    if KEY_STEP_MIN_M < p.m <= KEY_STEP_MAX_M:
         return mm_key(p, -(-p.m // 32) * 32)
     return mm_key(p, max(32, 1 << (p.m - 1).bit_length()))
 
