@@ -216,7 +216,7 @@ def _launch_cost(t: "WgmmaMmTactic", p: MmProblem) -> float:
     at 8192 x 8192 M = 704 (block_m 256 with stream-K 151.0 us, 192 without 143.6). With no
     fixed cost per tile it picked block_m 128 where 192 was 27% faster (8192 x 8192 M = 384).
     Stream-K below one wave (stream_k_pays) pays the same cost past half a wave: at the 27 points
-    where that changed the choice on shapes of 1024-12288 x 8192-18944 (H200,
+    where that changed the choice on shapes of 2048-12288 x 8192-18944 (H200,
     scripts/ab_stream_k_one_wave.py, docs/benchmarks/mm_stream_k_one_wave_h200.txt), 24 ran
     2-33% faster and 3 slower (6144 x 8192 M = 240 +1.1%, 2048 x 8192 M = 1040 +2.2%, 2304 x 14336
     M = 496 +7.0%: 128-row tiles with stream-K against 192-row tiles at split 2); at no cost it
