@@ -104,6 +104,7 @@ using small_m::U128;
 
 constexpr int kBK = 64;            // K elements per sub-tile (one 128-byte-swizzled activation box)
 constexpr int kMaxSplit = 8;
+constexpr int kPairMinBM = 128;   // the split-2 kernel (Config::kPair) from this block_m up
 constexpr int kMaxStages = 12;
 constexpr int kMaxDevices = 64;
 
@@ -185,7 +186,7 @@ struct Config {
   // have 232 registers, 2 in the 96 / 104-register kernels (4 spills there).
   static constexpr int kEpiBatch = kMmaRegs >= 232 ? 4 : 2;
   static_assert(kBM_ % kChunkM == 0, "the persistent epilogue stores whole 32-row chunks");
-  static_assert(!kPair_ || (kKG_ == 1 && kCtas_ == 1 && kBM_ >= 128),
+  static_assert(!kPair_ || (kKG_ == 1 && kCtas_ == 1 && kBM_ >= kPairMinBM),
                 "the split-2 epilogue: one K group, one CTA per SM, block_m >= 128");
   static_assert(kWG * 2 * kOutBuffer <= kWG * kChunkM * kStagePitch * 4,
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
@@ -799,18 +800,19 @@ bool launch_cfg(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
 }
 
 // Whether a launch takes the split-2 kernel (Config::kPair): one tile per CTA, split 2 after the
-// clamp to the K steps, one K group and one CTA per SM at block_m >= 128, 16-bit
+// clamp to the K steps, one K group and one CTA per SM at block_m >= kPairMinBM, 16-bit
 // outputs with 16-byte rows.
 inline bool pair_launch(const WgmmaMmArgs& a) {
   return !a.persistent && std::min(a.split_k, k_steps(a)) == 2 && a.k_groups == 1 && a.ctas_per_sm == 1 &&
-         a.block_m >= 128 && a.out_dtype != small_m::kOutF32 && a.n % 8 == 0 &&
+         a.block_m >= kPairMinBM && a.out_dtype != small_m::kOutF32 && a.n % 8 == 0 &&
          reinterpret_cast<uintptr_t>(a.out) % 16 == 0;
 }
 
-// block_m >= 96: from 128 the split-2 kernel where pair_launch, else the one-tile / persistent one.
+// block_m >= 96: from kPairMinBM the split-2 kernel where pair_launch, else the one-tile /
+// persistent one.
 template <int kBM, bool kFp16, bool kMx, bool kPacked>
 bool launch_wide(const WgmmaMmArgs& a, cudaStream_t stream, bool pdl) {
-  if constexpr (kBM >= 128) {
+  if constexpr (kBM >= kPairMinBM) {
     if (pair_launch(a) && launch_cfg<Config<kBM, kFp16, kMx, kPacked, 1, 1, true>>(a, stream, pdl)) return true;
   }
   return launch_cfg<Config<kBM, kFp16, kMx, kPacked>>(a, stream, pdl);

@@ -71,33 +71,37 @@ class Unit:
 
 
 # Kernel groups (csrc/mm_operands.h, group_compiled) by the M a call serves, so that its first call
-# builds only those kernels: the small-M GEMM's group 0 holds M <= SMALL_M_GROUP0_MAX_M (one
-# 8-row block; 5 of its 12 kernels), the Hopper GEMM's group 0 block_m <= WGMMA_GROUP0_MAX_BLOCK_M
+# builds only those kernels: the small-M GEMM's group 0 holds M <= 8 (GROUP0_MAX; one
+# 8-row block; 5 of its 12 kernels), the Hopper GEMM's group 0 block_m <= 64
 # (6 of 18). On one H200 machine (scripts/ab_build_time.py) the small-M GEMM's group 0 built in
 # 6.1 s against 7.1-8.1 s for the whole library, the Hopper GEMM's groups in 5.7-6.2 and 10.3-10.9
 # s against 13.0-13.2 s; every library at once in 38.2 s against 35.8 s.
-SMALL_M_GROUP0_MAX_M = 8
-WGMMA_GROUP0_MAX_BLOCK_M = 64
-MOE_SMALL_M_GROUP0_MAX_BLOCK_M = 8   # fused_moe's decode path: blocks of 8 routed rows (T <= ~4)
+# Per library family, the largest size group 0 serves: the small-M GEMM's M, the Hopper GEMM's
+# block_m, fused_moe's decode-path block_m (blocks of 8 routed rows: T up to about 4).
+GROUP0_MAX = {"small_m": 8, "wgmma": 64, "moe_small_m": 8}
 
 
 def _grouped(base: str, variant: int, group: int) -> str:
     return f"{base}{variant}_{group}"
 
 
+def _library(base: str, variant: int, size: int) -> str:
+    return _grouped(base, variant, 0 if size <= GROUP0_MAX[base] else 1)
+
+
 def small_m_library(variant: int, m: int) -> str:
     """The library of the small-M GEMM's kernels of this variant for M rows."""
-    return _grouped("small_m", variant, 0 if m <= SMALL_M_GROUP0_MAX_M else 1)
+    return _library("small_m", variant, m)
 
 
 def wgmma_library(variant: int, block_m: int) -> str:
     """The library of the Hopper GEMM's kernels of this variant at this block_m."""
-    return _grouped("wgmma", variant, 0 if block_m <= WGMMA_GROUP0_MAX_BLOCK_M else 1)
+    return _library("wgmma", variant, block_m)
 
 
 def moe_decode_library(variant: int, block_m: int) -> str:
     """The library of fused_moe's decode path for FC1's variant at this block_m."""
-    return _grouped("moe_small_m", variant, 0 if block_m <= MOE_SMALL_M_GROUP0_MAX_BLOCK_M else 1)
+    return _library("moe_small_m", variant, block_m)
 
 
 LIBRARIES: dict[str, tuple[Unit, ...]] = {
