@@ -12,45 +12,29 @@ import sys
 
 import torch
 
-from torch_fp4 import formats as F
-from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, nvfp4_weight
+from torch_fp4.bench.mm import TacticWeight
 from torch_fp4.bench.timing import write_csv
 from torch_fp4.bench.tune import interleaved_rounds, time_tactics
 from torch_fp4.kernels.cuda import mm_space, mm_tactics as MT, mm_wgmma_tactics as WT
-from torch_fp4.problems import MmProblem
-from torch_fp4.testing import grid_exact_operand
 
 SHAPES = ((4096, 4096), (2048, 4096), (1024, 4096), (4096, 14336), (6144, 4096), (8192, 8192), (28672, 8192))
 MS = (17, 24, 32)
 
 
-def launch(*a, tactic):
-    with tactics.use_tactic(tactic):
-        return ops.mm_fp4(*a, backend="cuda", weight_layout="sm90")
-
-
 def main(csv=None):
     dev, rows = torch.device("cuda"), []
     for n, k in SHAPES:
-        w = nvfp4_weight(n, k, dev)
-        packed = ops.prepack_weight(w[0])
-        w16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-        g = torch.Generator().manual_seed(n + k)
-        wd, ws, _ = grid_exact_operand(n, k, F.NVFP4, "128x4", g)
-        wd_packed = ops.prepack_weight(wd.to(dev))
+        wt = TacticWeight(n, k, dev)
+        launch = wt.launch
         for m in MS:
-            p = Problem(m, n, k, w, dev)
-            args = (p.a, packed.T, None, p.w_scale.T, p.alpha)
-            prob = MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+            p, args, prob = wt.problem(m)
             auto, hopper = mm_space.default(prob), WT.default(prob)
             small = [t for t in mm_space.candidates(prob) if isinstance(t, MT.CudaMmTactic)]
             best = min(time_tactics(small, launch, args), key=lambda r: r[1])[0]
             compared = list(dict.fromkeys([hopper, best, auto]))
-            times, bf16 = interleaved_rounds(compared, launch, args, 3, lambda: torch.matmul(p.a, w16.T))
+            times, bf16 = interleaved_rounds(compared, launch, args, 3, wt.bf16(p))
             h, s, a, b = (statistics.median(v) for v in (times[hopper], times[best], times[auto], bf16))
-            a_exact = grid_exact_operand(m, k, F.NVFP4, "128x4", g)[2].to(dev, torch.bfloat16)   # exact in bf16
-            exact = (a_exact, wd_packed.T, None, ws.to(dev).T, None)
+            exact = wt.exact_args(m)
             same = torch.equal(launch(*exact, tactic=hopper), launch(*exact, tactic=best))
             rows.append(dict(m=m, n=n, k=k, bf16_us=round(b, 2), hopper_us=round(h, 2), small_m_us=round(s, 2),
                              auto_us=round(a, 2), same_bits=same, hopper=hopper.label(), small_m=best.label(),

@@ -101,19 +101,25 @@ def test_few_tiles_take_no_cluster_of_4_or_8_one_cta_per_sm(m, n, k, want):
 
 
 @pytest.mark.parametrize("m,n,k,want", [
-    (1, 4096, 14336, (4, 1, 256, 2, 8)), (8, 4096, 4096, (4, 1, 256, 2, 8)), (16, 4096, 14336, (4, 1, 256, 4, 2)),
-    (16, 1024, 4096, (4, 1, 256, 4, 8)), (1, 8192, 28672, (8, 1, 256, 4, 2)), (16, 8192, 8192, (8, 1, 256, 4, 2))])
+    (8, 4096, 4096, (4, 1, 256, 2, 8)), (16, 4096, 4096, (4, 1, 256, 4, 2)), (1, 2048, 8192, (4, 1, 256, 2, 8)),
+    (16, 2048, 14336, (4, 1, 256, 4, 4)), (16, 1024, 4096, (4, 1, 256, 4, 8)),
+    (1, 4096, 14336, (4, 2, 128, 4, 7)), (16, 4096, 14336, (4, 2, 128, 4, 7)), (8, 3072, 8192, (4, 2, 128, 4, 8)),
+    (16, 3584, 18944, (4, 2, 128, 4, 8)), (1, 4096, 28672, (4, 2, 128, 4, 7)),
+    (1, 8192, 28672, (8, 1, 256, 4, 2)), (16, 8192, 8192, (8, 1, 256, 4, 2))])
 def test_small_m_few_tiles_take_64_row_ctas(m, n, k, want):
     """"sm90" weights with at most SMs / 4 tiles of 128 rows (N <= ~4200) take 64-row CTAs with
-    split-K over the resident slots (M <= 8) or about one wave (M <= 16); N = 8192 keeps the
-    128-row tile; (warps, tiles_per_warp, block_k, stages, split_k)."""
+    split-K over the resident slots (M <= 8) or about one wave (M <= 16); at K >= 8192 with at least
+    SMs / 6 of those tiles (N >= ~2900), 128-row CTAs of 4 warps x 2 tiles, 4 stages of K = 128,
+    split-K up to 1.75 x SMs CTAs (mm_tactics._long_k_few_tiles); N = 8192 keeps the 128-row tile
+    of 8 warps; (warps, tiles_per_warp, block_k, stages, split_k)."""
     p = _args(m, n, k, layout=F.WeightLayout.SM90)
     t = S.default(p)
     assert isinstance(t, SM.CudaMmTactic)
     assert (t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k) == want, t
     assert S.why_not(t, p) is None
     row = S.default(_args(m, n, k))
-    assert (row.warps, row.tiles_per_warp) != (4, 1)   # row-major weights keep their heuristic
+    assert (row.warps, row.tiles_per_warp, row.block_k) != (t.warps, t.tiles_per_warp, t.block_k) or \
+        (t.warps, t.tiles_per_warp) == (8, 1)   # row-major weights keep their heuristic
 
 
 def test_candidates_valid_unique_default_first():

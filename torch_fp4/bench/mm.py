@@ -27,6 +27,7 @@ import torch
 from .. import formats as F
 from .. import ops, tactics
 from ..problems import MmProblem
+from ..testing import grid_exact_operand
 from .timing import copies, copy_bandwidth_gbs, graph_time_us, interleaved_medians, rotation, write_csv
 
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
@@ -120,6 +121,44 @@ class Rotated(NamedTuple):
         p, pk = self.problems[0], self.packs[0]
         return MmProblem.of(p.a, pk.T, None, p.w_scale.T, p.alpha, torch.bfloat16, F.NVFP4,
                             F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+
+
+class TacticWeight:
+    """One N x K NVFP4 weight in `layout` for the scripts that time tactics against each other:
+    random codes (nvfp4_weight; prepacked for "sm90"), a bf16 weight for torch's column, and a
+    grid-exact weight on which every tactic's GEMM is exact, so two tactics' outputs on it must
+    agree bit for bit."""
+
+    def __init__(self, n: int, k: int, device: torch.device, layout: F.WeightLayout = F.WeightLayout.SM90):
+        self.n, self.k, self.device, self.layout = n, k, device, layout
+        sm90 = layout is F.WeightLayout.SM90
+        self.w = nvfp4_weight(n, k, device)
+        self.b = ops.prepack_weight(self.w[0]) if sm90 else self.w[0]
+        self.w16 = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+        self.gen = torch.Generator().manual_seed(n + k)
+        wd, ws, _ = grid_exact_operand(n, k, F.NVFP4, "128x4", self.gen)
+        self.exact_b = (ops.prepack_weight(wd) if sm90 else wd).to(device)
+        self.exact_scale = ws.to(device)
+
+    def problem(self, m: int) -> tuple[Problem, tuple, MmProblem]:
+        """(inputs, mm_fp4's first five arguments, the problem the tactic spaces see) at M rows."""
+        p = Problem(m, self.n, self.k, self.w, self.device)
+        args = (p.a, self.b.T, None, p.w_scale.T, p.alpha)
+        return p, args, MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, self.layout)
+
+    def exact_args(self, m: int) -> tuple:
+        """mm_fp4's first five arguments on grid-exact operands of M rows (activations exact in bf16)."""
+        a = grid_exact_operand(m, self.k, F.NVFP4, "128x4", self.gen)[2].to(self.device, torch.bfloat16)
+        return (a, self.exact_b.T, None, self.exact_scale.T, None)
+
+    def bf16(self, p: Problem) -> Callable:
+        """torch's bf16 GEMM on p's activations, for timing beside the tactics."""
+        return lambda: torch.matmul(p.a, self.w16.T)
+
+    def launch(self, *args, tactic):
+        """The cuda backend's mm_fp4 in this weight's layout with `tactic` forced."""
+        with tactics.use_tactic(tactic):
+            return ops.mm_fp4(*args, backend="cuda", weight_layout=self.layout)
 
 
 def sm90_under(tactic) -> Callable:

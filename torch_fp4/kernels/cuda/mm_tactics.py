@@ -183,6 +183,23 @@ def _split_for(t: CudaMmTactic, p: MmProblem, per_sm: Optional[int] = None) -> i
 
 
 FEW_TILES = 4   # "sm90" weights with at most SMs / FEW_TILES 128-row tiles take 64-row CTAs
+LONG_K = 8192             # ... except at long K where the 128-row tiles are at least
+LONG_K_MIN_TILES_SHARE = 6   # SMs / 6 (N >= ~2900): _long_k_few_tiles
+LONG_K_CTAS = 1.75        # CTAs of _long_k_few_tiles' launch, in SMs (at most)
+
+
+def _long_k_few_tiles(tiles: int, sms: int) -> CudaMmTactic:
+    """"sm90" weights at M <= 16 with 22-33 128-row tiles (N ~2900-4200) and K >= LONG_K: 128-row
+    CTAs of 4 warps x 2 tiles, 4 stages of K = 128, split-K up to LONG_K_CTAS x SMs CTAs (H200, 132
+    SMs: 32 tiles at split 7, clusters of 7; 24-28 tiles at split 8): shorter K ranges per CTA than
+    the 64-row CTAs' (which halve the rows instead). Found by timing every tactic of seven such
+    shapes (scripts/sweep_small_m_decode.py); against the 64-row CTAs in one process, medians of
+    five interleaved rounds, same bits on grid-exact data (scripts/ab_small_m_long_k.py; H200;
+    docs/benchmarks/mm_small_m_decode_h200.txt): faster at all 15 points, 2-21% (4096 x 14336 M = 1 /
+    8 / 16: 17.67 -> 16.00, 18.24 -> 16.40, 21.23 -> 18.93 us; 3584 x 18944 M = 16 26.53 -> 21.00;
+    4096 x 8192 M = 16 13.86 -> 13.59). At K = 4096 and for fewer tiles the sweep found it not
+    consistently faster (4096 x 4096 M = 16 +4%, 2048 x 8192 M = 1 +12%): those keep the 64-row CTAs."""
+    return CudaMmTactic(4, 2, 128, 4, max(1, min(MAX_SPLIT, int(LONG_K_CTAS * sms) // tiles)))
 
 
 def default(p: MmProblem) -> Tactic:
@@ -211,6 +228,9 @@ def default(p: MmProblem) -> Tactic:
         t = CudaMmTactic(4, 1, 256, 4, 1)
         return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=1))
     if packed and nb <= 2 and -(-p.n // 128) * FEW_TILES <= sms:
+        tiles = -(-p.n // 128)
+        if p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms:
+            return _long_k_few_tiles(tiles, sms)
         # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)
         # or about one wave (M <= 16). H200, against the 128-row default (4 CTAs per tile):
         # 4096 x 14336 M = 1 / 8 / 16: 24.4 -> 17.7, 25.1 -> 18.4, 29.3 -> 21.5 us; 4096 x 4096:
