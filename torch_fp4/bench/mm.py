@@ -119,8 +119,18 @@ class Rotated(NamedTuple):
         """The mm_fp4 problem the copies pose on their "sm90" prepacks (bf16 in and out), as the
         tactic spaces see it."""
         p, pk = self.problems[0], self.packs[0]
-        return MmProblem.of(p.a, pk.T, None, p.w_scale.T, p.alpha, torch.bfloat16, F.NVFP4,
-                            F.SfLayout.LAYOUT_128x4, F.WeightLayout.SM90)
+        return _nvfp4_problem((p.a, pk.T, None, p.w_scale.T, p.alpha), F.WeightLayout.SM90)
+
+
+def _nvfp4_problem(args: tuple, layout: F.WeightLayout) -> MmProblem:
+    """The mm_fp4 problem of these first five arguments (NVFP4, 128x4 scales, bf16 out) in `layout`."""
+    return MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, layout)
+
+
+def _forced(tactic, args: tuple, layout: F.WeightLayout):
+    """The cuda backend's mm_fp4 on `args` in `layout` with `tactic` forced."""
+    with tactics.use_tactic(tactic):
+        return ops.mm_fp4(*args, backend="cuda", weight_layout=layout)
 
 
 class TacticWeight:
@@ -144,7 +154,7 @@ class TacticWeight:
         """(inputs, mm_fp4's first five arguments, the problem the tactic spaces see) at M rows."""
         p = Problem(m, self.n, self.k, self.w, self.device)
         args = (p.a, self.b.T, None, p.w_scale.T, p.alpha)
-        return p, args, MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, self.layout)
+        return p, args, _nvfp4_problem(args, self.layout)
 
     def exact_args(self, m: int) -> tuple:
         """mm_fp4's first five arguments on grid-exact operands of M rows (activations exact in bf16)."""
@@ -157,15 +167,13 @@ class TacticWeight:
 
     def launch(self, *args, tactic):
         """The cuda backend's mm_fp4 in this weight's layout with `tactic` forced."""
-        with tactics.use_tactic(tactic):
-            return ops.mm_fp4(*args, backend="cuda", weight_layout=self.layout)
+        return _forced(tactic, args, self.layout)
 
 
 def sm90_under(tactic) -> Callable:
     """fn(problem, prepack): the cuda backend's mm_fp4 on the "sm90" prepack with `tactic` forced."""
     def call(p, pk):
-        with tactics.use_tactic(tactic):
-            return ops.mm_fp4(p.a, pk.T, None, p.w_scale.T, p.alpha, weight_layout="sm90", backend="cuda")
+        return _forced(tactic, (p.a, pk.T, None, p.w_scale.T, p.alpha), F.WeightLayout.SM90)
     return call
 
 

@@ -227,8 +227,8 @@ def default(p: MmProblem) -> Tactic:
             return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=2))
         t = CudaMmTactic(4, 1, 256, 4, 1)
         return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=1))
-    if packed and nb <= 2 and -(-p.n // 128) * FEW_TILES <= sms:
-        tiles = -(-p.n // 128)
+    tiles = -(-p.n // 128)
+    if packed and nb <= 2 and tiles * FEW_TILES <= sms:
         if p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms:
             return _long_k_few_tiles(tiles, sms)
         # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)
