@@ -1,13 +1,16 @@
-"""The small-M GEMM's tactic for "sm90" weights with few 128-row tiles at long K
-(mm_tactics._long_k_few_tiles) against the 64-row CTAs it replaced, on an sm_90 GPU:
+"""The small-M GEMM's 128-row CTAs of two tiles per warp for "sm90" weights whose 128-row tiles
+do not fill a wave (mm_tactics._two_tile_ctas) against the tactic each rule replaced, on an sm_90
+GPU:
 
-    python scripts/ab_small_m_long_k.py [CSV]
+    python scripts/ab_small_m_long_k.py [CSV] [--rule long_k|one_wave] [--shapes N,K;N,K] [--ms 1,8,16]
 
+--rule long_k (default): at most SMs / 4 tiles at K >= 8192, against the 64-row CTAs;
+--rule one_wave: SMs / 4 up to SMs tiles, against the 8-warp CTAs of one 128-row tile.
 Per problem: both tactics and torch bf16 over rotating operands, medians of five interleaved rounds
 (bench.tune.interleaved_rounds), and both tactics' outputs compared bit for bit on grid-exact data
 (both exact there)."""
+import argparse
 import statistics
-import sys
 from unittest import mock
 
 import torch
@@ -17,19 +20,33 @@ from torch_fp4.bench.timing import write_csv
 from torch_fp4.bench.tune import interleaved_rounds
 from torch_fp4.kernels.cuda import mm_tactics as MT
 
-SHAPES = ((4096, 14336), (4096, 8192), (3072, 8192), (3584, 18944), (4096, 28672))
-MS = (1, 8, 16)
+RULES = {  # the rule's switch, off
+    "long_k": ("LONG_K", 1 << 62, "4096,14336;4096,8192;3072,8192;3584,18944;4096,28672"),
+    "one_wave": ("ONE_WAVE_TILES", 0.0, "10240,8192;14336,8192;14336,4096;12288,4096;9216,4096;16384,4096;"
+                 "6144,4096;4608,4096;5120,5120;13824,5120;5120,8192;7168,8192;8192,8192;8192,28672"),
+}
 
 
-def main(csv=None):
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("csv", nargs="?")
+    ap.add_argument("--rule", choices=sorted(RULES), default="long_k")
+    ap.add_argument("--shapes")
+    ap.add_argument("--ms", default="1,8,16")
+    opt = ap.parse_args()
+    switch, off, shapes = RULES[opt.rule]
     dev, rows = torch.device("cuda"), []
-    for n, k in SHAPES:
+    for shape in (opt.shapes or shapes).split(";"):
+        n, k = map(int, shape.split(","))
         wt = TacticWeight(n, k, dev)
-        for m in MS:
+        for m in map(int, opt.ms.split(",")):
             p, args, prob = wt.problem(m)
             new = MT.default(prob)
-            with mock.patch.object(MT, "LONG_K", 1 << 62):
+            with mock.patch.object(MT, switch, off):
                 old = MT.default(prob)
+            if old == new:
+                print(f"M={m:2d} N={n:5d} K={k:5d} unchanged: {new.label()}", flush=True)
+                continue
             times, bf16 = interleaved_rounds([old, new], wt.launch, args, 5, wt.bf16(p))
             o, nw, b = (statistics.median(v) for v in (times[old], times[new], bf16))
             exact = wt.exact_args(m)
@@ -39,8 +56,8 @@ def main(csv=None):
             print(f"M={m:2d} N={n:5d} K={k:5d} bf16 {b:6.1f}  old {o:6.2f} (x{b / o:.2f})  new {nw:6.2f} "
                   f"(x{b / nw:.2f})  new/old {nw / o:.3f}  exact bits {'same' if same else 'DIFFER'}  "
                   f"{old.label()[16:]} -> {new.label()[16:]}", flush=True)
-    write_csv(csv, rows)
+    write_csv(opt.csv, rows)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    main()

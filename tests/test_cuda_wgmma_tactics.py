@@ -105,13 +105,19 @@ def test_few_tiles_take_no_cluster_of_4_or_8_one_cta_per_sm(m, n, k, want):
     (16, 2048, 14336, (4, 1, 256, 4, 4)), (16, 1024, 4096, (4, 1, 256, 4, 8)),
     (1, 4096, 14336, (4, 2, 128, 4, 7)), (16, 4096, 14336, (4, 2, 128, 4, 7)), (8, 3072, 8192, (4, 2, 128, 4, 8)),
     (16, 3584, 18944, (4, 2, 128, 4, 8)), (1, 4096, 28672, (4, 2, 128, 4, 7)),
-    (1, 8192, 28672, (8, 1, 256, 4, 2)), (16, 8192, 8192, (8, 1, 256, 4, 2))])
+    (1, 8192, 28672, (8, 1, 256, 4, 2)), (16, 8192, 8192, (8, 1, 256, 4, 2)),
+    (1, 9216, 4096, (4, 2, 128, 4, 3)), (16, 14336, 4096, (4, 2, 128, 4, 2)), (8, 5120, 8192, (4, 2, 128, 4, 5)),
+    (1, 16384, 4096, (4, 2, 128, 4, 2)), (16, 6144, 4096, (4, 2, 128, 4, 4)), (1, 5120, 5120, (4, 2, 128, 4, 5)),
+    (16, 10240, 8192, (4, 2, 128, 4, 2)), (1, 16384, 8192, (8, 1, 256, 4, 1)), (1, 28672, 8192, (8, 1, 256, 4, 1)),
+    (16, 28672, 8192, (4, 2, 128, 4, 1))])
 def test_small_m_few_tiles_take_64_row_ctas(m, n, k, want):
     """"sm90" weights with at most SMs / 4 tiles of 128 rows (N <= ~4200) take 64-row CTAs with
     split-K over the resident slots (M <= 8) or about one wave (M <= 16); at K >= 8192 with at least
-    SMs / 6 of those tiles (N >= ~2900), 128-row CTAs of 4 warps x 2 tiles, 4 stages of K = 128,
-    split-K up to 1.75 x SMs CTAs (mm_tactics._long_k_few_tiles); N = 8192 keeps the 128-row tile
-    of 8 warps; (warps, tiles_per_warp, block_k, stages, split_k)."""
+    SMs / 6 of those tiles (N >= ~2900), and from SMs / 4 up to SMs tiles unless the 8-warp CTAs of
+    one 128-row tile fill 95% of the SMs at K >= 8192 (N = 8192, 16384), 128-row CTAs of 4 warps x
+    2 tiles, 4 stages of K = 128, split-K up to 1.75 x SMs CTAs and at least 2
+    (mm_tactics._two_tile_ctas); more tiles than SMs keep their heuristic;
+    (warps, tiles_per_warp, block_k, stages, split_k)."""
     p = _args(m, n, k, layout=F.WeightLayout.SM90)
     t = S.default(p)
     assert isinstance(t, SM.CudaMmTactic)

@@ -184,22 +184,33 @@ def _split_for(t: CudaMmTactic, p: MmProblem, per_sm: Optional[int] = None) -> i
 
 FEW_TILES = 4   # "sm90" weights with at most SMs / FEW_TILES 128-row tiles take 64-row CTAs
 LONG_K = 8192             # ... except at long K where the 128-row tiles are at least
-LONG_K_MIN_TILES_SHARE = 6   # SMs / 6 (N >= ~2900): _long_k_few_tiles
-LONG_K_CTAS = 1.75        # CTAs of _long_k_few_tiles' launch, in SMs (at most)
+LONG_K_MIN_TILES_SHARE = 6   # SMs / 6 (N >= ~2900): _two_tile_ctas
+ONE_WAVE_TILES = 1.0      # _two_tile_ctas also from SMs / FEW_TILES up to ONE_WAVE_TILES x SMs tiles,
+FULL_WAVE = 0.95          # where the 8-warp CTAs leave more than 1 - FULL_WAVE of the SMs idle or K < LONG_K
+PAIR_CTAS = 1.75          # CTAs of _two_tile_ctas' launch, in SMs (at most; split 2 always)
 
 
-def _long_k_few_tiles(tiles: int, sms: int) -> CudaMmTactic:
-    """"sm90" weights at M <= 16 with 22-33 128-row tiles (N ~2900-4200) and K >= LONG_K: 128-row
-    CTAs of 4 warps x 2 tiles, 4 stages of K = 128, split-K up to LONG_K_CTAS x SMs CTAs (H200, 132
-    SMs: 32 tiles at split 7, clusters of 7; 24-28 tiles at split 8): shorter K ranges per CTA than
-    the 64-row CTAs' (which halve the rows instead). Found by timing every tactic of seven such
-    shapes (scripts/sweep_small_m_decode.py); against the 64-row CTAs in one process, medians of
-    five interleaved rounds, same bits on grid-exact data (scripts/ab_small_m_long_k.py; H200;
-    docs/benchmarks/mm_small_m_decode_h200.txt): faster at all 15 points, 2-21% (4096 x 14336 M = 1 /
-    8 / 16: 17.67 -> 16.00, 18.24 -> 16.40, 21.23 -> 18.93 us; 3584 x 18944 M = 16 26.53 -> 21.00;
-    4096 x 8192 M = 16 13.86 -> 13.59). At K = 4096 and for fewer tiles the sweep found it not
-    consistently faster (4096 x 4096 M = 16 +4%, 2048 x 8192 M = 1 +12%): those keep the 64-row CTAs."""
-    return CudaMmTactic(4, 2, 128, 4, max(1, min(MAX_SPLIT, int(LONG_K_CTAS * sms) // tiles)))
+def _two_tile_ctas(tiles: int, sms: int, k: int) -> CudaMmTactic:
+    """"sm90" weights at M <= 16 whose 128-row tiles do not fill a wave of SMs (SMs / 6 up to SMs
+    tiles at K >= LONG_K, SMs / 4 up to SMs below): 128-row CTAs of 4 warps x 2 tiles, 4 stages of
+    K = 128 (up to four CTAs per SM), split-K up to PAIR_CTAS x SMs CTAs and at least 2 (H200, 132
+    SMs: 22-28 tiles split 8, 32 tiles split 7, 72 tiles split 3, 80-128 tiles split 2). Longer
+    clusters past PAIR_CTAS x SMs measured slower (6144 x 4096: split 5 over 4, 5120 x 5120: split 6
+    over 5), while pairs fill every SM (16384 x 4096: split 2 over 1). Found by timing every
+    small-M tactic (scripts/sweep_small_m_decode.py; docs/benchmarks/mm_small_m_decode_h200.txt):
+    - with at most SMs / 4 tiles at long K, against the 64-row CTAs (which halve the rows instead),
+      2-21% faster at all 15 points of scripts/ab_small_m_long_k.py (4096 x 14336 M = 1 / 8 / 16:
+      17.67 -> 16.00, 18.24 -> 16.40, 21.23 -> 18.93 us); at K = 4096 and for fewer tiles not
+      consistently (4096 x 4096 M = 16 +4%, 2048 x 8192 M = 1 +12%): those keep the 64-row CTAs;
+    - with more tiles, against the 8-warp CTAs of one 128-row tile at split SMs // tiles
+      (scripts/ab_small_m_long_k.py --rule one_wave; docs/benchmarks/mm_small_m_one_wave_h200.txt):
+      2-39% faster at all 48 points where those leave SMs idle or K < LONG_K (M = 16: 9216 x 4096
+      19.22 -> 14.46 us, 5120 x 27648 69.19 -> 42.47, 10240 x 8192 35.73 -> 31.90, 14336 x 4096
+      19.86 -> 18.47; 16384 x 4096, 97% of the SMs busy: 19.82 -> 18.39), but
+      13-21% slower where they fill the SMs at long K (8192 x 8192 and 8192 x 28672, 64 tiles at
+      split 2 against split 3: 17.23 -> 20.28, 48.22 -> 58.34 us at M = 1): those keep them."""
+    split = max(2, min(MAX_SPLIT, int(PAIR_CTAS * sms) // tiles))
+    return CudaMmTactic(4, 2, 128, 4, largest_split(split, _steps(k, 128)))
 
 
 def default(p: MmProblem) -> Tactic:
@@ -228,9 +239,13 @@ def default(p: MmProblem) -> Tactic:
         t = CudaMmTactic(4, 1, 256, 4, 1)
         return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=1))
     tiles = -(-p.n // 128)
+    if packed and nb <= 2 and sms < tiles * FEW_TILES and tiles <= ONE_WAVE_TILES * sms:
+        one_tile = CudaMmTactic(8, 1, 256, 4, 1)
+        if p.k < LONG_K or tiles * _split_for(one_tile, p, per_sm=1) < FULL_WAVE * sms:
+            return _two_tile_ctas(tiles, sms, p.k)
     if packed and nb <= 2 and tiles * FEW_TILES <= sms:
         if p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms:
-            return _long_k_few_tiles(tiles, sms)
+            return _two_tile_ctas(tiles, sms, p.k)
         # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)
         # or about one wave (M <= 16). H200, against the 128-row default (4 CTAs per tile):
         # 4096 x 14336 M = 1 / 8 / 16: 24.4 -> 17.7, 25.1 -> 18.4, 29.3 -> 21.5 us; 4096 x 4096:
