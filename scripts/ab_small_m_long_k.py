@@ -3,6 +3,7 @@ do not fill a wave (mm_tactics._two_tile_ctas) against the tactic each rule repl
 GPU:
 
     python scripts/ab_small_m_long_k.py [CSV] [--rule long_k|one_wave] [--shapes N,K;N,K] [--ms 1,8,16]
+        [--layout sm90|row]
 
 --rule long_k (default): at most SMs / 4 tiles at K >= 8192, against the 64-row CTAs;
 --rule one_wave: SMs / 4 up to SMs tiles, against the 8-warp CTAs of one 128-row tile.
@@ -15,6 +16,7 @@ from unittest import mock
 
 import torch
 
+from torch_fp4 import formats as F
 from torch_fp4.bench.mm import TacticWeight
 from torch_fp4.bench.timing import write_csv
 from torch_fp4.bench.tune import interleaved_rounds
@@ -33,12 +35,13 @@ def main():
     ap.add_argument("--rule", choices=sorted(RULES), default="long_k")
     ap.add_argument("--shapes")
     ap.add_argument("--ms", default="1,8,16")
+    ap.add_argument("--layout", choices=("sm90", "row"), default="sm90")
     opt = ap.parse_args()
     switch, off, shapes = RULES[opt.rule]
     dev, rows = torch.device("cuda"), []
     for shape in (opt.shapes or shapes).split(";"):
         n, k = map(int, shape.split(","))
-        wt = TacticWeight(n, k, dev)
+        wt = TacticWeight(n, k, dev, F.WeightLayout(opt.layout))
         for m in map(int, opt.ms.split(",")):
             p, args, prob = wt.problem(m)
             new = MT.default(prob)
@@ -51,7 +54,7 @@ def main():
             o, nw, b = (statistics.median(v) for v in (times[old], times[new], bf16))
             exact = wt.exact_args(m)
             same = torch.equal(wt.launch(*exact, tactic=old), wt.launch(*exact, tactic=new))
-            rows.append(dict(m=m, n=n, k=k, bf16_us=round(b, 2), old_us=round(o, 2), new_us=round(nw, 2),
+            rows.append(dict(layout=opt.layout, m=m, n=n, k=k, bf16_us=round(b, 2), old_us=round(o, 2), new_us=round(nw, 2),
                              new_over_old=round(nw / o, 4), same_bits_exact=same, old=old.label(), new=new.label()))
             print(f"M={m:2d} N={n:5d} K={k:5d} bf16 {b:6.1f}  old {o:6.2f} (x{b / o:.2f})  new {nw:6.2f} "
                   f"(x{b / nw:.2f})  new/old {nw / o:.3f}  exact bits {'same' if same else 'DIFFER'}  "

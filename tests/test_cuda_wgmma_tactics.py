@@ -110,7 +110,7 @@ def test_few_tiles_take_no_cluster_of_4_or_8_one_cta_per_sm(m, n, k, want):
     (1, 16384, 4096, (4, 2, 128, 4, 2)), (16, 6144, 4096, (4, 2, 128, 4, 4)), (1, 5120, 5120, (4, 2, 128, 4, 5)),
     (16, 10240, 8192, (4, 2, 128, 4, 2)), (1, 16384, 8192, (8, 1, 256, 4, 1)), (1, 28672, 8192, (8, 1, 256, 4, 1)),
     (16, 28672, 8192, (4, 2, 128, 4, 1))])
-def test_small_m_few_tiles_take_64_row_ctas(m, n, k, want):
+def test_small_m_sm90_weights_heuristic(m, n, k, want):
     """"sm90" weights with at most SMs / 4 tiles of 128 rows (N <= ~4200) take 64-row CTAs with
     split-K over the resident slots (M <= 8) or about one wave (M <= 16); at K >= 8192 with at least
     SMs / 6 of those tiles (N >= ~2900), and from SMs / 4 up to SMs tiles unless the 8-warp CTAs of
@@ -123,9 +123,21 @@ def test_small_m_few_tiles_take_64_row_ctas(m, n, k, want):
     assert isinstance(t, SM.CudaMmTactic)
     assert (t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k) == want, t
     assert S.why_not(t, p) is None
-    row = S.default(_args(m, n, k))
-    assert (row.warps, row.tiles_per_warp, row.block_k) != (t.warps, t.tiles_per_warp, t.block_k) or \
-        (t.warps, t.tiles_per_warp) == (8, 1)   # row-major weights keep their heuristic
+
+
+@pytest.mark.parametrize("m,n,k,want", [
+    (1, 9216, 4096, (4, 2, 256, 2, 3)), (16, 14336, 4096, (4, 2, 256, 2, 2)), (8, 5120, 27648, (4, 2, 256, 2, 5)),
+    (16, 10240, 8192, (4, 2, 256, 2, 2)), (1, 6144, 4096, (4, 2, 256, 2, 4)),
+    (1, 8192, 8192, (4, 2, 256, 4, 2)), (16, 8192, 28672, (8, 1, 256, 4, 2)), (1, 4096, 14336, (4, 2, 256, 4, 4)),
+    (16, 4096, 4096, (8, 1, 256, 4, 4)), (1, 28672, 8192, (4, 2, 256, 4, 1))])
+def test_small_m_row_major_weights_one_wave(m, n, k, want):
+    """Row-major weights with SMs / 4 up to SMs tiles of 128 rows take 4 warps x 2 tiles with 2
+    stages of K = 256 at _two_tile_ctas' split, where the CTAs of one tile leave SMs idle or
+    K < 8192; fewer tiles, more, and N = 8192 at long K keep their heuristic."""
+    t = S.default(_args(m, n, k))
+    assert isinstance(t, SM.CudaMmTactic)
+    assert (t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k) == want, t
+    assert S.why_not(t, _args(m, n, k)) is None
 
 
 def test_candidates_valid_unique_default_first():

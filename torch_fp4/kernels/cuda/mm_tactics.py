@@ -190,10 +190,11 @@ FULL_WAVE = 0.95          # where the 8-warp CTAs leave more than 1 - FULL_WAVE 
 PAIR_CTAS = 1.75          # CTAs of _two_tile_ctas' launch, in SMs (at most; split 2 always)
 
 
-def _two_tile_ctas(tiles: int, sms: int, k: int) -> CudaMmTactic:
+def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool = True) -> CudaMmTactic:
     """"sm90" weights at M <= 16 whose 128-row tiles do not fill a wave of SMs (SMs / 6 up to SMs
     tiles at K >= LONG_K, SMs / 4 up to SMs below): 128-row CTAs of 4 warps x 2 tiles, 4 stages of
-    K = 128 (up to four CTAs per SM), split-K up to PAIR_CTAS x SMs CTAs and at least 2 (H200, 132
+    K = 128 (up to four CTAs per SM; row-major weights, from SMs / 4 tiles: 2 stages of K = 256),
+    split-K up to PAIR_CTAS x SMs CTAs and at least 2 (H200, 132
     SMs: 22-28 tiles split 8, 32 tiles split 7, 72 tiles split 3, 80-128 tiles split 2). Longer
     clusters past PAIR_CTAS x SMs measured slower (6144 x 4096: split 5 over 4, 5120 x 5120: split 6
     over 5), while pairs fill every SM (16384 x 4096: split 2 over 1). Found by timing every
@@ -208,9 +209,13 @@ def _two_tile_ctas(tiles: int, sms: int, k: int) -> CudaMmTactic:
       19.22 -> 14.46 us, 5120 x 27648 69.19 -> 42.47, 10240 x 8192 35.73 -> 31.90, 14336 x 4096
       19.86 -> 18.47; 16384 x 4096, 97% of the SMs busy: 19.82 -> 18.39), but
       13-21% slower where they fill the SMs at long K (8192 x 8192 and 8192 x 28672, 64 tiles at
-      split 2 against split 3: 17.23 -> 20.28, 48.22 -> 58.34 us at M = 1): those keep them."""
+      split 2 against split 3: 17.23 -> 20.28, 48.22 -> 58.34 us at M = 1): those keep them;
+    - row-major weights at the same splits, against their CTAs of one 128-row tile (`--layout row`):
+      8-38% faster at all 39 points (9216 x 4096 M = 16: 19.71 -> 14.90 us; 5120 x 27648: 66.56 ->
+      41.33; 14336 x 8192: 36.67 -> 31.21)."""
     split = max(2, min(MAX_SPLIT, int(PAIR_CTAS * sms) // tiles))
-    return CudaMmTactic(4, 2, 128, 4, largest_split(split, _steps(k, 128)))
+    block_k, stages = (128, 4) if packed else (256, 2)
+    return CudaMmTactic(4, 2, block_k, stages, largest_split(split, _steps(k, block_k)))
 
 
 def default(p: MmProblem) -> Tactic:
@@ -239,10 +244,10 @@ def default(p: MmProblem) -> Tactic:
         t = CudaMmTactic(4, 1, 256, 4, 1)
         return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=1))
     tiles = -(-p.n // 128)
-    if packed and nb <= 2 and sms < tiles * FEW_TILES and tiles <= ONE_WAVE_TILES * sms:
+    if nb <= 2 and sms < tiles * FEW_TILES and tiles <= ONE_WAVE_TILES * sms:
         one_tile = CudaMmTactic(8, 1, 256, 4, 1)
         if p.k < LONG_K or tiles * _split_for(one_tile, p, per_sm=1) < FULL_WAVE * sms:
-            return _two_tile_ctas(tiles, sms, p.k)
+            return _two_tile_ctas(tiles, sms, p.k, packed)
     if packed and nb <= 2 and tiles * FEW_TILES <= sms:
         if p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms:
             return _two_tile_ctas(tiles, sms, p.k)
