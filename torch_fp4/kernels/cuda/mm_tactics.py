@@ -193,7 +193,7 @@ PAIR_CTAS = 1.75          # CTAs of _two_tile_ctas' launch, in SMs (at most; spl
 def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool = True) -> CudaMmTactic:
     """"sm90" weights at M <= 16 whose 128-row tiles do not fill a wave of SMs (SMs / 6 up to SMs
     tiles at K >= LONG_K, SMs / 4 up to SMs below): 128-row CTAs of 4 warps x 2 tiles, 4 stages of
-    K = 128 (up to four CTAs per SM; row-major weights, from SMs / 4 tiles: 2 stages of K = 256),
+    K = 128 (up to four CTAs per SM; row-major weights: 2 stages of K = 256),
     split-K up to PAIR_CTAS x SMs CTAs and at least 2 (H200, 132
     SMs: 22-28 tiles split 8, 32 tiles split 7, 72 tiles split 3, 80-128 tiles split 2). Longer
     clusters past PAIR_CTAS x SMs measured slower (6144 x 4096: split 5 over 4, 5120 x 5120: split 6
@@ -211,8 +211,11 @@ def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool = True) -> CudaMmT
       13-21% slower where they fill the SMs at long K (8192 x 8192 and 8192 x 28672, 64 tiles at
       split 2 against split 3: 17.23 -> 20.28, 48.22 -> 58.34 us at M = 1): those keep them;
     - row-major weights at the same splits, against their CTAs of one 128-row tile (`--layout row`):
-      8-38% faster at all 39 points (9216 x 4096 M = 16: 19.71 -> 14.90 us; 5120 x 27648: 66.56 ->
-      41.33; 14336 x 8192: 36.67 -> 31.21)."""
+      8-38% faster at all 39 points from SMs / 4 tiles (9216 x 4096 M = 16: 19.71 -> 14.90 us;
+      5120 x 27648: 66.56 -> 41.33; 14336 x 8192: 36.67 -> 31.21), 10-40% at all 15 with fewer at
+      long K (4096 x 14336 M = 1 / 16: 23.41 -> 15.93, 29.22 -> 18.72; 4096 x 28672: 42.51 ->
+      27.37, 53.52 -> 32.17). Row-major weights with fewer tiles at K < LONG_K keep their CTAs of
+      one tile (not swept)."""
     split = max(2, min(MAX_SPLIT, int(PAIR_CTAS * sms) // tiles))
     block_k, stages = (128, 4) if packed else (256, 2)
     return CudaMmTactic(4, 2, block_k, stages, largest_split(split, _steps(k, block_k)))
@@ -248,9 +251,9 @@ def default(p: MmProblem) -> Tactic:
         one_tile = CudaMmTactic(8, 1, 256, 4, 1)
         if p.k < LONG_K or tiles * _split_for(one_tile, p, per_sm=1) < FULL_WAVE * sms:
             return _two_tile_ctas(tiles, sms, p.k, packed)
+    if nb <= 2 and tiles * FEW_TILES <= sms and p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms:
+        return _two_tile_ctas(tiles, sms, p.k, packed)
     if packed and nb <= 2 and tiles * FEW_TILES <= sms:
-        if p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms:
-            return _two_tile_ctas(tiles, sms, p.k)
         # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)
         # or about one wave (M <= 16). H200, against the 128-row default (4 CTAs per tile):
         # 4096 x 14336 M = 1 / 8 / 16: 24.4 -> 17.7, 25.1 -> 18.4, 29.3 -> 21.5 us; 4096 x 4096:
