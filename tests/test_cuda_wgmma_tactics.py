@@ -130,12 +130,13 @@ def test_small_m_sm90_weights_heuristic(m, n, k, want):
     (16, 10240, 8192, (4, 2, 256, 2, 2)), (1, 6144, 4096, (4, 2, 256, 2, 4)),
     (1, 8192, 8192, (4, 2, 256, 4, 2)), (16, 8192, 28672, (8, 1, 256, 4, 2)), (1, 4096, 14336, (4, 2, 256, 2, 7)),
     (16, 3584, 18944, (4, 2, 256, 2, 8)), (8, 3072, 8192, (4, 2, 256, 2, 8)),
-    (16, 4096, 4096, (8, 1, 256, 4, 4)), (1, 2048, 8192, (4, 2, 256, 4, 8)), (1, 28672, 8192, (4, 2, 256, 4, 1))])
+    (16, 4096, 4096, (4, 2, 256, 2, 6)), (1, 2048, 8192, (4, 2, 256, 2, 8)), (16, 2048, 4096, (4, 2, 256, 2, 8)),
+    (1, 1024, 8192, (4, 2, 256, 4, 8)), (16, 1024, 4096, (8, 1, 256, 4, 8)), (1, 28672, 8192, (4, 2, 256, 4, 1))])
 def test_small_m_row_major_weights_two_tile_ctas(m, n, k, want):
     """Row-major weights take 4 warps x 2 tiles with 2 stages of K = 256 at _two_tile_ctas' split
-    from SMs / 6 tiles of 128 rows at K >= 8192 and from SMs / 4 tiles up to SMs where the CTAs of
-    one tile leave SMs idle or K < 8192; fewer tiles, more, and N = 8192 at long K keep their
-    heuristic."""
+    from SMs / 9 tiles of 128 rows (SMs / 6 at K >= 8192) up to SMs / 4, and from there up to SMs
+    where the CTAs of one tile leave SMs idle or K < 8192; fewer tiles (N = 1024), more, and
+    N = 8192 at long K keep their heuristic."""
     t = S.default(_args(m, n, k))
     assert isinstance(t, SM.CudaMmTactic)
     assert (t.warps, t.tiles_per_warp, t.block_k, t.stages, t.split_k) == want, t

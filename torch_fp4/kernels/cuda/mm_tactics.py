@@ -188,12 +188,14 @@ LONG_K_MIN_TILES_SHARE = 6   # SMs / 6 (N >= ~2900): _two_tile_ctas
 ONE_WAVE_TILES = 1.0      # _two_tile_ctas also from SMs / FEW_TILES up to ONE_WAVE_TILES x SMs tiles,
 FULL_WAVE = 0.95          # where the 8-warp CTAs leave more than 1 - FULL_WAVE of the SMs idle or K < LONG_K
 PAIR_CTAS = 1.75          # CTAs of _two_tile_ctas' launch, in SMs (at most; split 2 always)
+ROW_MIN_TILES_SHARE = 9   # row-major weights take _two_tile_ctas from SMs / 9 tiles (N >= ~1900) at any K
 
 
 def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool = True) -> CudaMmTactic:
     """"sm90" weights at M <= 16 whose 128-row tiles do not fill a wave of SMs (SMs / 6 up to SMs
     tiles at K >= LONG_K, SMs / 4 up to SMs below): 128-row CTAs of 4 warps x 2 tiles, 4 stages of
-    K = 128 (up to four CTAs per SM; row-major weights: 2 stages of K = 256),
+    K = 128 (up to four CTAs per SM; row-major weights, also from SMs / 9 tiles at any K: 2 stages of
+    K = 256),
     split-K up to PAIR_CTAS x SMs CTAs and at least 2 (H200, 132
     SMs: 22-28 tiles split 8, 32 tiles split 7, 72 tiles split 3, 80-128 tiles split 2). Longer
     clusters past PAIR_CTAS x SMs measured slower (6144 x 4096: split 5 over 4, 5120 x 5120: split 6
@@ -214,8 +216,9 @@ def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool = True) -> CudaMmT
       8-38% faster at all 39 points from SMs / 4 tiles (9216 x 4096 M = 16: 19.71 -> 14.90 us;
       5120 x 27648: 66.56 -> 41.33; 14336 x 8192: 36.67 -> 31.21), 10-40% at all 15 with fewer at
       long K (4096 x 14336 M = 1 / 16: 23.41 -> 15.93, 29.22 -> 18.72; 4096 x 28672: 42.51 ->
-      27.37, 53.52 -> 32.17). Row-major weights with fewer tiles at K < LONG_K keep their CTAs of
-      one tile (not swept)."""
+      27.37, 53.52 -> 32.17), and 2-18% at all 12 points from SMs / 9 tiles below those
+      (`--rule row_few`; 4096 x 4096 M = 16: 12.03 -> 9.83 us); with 8 tiles (N = 1024) between
+      2.4% slower and 1.0% faster, so fewer tiles keep their CTAs of one tile."""
     split = max(2, min(MAX_SPLIT, int(PAIR_CTAS * sms) // tiles))
     block_k, stages = (128, 4) if packed else (256, 2)
     return CudaMmTactic(4, 2, block_k, stages, largest_split(split, _steps(k, block_k)))
@@ -251,7 +254,8 @@ def default(p: MmProblem) -> Tactic:
         one_tile = CudaMmTactic(8, 1, 256, 4, 1)
         if p.k < LONG_K or tiles * _split_for(one_tile, p, per_sm=1) < FULL_WAVE * sms:
             return _two_tile_ctas(tiles, sms, p.k, packed)
-    if nb <= 2 and tiles * FEW_TILES <= sms and p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms:
+    long_k = p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms
+    if nb <= 2 and tiles * FEW_TILES <= sms and (long_k or not packed and tiles * ROW_MIN_TILES_SHARE >= sms):
         return _two_tile_ctas(tiles, sms, p.k, packed)
     if packed and nb <= 2 and tiles * FEW_TILES <= sms:
         # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)
