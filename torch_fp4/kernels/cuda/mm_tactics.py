@@ -192,12 +192,13 @@ ROW_MIN_TILES_SHARE = 9   # row-major weights take _two_tile_ctas from SMs / 9 t
 
 
 def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool = True) -> CudaMmTactic:
-    """"sm90" weights at M <= 16 whose 128-row tiles do not fill a wave of SMs (SMs / 6 up to SMs
-    tiles at K >= LONG_K, SMs / 4 up to SMs below): 128-row CTAs of 4 warps x 2 tiles, 4 stages of
-    K = 128 (up to four CTAs per SM; row-major weights, also from SMs / 9 tiles at any K: 2 stages of
-    K = 256),
-    split-K up to PAIR_CTAS x SMs CTAs and at least 2 (H200, 132
-    SMs: 22-28 tiles split 8, 32 tiles split 7, 72 tiles split 3, 80-128 tiles split 2). Longer
+    """M <= 16 where the 128-row weight tiles do not fill a wave of SMs: 128-row CTAs of 4 warps x 2
+    tiles (up to four CTAs per SM), split-K up to PAIR_CTAS x SMs CTAs and at least 2 (H200, 132
+    SMs: 22-28 tiles split 8, 32 tiles split 7, 72 tiles split 3, 80-128 tiles split 2). "sm90"
+    weights: 4 stages of K = 128, from SMs / 6 tiles at K >= LONG_K and from SMs / 4 at any K;
+    row-major weights: 2 stages of K = 256, from SMs / 9 tiles at any K. From SMs / 4 tiles up to
+    SMs, only where the 8-warp CTAs of one tile leave more than 1 - FULL_WAVE of the SMs idle or
+    K < LONG_K (default). Longer
     clusters past PAIR_CTAS x SMs measured slower (6144 x 4096: split 5 over 4, 5120 x 5120: split 6
     over 5), while pairs fill every SM (16384 x 4096: split 2 over 1). Found by timing every
     small-M tactic (scripts/sweep_small_m_decode.py; docs/benchmarks/mm_small_m_decode_h200.txt):
