@@ -191,7 +191,18 @@ PAIR_CTAS = 1.75          # CTAs of _two_tile_ctas' launch, in SMs (at most; spl
 ROW_MIN_TILES_SHARE = 9   # row-major weights take _two_tile_ctas from SMs / 9 tiles (N >= ~1900) at any K
 
 
-def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool = True) -> CudaMmTactic:
+def _two_tiles_pay(p: MmProblem, tiles: int, sms: int) -> bool:
+    """Whether _two_tile_ctas replaces the heuristic at M <= 16 (its docstring says where and why)."""
+    if tiles * FEW_TILES <= sms:
+        return (p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms
+                or not p.packed and tiles * ROW_MIN_TILES_SHARE >= sms)
+    if tiles > ONE_WAVE_TILES * sms:
+        return False
+    one_tile = CudaMmTactic(8, 1, 256, 4, 1)
+    return p.k < LONG_K or tiles * _split_for(one_tile, p, per_sm=1) < FULL_WAVE * sms
+
+
+def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool) -> CudaMmTactic:
     """M <= 16 where the 128-row weight tiles do not fill a wave of SMs: 128-row CTAs of 4 warps x 2
     tiles (up to four CTAs per SM), split-K up to PAIR_CTAS x SMs CTAs and at least 2 (H200, 132
     SMs: 22-28 tiles split 8, 32 tiles split 7, 72 tiles split 3, 80-128 tiles split 2). "sm90"
@@ -203,11 +214,11 @@ def _two_tile_ctas(tiles: int, sms: int, k: int, packed: bool = True) -> CudaMmT
     over 5), while pairs fill every SM (16384 x 4096: split 2 over 1). Found by timing every
     small-M tactic (scripts/sweep_small_m_decode.py; docs/benchmarks/mm_small_m_decode_h200.txt):
     - with at most SMs / 4 tiles at long K, against the 64-row CTAs (which halve the rows instead),
-      2-21% faster at all 15 points of scripts/ab_small_m_long_k.py (4096 x 14336 M = 1 / 8 / 16:
+      2-21% faster at all 15 points of scripts/ab_small_m_two_tile.py (4096 x 14336 M = 1 / 8 / 16:
       17.67 -> 16.00, 18.24 -> 16.40, 21.23 -> 18.93 us); at K = 4096 and for fewer tiles not
       consistently (4096 x 4096 M = 16 +4%, 2048 x 8192 M = 1 +12%): those keep the 64-row CTAs;
     - with more tiles, against the 8-warp CTAs of one 128-row tile at split SMs // tiles
-      (scripts/ab_small_m_long_k.py --rule one_wave; docs/benchmarks/mm_small_m_one_wave_h200.txt):
+      (scripts/ab_small_m_two_tile.py --rule one_wave; docs/benchmarks/mm_small_m_one_wave_h200.txt):
       2-39% faster at all 48 points where those leave SMs idle or K < LONG_K (M = 16: 9216 x 4096
       19.22 -> 14.46 us, 5120 x 27648 69.19 -> 42.47, 10240 x 8192 35.73 -> 31.90, 14336 x 4096
       19.86 -> 18.47; 16384 x 4096, 97% of the SMs busy: 19.82 -> 18.39), but
@@ -251,12 +262,7 @@ def default(p: MmProblem) -> Tactic:
         t = CudaMmTactic(4, 1, 256, 4, 1)
         return dataclasses.replace(t, split_k=_split_for(t, p, per_sm=1))
     tiles = -(-p.n // 128)
-    if nb <= 2 and sms < tiles * FEW_TILES and tiles <= ONE_WAVE_TILES * sms:
-        one_tile = CudaMmTactic(8, 1, 256, 4, 1)
-        if p.k < LONG_K or tiles * _split_for(one_tile, p, per_sm=1) < FULL_WAVE * sms:
-            return _two_tile_ctas(tiles, sms, p.k, packed)
-    long_k = p.k >= LONG_K and tiles * LONG_K_MIN_TILES_SHARE >= sms
-    if nb <= 2 and tiles * FEW_TILES <= sms and (long_k or not packed and tiles * ROW_MIN_TILES_SHARE >= sms):
+    if nb <= 2 and _two_tiles_pay(p, tiles, sms):
         return _two_tile_ctas(tiles, sms, p.k, packed)
     if packed and nb <= 2 and tiles * FEW_TILES <= sms:
         # few 128-row tiles (N <= ~4200): 64-row CTAs, split-K over every resident slot (M <= 8)

@@ -1,8 +1,8 @@
-"""The small-M GEMM's 128-row CTAs of two tiles per warp for "sm90" weights whose 128-row tiles
-do not fill a wave (mm_tactics._two_tile_ctas) against the tactic each rule replaced, on an sm_90
-GPU:
+"""The small-M GEMM's 128-row CTAs of two tiles per warp for "sm90" and row-major weights whose
+128-row tiles do not fill a wave (mm_tactics._two_tile_ctas) against the tactic each rule
+replaced, on an sm_90 GPU:
 
-    python scripts/ab_small_m_long_k.py [CSV] [--rule long_k|one_wave|row_few] [--shapes N,K;N,K] [--ms 1,8,16]
+    python scripts/ab_small_m_two_tile.py [CSV] [--rule long_k|one_wave|row_few] [--shapes N,K;N,K] [--ms 1,8,16]
         [--layout sm90|row]
 
 --rule long_k (default): at most SMs / 4 tiles at K >= 8192, against the 64-row CTAs;
@@ -56,8 +56,9 @@ def main():
             o, nw, b = (statistics.median(v) for v in (times[old], times[new], bf16))
             exact = wt.exact_args(m)
             same = torch.equal(wt.launch(*exact, tactic=old), wt.launch(*exact, tactic=new))
-            rows.append(dict(layout=opt.layout, m=m, n=n, k=k, bf16_us=round(b, 2), old_us=round(o, 2), new_us=round(nw, 2),
-                             new_over_old=round(nw / o, 4), same_bits_exact=same, old=old.label(), new=new.label()))
+            rows.append(dict(layout=opt.layout, m=m, n=n, k=k, bf16_us=round(b, 2), old_us=round(o, 2),
+                             new_us=round(nw, 2), new_over_old=round(nw / o, 4), same_bits_exact=same,
+                             old=old.label(), new=new.label()))
             print(f"M={m:2d} N={n:5d} K={k:5d} bf16 {b:6.1f}  old {o:6.2f} (x{b / o:.2f})  new {nw:6.2f} "
                   f"(x{b / nw:.2f})  new/old {nw / o:.3f}  exact bits {'same' if same else 'DIFFER'}  "
                   f"{old.label()[16:]} -> {new.label()[16:]}", flush=True)
