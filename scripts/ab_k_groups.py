@@ -10,7 +10,7 @@ import torch
 import torch_fp4
 from torch_fp4 import formats as F
 from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, nvfp4_weight
+from torch_fp4.bench.mm import Problem, bf16_copies, bf16_timer, nvfp4_weight
 from torch_fp4.bench.tune import interleaved_rounds
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
@@ -25,7 +25,8 @@ for m, n, k in cases:
         weights.clear()
         torch.cuda.empty_cache()
         w = nvfp4_weight(n, k, dev)
-        weights[n, k] = (w, torch_fp4.prepack_weight(w[0]), torch.randn(n, k, device=dev, dtype=torch.bfloat16))
+        weights[n, k] = (w, torch_fp4.prepack_weight(w[0]),
+                         bf16_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16)))
     w, packed, w16 = weights[n, k]
     p = Problem(m, n, k, w, dev)
     args = (p.a, packed.T, None, p.w_scale.T, p.alpha)
@@ -37,7 +38,7 @@ for m, n, k in cases:
     def launch(*a, tactic):
         with tactics.use_tactic(tactic):
             return ops.mm_fp4(*a, backend="cuda", weight_layout="sm90")
-    times, bf16 = interleaved_rounds(pair, launch, args, rounds, lambda: torch.matmul(p.a, w16.T))
+    times, bf16 = interleaved_rounds(pair, launch, args, rounds, bf16_timer(p.a, w16))
     b = statistics.median(bf16)
     print(f"M={m:5d} N={n:5d} K={k:5d} bf16 {b:8.1f} us", flush=True)
     for t, v in times.items():

@@ -9,7 +9,7 @@ import torch
 
 import torch_fp4
 from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, nvfp4_weight
+from torch_fp4.bench.mm import Problem, bf16_copies, bf16_timer, nvfp4_weight
 from torch_fp4.bench.tune import interleaved_rounds
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
@@ -23,7 +23,7 @@ for m, n, k in cases:
     p = Problem(m, n, k, w, dev)
     packed = torch_fp4.prepack_weight(w[0])
     args = (p.a, packed.T, None, p.w_scale.T, p.alpha)
-    w16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+    w16 = bf16_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
 
     def launch(*a, tactic):
         with tactics.use_tactic(tactic):
@@ -32,7 +32,7 @@ for m, n, k in cases:
     one = dict(ctas_per_sm=1, packed=True)
     pair = [WT.WgmmaMmTactic(bm, WT.max_stages(bm, persistent=True, **one), 1, True),
             WT.WgmmaMmTactic(bm, WT.max_stages(bm, **one), 1, False)]
-    times, bf16 = interleaved_rounds(pair, launch, args, rounds, lambda: torch.matmul(p.a, w16.T))
+    times, bf16 = interleaved_rounds(pair, launch, args, rounds, bf16_timer(p.a, w16))
     b = statistics.median(bf16)
     cols = " | ".join(f"{'persistent' if t.persistent else 'one tile'} {statistics.median(v):8.1f} us "
                       f"({min(v):.1f}-{max(v):.1f}) x bf16 {b / statistics.median(v):.3f}" for t, v in times.items())

@@ -12,15 +12,13 @@ Per problem: both tactics and torch bf16 over rotating operands, medians of five
 (bench.tune.interleaved_rounds), and both tactics' outputs compared bit for bit on grid-exact data
 (both exact there)."""
 import argparse
-import statistics
 from unittest import mock
 
 import torch
 
 from torch_fp4 import formats as F
-from torch_fp4.bench.mm import TacticWeight
+from torch_fp4.bench.mm import TacticWeight, ab_line
 from torch_fp4.bench.timing import write_csv
-from torch_fp4.bench.tune import interleaved_rounds
 from torch_fp4.kernels.cuda import mm_tactics as MT
 
 RULES = {  # the rule's switch, off
@@ -45,23 +43,15 @@ def main():
         n, k = map(int, shape.split(","))
         wt = TacticWeight(n, k, dev, F.WeightLayout(opt.layout))
         for m in map(int, opt.ms.split(",")):
-            p, args, prob = wt.problem(m)
+            _, _, prob = wt.problem(m)
             new = MT.default(prob)
             with mock.patch.object(MT, switch, off):
                 old = MT.default(prob)
             if old == new:
                 print(f"M={m:2d} N={n:5d} K={k:5d} unchanged: {new.label()}", flush=True)
                 continue
-            times, bf16 = interleaved_rounds([old, new], wt.launch, args, 5, wt.bf16(p))
-            o, nw, b = (statistics.median(v) for v in (times[old], times[new], bf16))
-            exact = wt.exact_args(m)
-            same = torch.equal(wt.launch(*exact, tactic=old), wt.launch(*exact, tactic=new))
-            rows.append(dict(layout=opt.layout, m=m, n=n, k=k, bf16_us=round(b, 2), old_us=round(o, 2),
-                             new_us=round(nw, 2), new_over_old=round(nw / o, 4), same_bits_exact=same,
-                             old=old.label(), new=new.label()))
-            print(f"M={m:2d} N={n:5d} K={k:5d} bf16 {b:6.1f}  old {o:6.2f} (x{b / o:.2f})  new {nw:6.2f} "
-                  f"(x{b / nw:.2f})  new/old {nw / o:.3f}  exact bits {'same' if same else 'DIFFER'}  "
-                  f"{old.label()[16:]} -> {new.label()[16:]}", flush=True)
+            rows.append(wt.ab(m, old, new))
+            print(f"{ab_line(rows[-1])}  {old.label()[16:]} -> {new.label()[16:]}", flush=True)
     write_csv(opt.csv, rows)
 
 

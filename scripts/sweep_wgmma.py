@@ -11,8 +11,7 @@ import torch
 
 from torch_fp4 import formats as F
 from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, nvfp4_weight
-from torch_fp4.bench.timing import graph_time_us
+from torch_fp4.bench.mm import Problem, bf16_copies, bf16_timer, nvfp4_weight
 from torch_fp4.bench.tune import time_tactics
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
@@ -29,11 +28,11 @@ dev = torch.device("cuda")
 w = nvfp4_weight(n, k, dev)
 layout = F.WeightLayout(opt.layout) if F.sm90_layout_reason(n, k) is None else F.WeightLayout.ROW
 w_data = ops.prepack_weight(w[0]) if layout is F.WeightLayout.SM90 else w[0]
-w16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+w16 = bf16_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
 for m in (int(v) for v in opt.ms.split(",")):
     p = Problem(m, n, k, w, dev)
     args = (p.a, w_data.T, None, p.w_scale.T, p.alpha)
-    bf16 = graph_time_us(lambda: torch.matmul(p.a, w16.T), [()])
+    bf16 = bf16_timer(p.a, w16)()
     problem = MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, layout)
     default = WT.default(problem)
     cands = WT.candidates(problem)

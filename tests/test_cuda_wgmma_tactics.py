@@ -2,8 +2,11 @@
 joined space (kernels/cuda/mm_space.py), on the CPU: the heuristic, the candidates, why a tactic
 cannot run, the cache key and the shared-memory mirror of csrc/mm_wgmma.cu."""
 import dataclasses
+from unittest import mock
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from torch_fp4 import formats as F
@@ -78,26 +81,47 @@ def test_block_m_by_launch_cost_where_a_sweep_measured_it_fastest(m, n, k, want)
     assert t.persistent and t.split_k == 1
 
 
-@pytest.mark.parametrize("m,n,k,want", [
-    (64, 4096, 4096, (32, 2, 1, False)), (128, 4096, 4096, (64, 2, 1, False)),
-    (256, 4096, 4096, (128, 2, 1, False)), (32, 4096, 4096, (32, 8, 2, False)),
-    (32, 4096, 14336, (32, 1, 1, True)), (128, 4096, 14336, (128, 1, 1, True)),
-    (256, 4096, 14336, (128, 2, 1, False)), (256, 2304, 14336, (256, 1, 1, True)),
-    (160, 4096, 14336, (128, 2, 1, False)), (160, 2304, 14336, (160, 1, 1, True)),
-    (64, 2048, 4096, (64, 8, 2, False)), (128, 2048, 4096, (32, 2, 1, False)),
-    (128, 1024, 4096, (128, 8, 1, False)), (128, 1024, 14336, (128, 8, 1, False)),
-    (128, 8192, 8192, (128, 2, 1, False))])
-def test_few_tiles_take_no_cluster_of_4_or_8_one_cta_per_sm(m, n, k, want):
+@pytest.mark.parametrize("m,n,k,layout,want", [
+    (64, 4096, 4096, "sm90", (32, 2, 1, False)), (128, 4096, 4096, "sm90", (64, 2, 1, False)),
+    (256, 4096, 4096, "sm90", (128, 2, 1, False)), (32, 4096, 4096, "sm90", (32, 3, 1, False)),
+    (32, 4096, 14336, "sm90", (32, 1, 1, True)), (128, 4096, 14336, "sm90", (128, 1, 1, True)),
+    (256, 4096, 14336, "sm90", (128, 2, 1, False)), (256, 2304, 14336, "sm90", (256, 1, 1, True)),
+    (160, 4096, 14336, "sm90", (128, 2, 1, False)), (160, 2304, 14336, "sm90", (160, 1, 1, True)),
+    (128, 3584, 3584, "sm90", (64, 2, 1, False)), (96, 2048, 4096, "sm90", (32, 2, 1, False)),
+    (192, 1536, 4096, "sm90", (96, 4, 1, False)), (64, 512, 3584, "sm90", (32, 7, 1, False)),
+    (128, 8192, 8192, "sm90", (128, 2, 1, False)),
+    (128, 3584, 3584, "row", (64, 2, 1, False)), (96, 2048, 4096, "row", (96, 5, 1, False)),
+    (64, 2048, 4096, "row", (64, 5, 1, False)), (128, 1024, 4096, "row", (128, 8, 1, False))])
+def test_few_tiles_take_the_split_k_launch_of_least_time_per_sm(m, n, k, layout, want):
     """Where split 2 cannot fill the SMs (mm_wgmma_tactics._few_tiles): block_m 128 at split 2 in
     place of 256 where it fills them, then stream-K over every slot for long K (each tile over at
-    most SK_MAX_PARTS CTAs), else a smaller block_m at split 2, else
-    two CTAs per SM with split-K, else the cluster split (1024 x 4096 M = 128); (block_m, split_k,
-    ctas_per_sm, stream_k)."""
-    p = _args(m, n, k, layout=F.WeightLayout.SM90)
+    most SK_MAX_PARTS CTAs), else the one-CTA-per-SM split-K launch of the fewest K steps per CTA
+    times (block_m + FEW_TILES_FIXED_ROWS) among those whose clusters all run at once; the sweep
+    (H200, scripts/sweep_few_tiles.py, every split-K launch timed) had each of these within 5% of
+    the fastest, e.g. 3584 x 3584 M = 128: 14.7 us (fastest 14.4; the rule before, block_m 32 at
+    split 2, 24.1), 2048 x 4096 M = 96: 13.3 (12.8; before: block_m 96 at split 8, 16 clusters of 8
+    that do not all fit at once, 22.1); (block_m, split_k, ctas_per_sm, stream_k)."""
+    p = _args(m, n, k, layout=F.WeightLayout(layout))
     t = WT.default(p)
     assert (t.block_m, t.split_k, t.ctas_per_sm, t.stream_k) == want, t
     assert t.persistent == (t.split_k == 1) and WT.why_not(t, p) is None
-    assert t.k_groups == (2 if t.split_k > 1 and t.ctas_per_sm == 1 and t.block_m <= 64 else 1)
+    assert t.k_groups == (2 if layout == "sm90" and t.split_k > 1 and t.ctas_per_sm == 1 and t.block_m <= 64 else 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.integers(17, 256), n_tiles=st.integers(1, 44), k_steps=st.integers(8, 256),
+       layout=st.sampled_from(["sm90", "row"]), sms=st.sampled_from([114, 132]))
+def test_split_k_clusters_all_run_at_once(m, n_tiles, k_steps, layout, sms):
+    """No split-K launch of the heuristic has more clusters of one-CTA-per-SM CTAs than run at once
+    (clusters_at_once: beyond it a second wave doubles the time), on 132 SMs or fewer."""
+    p = _args(m, 128 * n_tiles, 64 * k_steps, layout=F.WeightLayout(layout))
+    with mock.patch.object(WT, "problem_sm_count", lambda problem, default=132: sms):
+        t = WT.default(p)
+    assert WT.why_not(t, p) is None
+    if t.split_k > 1:
+        clusters = -(-m // t.block_m) * n_tiles
+        assert clusters <= (WT.clusters_at_once(t.split_k, sms) * t.ctas_per_sm if t.split_k > 2 else sms * t.ctas_per_sm), t
+        assert t.split_k <= 2 or t.ctas_per_sm == 1, t
 
 
 @pytest.mark.parametrize("m,n,k,want", [

@@ -194,6 +194,31 @@ def test_stream_k_with_fewer_tiles_than_slots(m, n):
                 assert torch.equal(got, _call(args, fmt, out_dtype)), t.label()
 
 
+@pytest.mark.parametrize("m,n,k,layout", [(96, 2048, 4096, "row"), (128, 3584, 3584, "sm90"), (192, 1536, 4096, "sm90"),
+                                          (64, 512, 3584, "sm90"), (32, 4096, 4096, "row"), (256, 1024, 4096, "row"),
+                                          (100, 2048, 3584, "sm90")])
+def test_few_tiles_split_k_launches(m, n, k, layout):
+    """Few weight tiles (mm_wgmma_tactics._few_tiles): the heuristic's split-K launch of 2 to 8
+    CTAs per tile (clusters of one CTA per SM, block_m up to the one covering M), exact on
+    grid-exact operands for fp32 and bf16 outputs, identical bits run to run, on row-major and
+    "sm90" weights."""
+    fmt = F.NVFP4
+    (a, b, a_scale, b_scale), ahat, what = _operands(m, n, k, fmt, "bf16", True, seed=n + m)
+    want = (ahat.double() @ what.double().T).float()
+    wl = F.WeightLayout(layout)
+    if wl is F.WeightLayout.SM90:
+        b = t4.prepack_weight(b.T).T
+    problem = MmProblem.of(a, b, a_scale, b_scale, None, torch.float32, fmt, F.SfLayout.LAYOUT_128x4, wl)
+    auto = WT.default(problem)
+    assert auto.split_k > 1 and not auto.persistent and auto.ctas_per_sm == 1, auto
+    with t4.use_tactic(auto):
+        for out_dtype in (torch.float32, torch.bfloat16):
+            got = t4.mm_fp4(a, b, a_scale, b_scale, out_dtype=out_dtype, backend="cuda", weight_layout=layout)
+            assert torch.equal(got, want.to(out_dtype)), (auto.label(), out_dtype)
+            assert torch.equal(got, t4.mm_fp4(a, b, a_scale, b_scale, out_dtype=out_dtype, backend="cuda",
+                                              weight_layout=layout)), auto.label()
+
+
 def test_stream_k_under_cuda_graph_replay():
     """A stream-K launch allocates its workspace and clears its flags on the stream, so it captures:
     replays equal eager bit for bit, with the alpha and activations changed between replays."""

@@ -1,7 +1,8 @@
 """Command line: `python -m torch_fp4 demo [--device cpu|cuda] [--seed N] [--quick]
 [--compile | --no-compile] [--plot FILE.png]`, `python -m torch_fp4 minilm [--device cpu|cuda]`,
 `python -m torch_fp4 bench quantize [--quick] [--csv FILE] [--format nvfp4|mxfp4]` and
-`python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--rounds R] [--tactics [--m M --n N --k K]]`
+`python -m torch_fp4 bench mm [--quick] [--csv FILE] [--tune] [--rounds R] [--shapes N,K;N,K]
+[--tactics [--m M --n N --k K]]`
 `python -m torch_fp4 bench moe [--quick] [--csv FILE] [--ep N]` and
 `python -m torch_fp4 bench overhead [--device cpu|cuda] [--csv FILE] [--profile OP]` and
 `python -m torch_fp4 precompile [--shapes FILE.json] [--device cuda|cpu] [--autotune]` and
@@ -50,13 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     bq.add_argument("--csv", default=None, help="write every measurement to this CSV file")
     bq.add_argument("--format", default="nvfp4", choices=["nvfp4", "mxfp4"])
     bq.add_argument("--backends", nargs="*", default=None, help="triton cute-dsl cuda (default: all)")
-    bm = bench_sub.add_parser("mm", help="FP4 GEMM on Llama-3.1-70B shapes vs torch bf16 matmul "
-                                         "and fp8 _scaled_mm")
+    bm = bench_sub.add_parser("mm", help="FP4 GEMM on Llama-3.1-70B's (or --shapes') weight shapes vs "
+                                         "torch bf16 matmul and fp8 _scaled_mm")
     bm.add_argument("--quick", action="store_true", help="M in {1, 16, 128, 2048} only")
     bm.add_argument("--csv", default=None, help="write every measurement to this CSV file")
     bm.add_argument("--tune", action="store_true", help="autotune each problem first "
                                                         "(torch_fp4.autotune; fills the tactic cache)")
     bm.add_argument("--ms", default=None, help="comma-separated M values (default: all, or --quick's)")
+    bm.add_argument("--shapes", default=None, metavar="N,K;N,K",
+                    help="semicolon-separated weight shapes N,K (default: Llama-3.1-70B's "
+                         "8192,28672;8192,8192;28672,8192)")
     bm.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the columns; each "
                     "column's median is reported (default 3)")
     bm.add_argument("--tactics", action="store_true", help="time every tactic of one problem")
@@ -144,6 +148,13 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     elif args.command == "bench":
         import torch
+        shapes = None
+        if args.what == "mm" and args.shapes:
+            from .bench.mm import parse_shapes
+            try:
+                shapes = parse_shapes(args.shapes)
+            except ValueError as exc:
+                parser.error(str(exc))
         if not torch.cuda.is_available():
             parser.error("bench needs a CUDA GPU")
         if args.what == "quantize":
@@ -160,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from .bench import mm as bench_mm
             ms = tuple(int(v) for v in args.ms.split(",")) if args.ms else None
-            bench_mm.run(args.quick, args.csv, args.tune, ms, rounds=args.rounds)
+            bench_mm.run(args.quick, args.csv, args.tune, ms, rounds=args.rounds, shapes=shapes)
     return 0
 
 

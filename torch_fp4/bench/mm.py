@@ -20,6 +20,7 @@ Both use the row-major weights of the W4A16 column, and A4/A16 is their time ove
 """
 from __future__ import annotations
 
+import statistics
 from typing import Callable, NamedTuple
 
 import torch
@@ -31,6 +32,37 @@ from ..testing import grid_exact_operand
 from .timing import copies, copy_bandwidth_gbs, graph_time_us, interleaved_medians, rotation, write_csv
 
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
+
+
+def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
+    """`--shapes` "N,K;N,K;..." (weight rows N, reduction length K) -> ((N, K), ...). N and K are
+    positive and K a multiple of 16 (the NVFP4 block); anything else is refused by name."""
+    shapes = []
+    for item in (s.strip() for s in text.split(";")):
+        parts = item.split(",")
+        try:
+            n, k = (int(v) for v in parts) if len(parts) == 2 else (None, None)
+        except ValueError:
+            n = k = None
+        if n is None or n < 1 or k < 16 or k % 16:
+            raise ValueError(f"bench mm: --shapes expects 'N,K;N,K;...' with positive N and K a positive "
+                             f"multiple of 16 (the NVFP4 block), got {item!r} in {text!r}")
+        shapes.append((n, k))
+    return tuple(shapes)
+
+
+def bf16_copies(w16: torch.Tensor) -> list[torch.Tensor]:
+    """w16 and copies of it in memory of their own, together 3x the L2 (timing.rotation)."""
+    return [c for c, in copies((w16,), rotation(w16.numel() * w16.element_size(), w16.device))]
+
+
+def bf16_timer(a: torch.Tensor, w16s: list[torch.Tensor]) -> Callable[[], float]:
+    """A timer (us per call) of torch's bf16 matmul of `a` by each of the weight copies `w16s` in
+    turn (bf16_copies), the peer column of the A/B scripts: its weights come from DRAM as the FP4
+    operands of time_tactics do, not from the L2 where one weight reused call after call would
+    stay whenever it fits there."""
+    inputs = [(w,) for w in w16s]
+    return lambda: graph_time_us(lambda w: torch.matmul(a, w.T), inputs, repeats=3, budget_ms=10.0)
 MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 QUICK_MS = (1, 16, 128, 2048)
 
@@ -144,7 +176,7 @@ class TacticWeight:
         sm90 = layout is F.WeightLayout.SM90
         self.w = nvfp4_weight(n, k, device)
         self.b = ops.prepack_weight(self.w[0]) if sm90 else self.w[0]
-        self.w16 = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+        self.w16 = bf16_copies(torch.randn(n, k, device=device, dtype=torch.bfloat16))
         self.gen = torch.Generator().manual_seed(n + k)
         wd, ws, _ = grid_exact_operand(n, k, F.NVFP4, "128x4", self.gen)
         self.exact_b = (ops.prepack_weight(wd) if sm90 else wd).to(device)
@@ -161,13 +193,35 @@ class TacticWeight:
         a = grid_exact_operand(m, self.k, F.NVFP4, "128x4", self.gen)[2].to(self.device, torch.bfloat16)
         return (a, self.exact_b.T, None, self.exact_scale.T, None)
 
-    def bf16(self, p: Problem) -> Callable:
-        """torch's bf16 GEMM on p's activations, for timing beside the tactics."""
-        return lambda: torch.matmul(p.a, self.w16.T)
+    def bf16(self, p: Problem) -> Callable[[], float]:
+        """A timer of torch's bf16 GEMM on p's activations over copies of a bf16 weight (bf16_timer),
+        the peer of the tactics timed beside it."""
+        return bf16_timer(p.a, self.w16)
 
     def launch(self, *args, tactic):
         """The cuda backend's mm_fp4 in this weight's layout with `tactic` forced."""
         return _forced(tactic, args, self.layout)
+
+    def ab(self, m: int, old, new, rounds: int = 5) -> dict:
+        """An A/B of two tactics at M rows: both and torch bf16 (the peer, over rotating weights)
+        in `rounds` interleaved rounds (bench.tune.interleaved_rounds), medians in us, and whether
+        the two give the same bits on grid-exact operands (where both are exact)."""
+        from .tune import interleaved_rounds
+        p, args, _ = self.problem(m)
+        times, bf16 = interleaved_rounds([old, new], self.launch, args, rounds, self.bf16(p))
+        o, nw, b = (statistics.median(v) for v in (times[old], times[new], bf16))
+        exact = self.exact_args(m)
+        same = torch.equal(self.launch(*exact, tactic=old), self.launch(*exact, tactic=new))
+        return dict(layout=self.layout.value, m=m, n=self.n, k=self.k, bf16_us=round(b, 2), old_us=round(o, 2),
+                    new_us=round(nw, 2), new_over_old=round(nw / o, 4), same_bits_exact=same,
+                    old=old.label(), new=new.label())
+
+
+def ab_line(r: dict) -> str:
+    """One printed line of a TacticWeight.ab row."""
+    b, o, nw = r["bf16_us"], r["old_us"], r["new_us"]
+    return (f"M={r['m']:4d} N={r['n']:5d} K={r['k']:5d} bf16 {b:6.1f}  old {o:6.2f} (x{b / o:.2f})  new {nw:6.2f} "
+            f"(x{b / nw:.2f})  new/old {nw / o:.3f}  exact bits {'same' if r['same_bits_exact'] else 'DIFFER'}")
 
 
 def sm90_under(tactic) -> Callable:
@@ -203,8 +257,10 @@ def quack_w4a16(w_data: torch.Tensor, w_scale: torch.Tensor, n: int, k: int):
 
 
 def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
-        ms: tuple[int, ...] | None = None, device: torch.device | None = None, rounds: int = 3) -> list[dict]:
-    """Every column's time per problem: the median of `rounds` interleaved rounds (each round times
+        ms: tuple[int, ...] | None = None, device: torch.device | None = None, rounds: int = 3,
+        shapes: tuple[tuple[int, int], ...] | None = None) -> list[dict]:
+    """Every column's time per problem (the weight shapes `shapes`, (N, K) pairs, default SHAPES:
+    Llama-3.1-70B's): the median of `rounds` interleaved rounds (each round times
     every column once, in turn), so that the GPU's clock, which its power limit moves with the
     work that ran just before, falls on every column alike."""
     if rounds < 1:
@@ -221,7 +277,7 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
            f"{'x bf16':>6} {'x fp8':>6} {'floor':>5} | {'sm90 us':>9} {'x bf16':>6} {'x quack':>7} | "
            f"{'quack us':>9} {'x quack':>7} | {'W4A4 us':>9} {'x bf16':>6} {'A4/A16':>6} | {'codes us':>9} {'A4/A16':>6}")
     print(hdr)
-    for n, k in SHAPES:
+    for n, k in shapes or SHAPES:
         # Every column cycles through copies of the operands one call reads (weights in memory of
         # their own, activations per Problem) until the set is 3x the L2 (timing.rotation), as a
         # model's layers do: no weight is still in the L2 from the call before.
@@ -278,17 +334,20 @@ def run(quick: bool = False, csv_path: str | None = None, tune: bool = False,
     return rows
 
 
-def run_tactics(m: int, n: int, k: int, csv_path: str | None, mode: str = "w4a16") -> list[dict]:
-    """Time every tactic of one problem (like a tactic sweep script) and write a CSV."""
+def run_tactics(m: int, n: int, k: int, csv_path: str | None, mode: str = "w4a16",
+                device: torch.device | None = None) -> list[dict]:
+    """Time every tactic of one problem (like a tactic sweep script), beside torch bf16 and fp8 over
+    rotating weight copies, and write a CSV."""
     from .tune import time_tactics
-    dev = torch.device("cuda")
+    dev = device or torch.device("cuda")
     p = Problem(m, n, k, nvfp4_weight(n, k, dev), dev)
     if mode == "w4a16":
         args = (p.a, p.w_data.T, None, p.w_scale.T, p.alpha)
     else:
         args = p.w4a4_args()
-    bf16, fp8 = _peers(m, n, k, torch.randn(n, k, device=dev, dtype=torch.bfloat16),
-                       torch.randn(n, k, device=dev).to(torch.float8_e4m3fn), dev)
+    w16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+    peers = _peers(m, n, k, bf16_copies(w16), bf16_copies(w16.to(torch.float8_e4m3fn)), dev)
+    bf16, fp8 = peers["bf16"](), peers["fp8"]()
     rows = []
     for t in ops.mm_fp4_tactics(*args):
         def launch(*a, tactic, t=t):

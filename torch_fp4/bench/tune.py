@@ -30,16 +30,17 @@ def time_tactics(candidates: Sequence, launch: Callable, args: tuple) -> list[tu
 
 
 def interleaved_rounds(candidates: Sequence, launch: Callable, args: tuple, rounds: int,
-                       peer: Callable) -> tuple[dict, list[float]]:
+                       peer: Callable[[], float]) -> tuple[dict, list[float]]:
     """A/B timing: `rounds` rounds of time_tactics over the candidates (every other round in
-    reverse order, so clock drift hits all alike) with the peer (a function of nothing, e.g. torch
-    bf16 matmul) timed once per round: ({tactic: [us per round]}, [peer us per round])."""
+    reverse order, so clock drift hits all alike) with the peer's timer (us per call, e.g.
+    bench.mm.bf16_timer: torch bf16 matmul over rotating weight copies) run once per round:
+    ({tactic: [us per round]}, [peer us per round])."""
     times: dict = {t: [] for t in candidates}
     peer_us = []
     for r in range(rounds):
         for t, us in time_tactics(candidates if r % 2 == 0 else candidates[::-1], launch, args):
             times[t].append(us)
-        peer_us.append(graph_time_us(peer, [()], repeats=3, budget_ms=10))
+        peer_us.append(peer())
     return times, peer_us
 
 

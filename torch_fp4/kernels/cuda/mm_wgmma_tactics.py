@@ -274,43 +274,70 @@ def _tactic_for(p: MmProblem, bm: int) -> Tactic:
     return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk, kg)
 
 
-MAX_CLUSTER_SPLIT = 2     # clusters of 4 or 8 one-CTA-per-SM CTAs do not all fit on the GPU at once
-FILL = 0.9                # share of the SMs a split-2 launch should occupy
+MAX_CLUSTER_SPLIT = 2     # a split-K launch of more CTAs per tile goes through _few_tiles
+FILL = 0.9                # share of the SMs a split-2 launch of 128-row tiles should occupy (long K)
 LONG_K_STEPS = 128        # K >= 8192: stream-K over every CTA slot ...
 SK_MAX_PARTS = 8          # ... while each tile's K steps go to at most about this many CTAs
+# Clusters of each size (the split) that one-CTA-per-SM CTAs can all hold at once on a Hopper GPU
+# of SM90_CLUSTER_SMS SMs (scaled by the SM count): a cluster's CTAs share one GPC, so a launch of
+# more of them runs a second wave at about twice the time. H200 (scripts/sweep_few_tiles.py;
+# docs/benchmarks/mm_small_weights_h200.txt, part D): 36 / 28 / 20 / 16 / 12 / 12 clusters of
+# 3 / 4 / 5 / 6 / 7 / 8 ran in one wave, 40 / 32 / 24 / 20 / 16 / 16 did not; these leave a tenth
+# of margin for GPUs whose GPCs hold fewer SMs. Pairs fill every SM.
+SM90_CLUSTER_SMS = 132
+SM90_CLUSTERS_AT_ONCE = {2: 66, 3: 32, 4: 25, 5: 18, 6: 14, 7: 11, 8: 11}
+# The fixed cost of one K step of one CTA (weight decode, barriers) in activation rows, for
+# choosing among few tiles' split-K launches: "sm90" weights, whose two K groups at block_m <= 64
+# hide more of it, and row-major weights (fitted to the sweep's 72 points per layout).
+FEW_TILES_FIXED_ROWS = {True: 16, False: 48}
+
+
+def clusters_at_once(split: int, sms: int) -> int:
+    """Clusters of `split` one-CTA-per-SM CTAs that run at once on `sms` SMs (SM90_CLUSTERS_AT_ONCE)."""
+    return SM90_CLUSTERS_AT_ONCE[split] * sms // SM90_CLUSTER_SMS
 
 
 def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
                packed: bool) -> tuple[int, int, int, bool]:
-    """(block_m, split_k, ctas_per_sm, stream_k) where the tiles are too few for split 2 to fill
-    the SMs (N <= ~5600 at M <= block_m), instead of `split` (4 or 8) CTAs along K per tile, whose
-    clusters of one-CTA-per-SM CTAs do not all fit on the GPU at once. H200, "sm90" weights,
-    against that split (BENCHMARKS.md, docs/benchmarks/mm_few_tiles_heuristic_h200.csv): long K,
-    every tile's steps over at most SK_MAX_PARTS CTAs: persistent stream-K over every slot (N x K
-    = 4096 x 14336, M = 32 / 128 / 256: 38.1 -> 26.1, 55.1 -> 35.5, 85.8 -> 55.4 us); else, of the
-    smaller block_m whose tiles fill the SMs at split 2, the one of the fewest padded rows and fixed
-    costs (m-tiles x (block_m + TILE_FIXED_ROWS); ties: the larger) (4096 x 4096 M = 64 / 128 / 256:
-    20.8 -> 13.9, 25.5 -> 15.9, 38.3 -> 20.2 us; 2048 x 4096 M = 128: 19.7 -> 13.6); else, at
-    block_m <= 64, two CTAs per SM with split-K up to one wave of them (2048 x 4096 M = 32: 14.9
-    -> 10.2, M = 64: 17.0 -> 11.7 us); else `split` (1024 x 4096 M = 128: 10.6 us, where stream-K
-    took 27.3: 16 CTAs' partials per tile). At block_m 256, block_m 128 at split 2 comes first
-    where its tiles fill the SMs (H200, 4096 x 14336 M = 256: stream-K 54.8 -> 50.2 us; at M = 64
-    and 128 stream-K stays ahead of half the block_m at split 2: 28.7 against 31.8, 35.8 against
-    36.6). block_m 160 to 224 take the same rule, not measured there."""
+    """(block_m, split_k, ctas_per_sm, stream_k) where the tiles of block_m `bm` are too few for
+    split 2 to fill the SMs (N <= ~5600 at M <= block_m), instead of `split` (3 to 8) CTAs along K
+    per tile. At block_m 256, block_m 128 at split 2 where its tiles fill FILL of the SMs (H200,
+    4096 x 14336 M = 256: stream-K 54.8 -> 50.2 us). Long K, every tile's steps over at most
+    SK_MAX_PARTS CTAs: persistent stream-K over every slot (H200, "sm90" weights, N x K = 4096 x
+    14336, M = 32 / 128 / 256: 38.1 -> 26.1, 55.1 -> 35.5, 85.8 -> 55.4 us against split 4;
+    docs/benchmarks/mm_few_tiles_heuristic_h200.csv). Else the one-CTA-per-SM split-K launch of
+    the least time per SM: of every block_m up to `bm` (128 at most: 256-row tiles at split 4
+    measured 14% slower than 128-row ones at split 2, 3072 x 4096 M = 256) and split 2 to 8 whose
+    clusters all run at once (clusters_at_once), the one of the fewest K steps per CTA times (block_m +
+    FEW_TILES_FIXED_ROWS of the layout), times the CTAs per SM where they outnumber the SMs (ties: the larger
+    block_m, then the fewer CTAs). H200, against the rule before (smaller block_m at split 2 where
+    it filled 90% of the SMs, else two CTAs per SM at block_m <= 64, else `split`), over 72 points
+    per layout of N = 512-4096, K = 3584-8192, M = 32-256 (scripts/sweep_few_tiles.py, every
+    split-K launch timed; docs/benchmarks/mm_small_weights_h200.txt, part D): "sm90" weights
+    1200.8 -> 1003.5 us in all (every launch's best: 977.4), row-major 1400.1 -> 1130.1 (best 1084.1); 3584 x 3584
+    M = 128: 24.1 -> 14.7 us ("sm90"), 29.6 -> 17.0 (row-major); 2048 x 4096 M = 96: 22.1 -> 13.3.
+    Before, the one-CTA-per-SM clusters of 4 to 8 that did not all fit at once ran a second wave
+    (2048 x 4096 M = 96: block_m 96 at split 8, 16 clusters of 8), and block_m 32 at split 2
+    decoded each weight tile four to eight times (3584 x 3584 M = 128)."""
     tiles = -(-m // bm) * n_tiles
-
-    def fills_at_split_2(b: int) -> bool:
-        return 2 * -(-m // b) * n_tiles >= FILL * sms
-    if bm > 128 and fills_at_split_2(128):
+    if bm > 128 and 2 * -(-m // 128) * n_tiles >= FILL * sms:
         return 128, 2, 1, False
     if -(-k // BLOCK_K) >= LONG_K_STEPS and tiles * SK_MAX_PARTS >= sms:
         return bm, 1, 1, True
-    fill = [b for b in BLOCK_MS if b < bm and fills_at_split_2(b)]
-    if fill:
-        return min(fill, key=lambda b: (-(-m // b) * (b + TILE_FIXED_ROWS), -b)), 2, 1, False
-    if bm <= TWO_CTA_MAX_BLOCK_M:
-        return bm, _split_for(tiles, k, 2 * sms, bm, 2, packed), 2, False
-    return bm, split, 1, False
+    best = None
+    for b in (b for b in BLOCK_MS if b <= min(bm, 128)):
+        clusters = -(-m // b) * n_tiles
+        steps = _steps(k, b, 1, packed)
+        sub_tiles = stage_k(b, 1, packed) // BLOCK_K
+        for s in range(2, MAX_SPLIT + 1):
+            if empty_k_slice(s, steps) or clusters > clusters_at_once(s, sms):
+                continue
+            cost = -(-clusters * s // sms) * (b + FEW_TILES_FIXED_ROWS[packed]) * -(-steps // s) * sub_tiles
+            if best is None or (cost, -b, s) < best[:3]:
+                best = (cost, -b, s)
+    if best is None:  # unreachable: block_m min(bm, 128) at split 2 makes fewer than SMs / 2 clusters here
+        return bm, split, 1, False
+    return -best[1], best[2], 1, False
 
 
 SK_MIN_IDLE = 0.10                 # idle share of the last wave's CTA slots that stream-K wins back
