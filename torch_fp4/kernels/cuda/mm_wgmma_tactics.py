@@ -256,8 +256,8 @@ def _tactic_for(p: MmProblem, bm: int) -> Tactic:
     weights (H200, against one K group in the same rounds: N x K = 8192 x 28672 M = 32 65.7 ->
     61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128, not
     compiled, the accumulators spilled: 97.6 -> 105.7 us). Where split 2 would leave the SMs
-    short (N <= ~5600 at M <= block_m), no split-K cluster of 4 or 8 one-CTA-per-SM CTAs:
-    _few_tiles (which may take another block_m)."""
+    short (N <= ~5600 at M <= block_m), _few_tiles (which may take another block_m and split, of
+    clusters that all run at once)."""
     m, n, k = p.m, p.n, p.k
     n_tiles = -(-n // ROWS)
     tiles = -(-m // bm) * n_tiles
