@@ -10,7 +10,7 @@ import torch
 import torch_fp4
 from torch_fp4 import formats as F
 from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, bf16_copies, bf16_timer, nvfp4_weight
+from torch_fp4.bench.mm import Problem, weight_copies, bf16_timer, nvfp4_weight
 from torch_fp4.bench.tune import interleaved_rounds
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
@@ -26,7 +26,7 @@ for m, n, k in cases:
         torch.cuda.empty_cache()
         w = nvfp4_weight(n, k, dev)
         weights[n, k] = (w, torch_fp4.prepack_weight(w[0]),
-                         bf16_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16)))
+                         weight_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16)))
     w, packed, w16 = weights[n, k]
     p = Problem(m, n, k, w, dev)
     args = (p.a, packed.T, None, p.w_scale.T, p.alpha)

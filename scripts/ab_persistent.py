@@ -9,7 +9,7 @@ import torch
 
 import torch_fp4
 from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, bf16_copies, bf16_timer, nvfp4_weight
+from torch_fp4.bench.mm import Problem, weight_copies, bf16_timer, nvfp4_weight
 from torch_fp4.bench.tune import interleaved_rounds
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 
@@ -23,7 +23,7 @@ for m, n, k in cases:
     p = Problem(m, n, k, w, dev)
     packed = torch_fp4.prepack_weight(w[0])
     args = (p.a, packed.T, None, p.w_scale.T, p.alpha)
-    w16 = bf16_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
+    w16 = weight_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
 
     def launch(*a, tactic):
         with tactics.use_tactic(tactic):

@@ -11,7 +11,7 @@ import statistics
 
 import torch
 
-from torch_fp4.bench.mm import bf16_copies, bf16_timer, parse_shapes
+from torch_fp4.bench.mm import weight_copies, bf16_timer, parse_shapes
 from torch_fp4.bench.timing import l2_bytes
 
 
@@ -24,7 +24,7 @@ def main():
     dev = torch.device("cuda")
     print(f"{torch.cuda.get_device_name(dev)}; L2 {l2_bytes(dev) / 2**20:.0f} MiB", flush=True)
     for n, k in parse_shapes(opt.shapes):
-        w16 = bf16_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
+        w16 = weight_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
         for m in map(int, opt.ms.split(",")):
             a = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
             timers = {"resident": bf16_timer(a, w16[:1]), "rotating": bf16_timer(a, w16)}

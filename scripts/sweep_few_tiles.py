@@ -15,7 +15,7 @@ import torch
 
 from torch_fp4 import formats as F
 from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, bf16_copies, bf16_timer, nvfp4_weight
+from torch_fp4.bench.mm import Problem, weight_copies, bf16_timer, nvfp4_weight
 from torch_fp4.bench.tune import time_tactics
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
@@ -50,7 +50,7 @@ def main():
     for n, k in zip(opt.nk[::2], opt.nk[1::2]):
         w = nvfp4_weight(n, k, dev)
         b_op = ops.prepack_weight(w[0]) if layout is F.WeightLayout.SM90 else w[0]
-        w16 = bf16_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
+        w16 = weight_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
         for m in (int(v) for v in opt.ms.split(",")):
             p = Problem(m, n, k, w, dev)
             args = (p.a, b_op.T, None, p.w_scale.T, p.alpha)

@@ -11,7 +11,7 @@ import torch
 
 from torch_fp4 import formats as F
 from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, bf16_copies, bf16_timer, nvfp4_weight
+from torch_fp4.bench.mm import Problem, weight_copies, bf16_timer, nvfp4_weight
 from torch_fp4.bench.tune import time_tactics
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
@@ -28,7 +28,7 @@ dev = torch.device("cuda")
 w = nvfp4_weight(n, k, dev)
 layout = F.WeightLayout(opt.layout) if F.sm90_layout_reason(n, k) is None else F.WeightLayout.ROW
 w_data = ops.prepack_weight(w[0]) if layout is F.WeightLayout.SM90 else w[0]
-w16 = bf16_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
+w16 = weight_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
 for m in (int(v) for v in opt.ms.split(",")):
     p = Problem(m, n, k, w, dev)
     args = (p.a, w_data.T, None, p.w_scale.T, p.alpha)

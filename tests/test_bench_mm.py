@@ -100,7 +100,7 @@ def test_bf16_peer_of_the_ab_scripts_cycles_through_weight_copies(monkeypatch):
     monkeypatch.setattr(B, "graph_time_us", run_each_input)
     monkeypatch.setattr(B, "rotation", lambda nbytes, device: 3)
     w16 = torch.randn(256, 128, dtype=torch.bfloat16)
-    copies = B.bf16_copies(w16)
+    copies = B.weight_copies(w16)
     assert len({c.data_ptr() for c in copies}) == 3 and all(torch.equal(c, w16) for c in copies)
     timer = B.bf16_timer(torch.randn(2, 128, dtype=torch.bfloat16), copies)
     assert timer() == 5.0

@@ -33,6 +33,9 @@ from .timing import copies, copy_bandwidth_gbs, graph_time_us, interleaved_media
 
 SHAPES = ((8192, 28672), (8192, 8192), (28672, 8192))          # (N, K) of Llama-3.1-70B
 
+MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+QUICK_MS = (1, 16, 128, 2048)
+
 
 def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
     """`--shapes` "N,K;N,K;..." (weight rows N, reduction length K) -> ((N, K), ...). N and K are
@@ -51,20 +54,18 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(shapes)
 
 
-def bf16_copies(w16: torch.Tensor) -> list[torch.Tensor]:
-    """w16 and copies of it in memory of their own, together 3x the L2 (timing.rotation)."""
-    return [c for c, in copies((w16,), rotation(w16.numel() * w16.element_size(), w16.device))]
+def weight_copies(w: torch.Tensor) -> list[torch.Tensor]:
+    """w and copies of it in memory of their own, together 3x the L2 (timing.rotation)."""
+    return [c for c, in copies((w,), rotation(w.numel() * w.element_size(), w.device))]
 
 
 def bf16_timer(a: torch.Tensor, w16s: list[torch.Tensor]) -> Callable[[], float]:
     """A timer (us per call) of torch's bf16 matmul of `a` by each of the weight copies `w16s` in
-    turn (bf16_copies), the peer column of the A/B scripts: its weights come from DRAM as the FP4
+    turn (weight_copies), the peer column of the A/B scripts: its weights come from DRAM as the FP4
     operands of time_tactics do, not from the L2 where one weight reused call after call would
     stay whenever it fits there."""
     inputs = [(w,) for w in w16s]
     return lambda: graph_time_us(lambda w: torch.matmul(a, w.T), inputs, repeats=3, budget_ms=10.0)
-MS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
-QUICK_MS = (1, 16, 128, 2048)
 
 
 def nvfp4_weight(n: int, k: int, device: torch.device, seed: int = 0):
@@ -176,7 +177,7 @@ class TacticWeight:
         sm90 = layout is F.WeightLayout.SM90
         self.w = nvfp4_weight(n, k, device)
         self.b = ops.prepack_weight(self.w[0]) if sm90 else self.w[0]
-        self.w16 = bf16_copies(torch.randn(n, k, device=device, dtype=torch.bfloat16))
+        self.w16 = weight_copies(torch.randn(n, k, device=device, dtype=torch.bfloat16))
         self.gen = torch.Generator().manual_seed(n + k)
         wd, ws, _ = grid_exact_operand(n, k, F.NVFP4, "128x4", self.gen)
         self.exact_b = (ops.prepack_weight(wd) if sm90 else wd).to(device)
@@ -346,7 +347,7 @@ def run_tactics(m: int, n: int, k: int, csv_path: str | None, mode: str = "w4a16
     else:
         args = p.w4a4_args()
     w16 = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
-    peers = _peers(m, n, k, bf16_copies(w16), bf16_copies(w16.to(torch.float8_e4m3fn)), dev)
+    peers = _peers(m, n, k, weight_copies(w16), weight_copies(w16.to(torch.float8_e4m3fn)), dev)
     bf16, fp8 = peers["bf16"](), peers["fp8"]()
     rows = []
     for t in ops.mm_fp4_tactics(*args):
