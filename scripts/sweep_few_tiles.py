@@ -14,9 +14,9 @@ import argparse
 import torch
 
 from torch_fp4 import formats as F
-from torch_fp4 import ops, tactics
-from torch_fp4.bench.mm import Problem, weight_copies, bf16_timer, nvfp4_weight
+from torch_fp4.bench.mm import TacticWeight
 from torch_fp4.bench.tune import time_tactics
+from torch_fp4.kernels._common import sm_count
 from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
 from torch_fp4.problems import MmProblem
 
@@ -45,30 +45,21 @@ def main():
     ap.add_argument("--layout", choices=("row", "sm90"), default="sm90")
     opt = ap.parse_args()
     dev = torch.device("cuda")
-    sms = torch.cuda.get_device_properties(dev).multi_processor_count
-    layout = F.WeightLayout(opt.layout)
+    sms = sm_count(dev)
     for n, k in zip(opt.nk[::2], opt.nk[1::2]):
-        w = nvfp4_weight(n, k, dev)
-        b_op = ops.prepack_weight(w[0]) if layout is F.WeightLayout.SM90 else w[0]
-        w16 = weight_copies(torch.randn(n, k, device=dev, dtype=torch.bfloat16))
+        wt = TacticWeight(n, k, dev, F.WeightLayout(opt.layout))
         for m in (int(v) for v in opt.ms.split(",")):
-            p = Problem(m, n, k, w, dev)
-            args = (p.a, b_op.T, None, p.w_scale.T, p.alpha)
-            prob = MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, layout)
+            p, args, prob = wt.problem(m)
             auto = WT.default(prob)
             cands = [auto] + [t for t in one_tile_launches(prob, sms) if t != auto]
-
-            def launch(*a, tactic):
-                with tactics.use_tactic(tactic):
-                    return ops.mm_fp4(*a, backend="cuda", weight_layout=layout.value)
-            res = time_tactics(cands, launch, args)
-            bf16 = bf16_timer(p.a, w16)()
-            print(f"== M={m} N={n} K={k} {layout.value} bf16 {bf16:.1f} us; default {auto.label()}", flush=True)
+            res = time_tactics(cands, wt.launch, args)
+            bf16 = wt.bf16(p)()
+            print(f"== M={m} N={n} K={k} {opt.layout} bf16 {bf16:.1f} us; default {auto.label()}", flush=True)
             for t, us in res:
                 ctas = -(-m // t.block_m) * -(-n // WT.ROWS) * t.split_k
                 print(f"{t.label():<100} ctas {ctas:4d} clusters {ctas // t.split_k:3d} {us:8.2f} us  x bf16 "
                       f"{bf16 / us:5.2f}{'  <- default' if t == auto else ''}", flush=True)
-        del w, b_op, w16
+        del wt
         torch.cuda.empty_cache()
 
 

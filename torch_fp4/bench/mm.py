@@ -42,12 +42,11 @@ def parse_shapes(text: str) -> tuple[tuple[int, int], ...]:
     positive and K a multiple of 16 (the NVFP4 block); anything else is refused by name."""
     shapes = []
     for item in (s.strip() for s in text.split(";")):
-        parts = item.split(",")
         try:
-            n, k = (int(v) for v in parts) if len(parts) == 2 else (None, None)
-        except ValueError:
-            n = k = None
-        if n is None or n < 1 or k < 16 or k % 16:
+            n, k = map(int, item.split(","))
+        except ValueError:   # not two integers
+            n = k = 0
+        if n < 1 or k < 16 or k % 16:
             raise ValueError(f"bench mm: --shapes expects 'N,K;N,K;...' with positive N and K a positive "
                              f"multiple of 16 (the NVFP4 block), got {item!r} in {text!r}")
         shapes.append((n, k))

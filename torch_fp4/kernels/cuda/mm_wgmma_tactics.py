@@ -324,20 +324,18 @@ def _few_tiles(m: int, n_tiles: int, k: int, sms: int, bm: int, split: int,
         return 128, 2, 1, False
     if -(-k // BLOCK_K) >= LONG_K_STEPS and tiles * SK_MAX_PARTS >= sms:
         return bm, 1, 1, True
-    best = None
+    launches = []   # (time per SM, -block_m, split): ties go to the larger block_m, then fewer CTAs
     for b in (b for b in BLOCK_MS if b <= min(bm, 128)):
         clusters = -(-m // b) * n_tiles
         steps = _steps(k, b, 1, packed)
-        sub_tiles = stage_k(b, 1, packed) // BLOCK_K
-        for s in range(2, MAX_SPLIT + 1):
-            if empty_k_slice(s, steps) or clusters > clusters_at_once(s, sms):
-                continue
-            cost = -(-clusters * s // sms) * (b + FEW_TILES_FIXED_ROWS[packed]) * -(-steps // s) * sub_tiles
-            if best is None or (cost, -b, s) < best[:3]:
-                best = (cost, -b, s)
-    if best is None:  # unreachable: block_m min(bm, 128) at split 2 makes fewer than SMs / 2 clusters here
+        step_cost = (b + FEW_TILES_FIXED_ROWS[packed]) * stage_k(b, 1, packed) // BLOCK_K
+        launches += [(-(-clusters * s // sms) * -(-steps // s) * step_cost, -b, s)
+                     for s in range(2, MAX_SPLIT + 1)
+                     if not empty_k_slice(s, steps) and clusters <= clusters_at_once(s, sms)]
+    if not launches:  # unreachable: block_m min(bm, 128) at split 2 makes fewer than SMs / 2 clusters here
         return bm, split, 1, False
-    return -best[1], best[2], 1, False
+    _, neg_b, s = min(launches)
+    return -neg_b, s, 1, False
 
 
 SK_MIN_IDLE = 0.10                 # idle share of the last wave's CTA slots that stream-K wins back
