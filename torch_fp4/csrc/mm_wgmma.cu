@@ -15,7 +15,8 @@
 //   copy, and per stage its 128x4 scale words by a bulk copy, all completing on the stage's "full" mbarrier, once the
 //   stage is "empty";
 // - each MMA thread reads the two weight rows of its A fragment (rows g and g + 8 of its warp's
-//   16) and their scale words, then per k16 step decodes its eight codes straight into the four
+//   16) and their scale words (in the 232-register kernels with stages of two sub-tiles, the next
+//   stage's a sub-tile ahead: read_scale_words), then per k16 step decodes its eight codes straight into the four
 //   bf16x2 / fp16x2 A registers of that step: exact (row-major weights: a byte permute places the
 //   two codes of a byte, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16);
 //   "sm90" weights: one 8-byte read per two steps, one to four integer instructions per register
