@@ -92,6 +92,7 @@
 #include "pdl.cuh"
 #include "mm_wgmma_schedule.cuh"
 #include "mm_wgmma_epilogue.cuh"
+#include "mm_wgmma_stage.cuh"
 #include "wgmma_ops.cuh"
 #include "wgmma_ptx.cuh"
 
@@ -103,7 +104,6 @@ using small_m::operand_params;
 using small_m::Params;
 using small_m::U128;
 
-constexpr int kBK = 64;            // K elements per sub-tile (one 128-byte-swizzled activation box)
 constexpr int kMaxSplit = 8;
 constexpr int kPairMinBM = 128;   // the split-2 kernel (Config::kPair) from this block_m up
 constexpr int kMaxStages = 12;
@@ -127,8 +127,6 @@ __host__ __device__ constexpr int stage_subs(int bm, int ctas, bool packed) {
 // [1 KiB barriers][stages | epilogue tile [block_m][rows + 4] fp32], or for persistent launches
 // [stages][per MMA warpgroup: epilogue staging [32][64 + 4] fp32, or two 4 KiB buffers of
 // [32][64] 16-bit outputs for the TMA stores (1 KiB aligned: the stages are whole KiB)].
-__host__ __device__ constexpr int act_sub_bytes(int bm) { return bm * kBK * 2; }
-__host__ __device__ constexpr int w_sub_bytes(int wg) { return 64 * wg * kBK / 2; }
 __host__ __device__ constexpr int stage_bytes(int bm, int wg, int subs) {
   return subs * (act_sub_bytes(bm) + w_sub_bytes(wg)) + 1024;
 }
@@ -195,173 +193,6 @@ struct Config {
   static_assert(kWG * 2 * kOutBuffer <= kWG * kChunkM * kStagePitch * 4,
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
 };
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// Byte c of word w (codes 2c, 2c + 1) -> a bf16x2 (fp16x2) word holding the two codes times
-// 2^-126 (2^-14): the permute (selector c | c << 4 | (c + 4) << 8 | (c + 4) << 12) puts byte c of w
-// in byte 0 and byte c of w >> 4 in byte 2, so the low nibbles of the two halves are the two
-// codes; then the placement of mm_small_m.cuh.
-template <bool kFp16>
-__device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
-  const uint32_t t = __byte_perm(w, w >> 4, sel);
-  if constexpr (kFp16) {
-    return ((t & 0x00070007u) << 9) | ((t << 12) & 0x80008000u);
-  } else {
-    return ((t & 0x000F000Fu) * 0x1040u) & 0x81C081C0u;
-  }
-}
-
-// Where an MMA thread reads inside a stage (shared-memory byte offsets from the stage's base; the
-// second sub-tile's weights kW bytes further), fixed for the whole kernel. Its A fragment rows are
-// r = 64 mwg + 16 warp + g and r + 8. Row layout: the FP4 tile row r is 32 bytes (K 0..63 of the
-// sub-tile) with its two 16-byte chunks swapped when bit 2 of r is set (TMA's 32-byte swizzle; row
-// r + 8 has the same swizzle, 256 bytes further); `sel` picks the thread's byte c = lane % 4 of
-// every word. "sm90" layout: the thread's 16 bytes are at 16 * (its MMA thread index) (word j: step
-// j). Either way eight rows of a warp's load are conflict-free and the four threads of a quad read
-// the same scale words (a broadcast): the scale word of row r in its 128-row group's 128x4 block
-// is word (r % 32) * 4 + (r / 32) % 4 (row r + 8: 32 words further) (NVFP4: the second sub-tile's
-// block 512 bytes further).
-template <class Cfg>
-struct FragmentSlot {
-  uint32_t lo, hi, scale, sel;
-  __device__ __forceinline__ FragmentSlot(int ct, int r, int c) {
-    constexpr uint32_t kW = Cfg::kSubs * act_sub_bytes(Cfg::kBM);  // the stage's weights
-    if constexpr (Cfg::kPacked) {
-      lo = small_m::opaque(kW + 16u * ct);
-      hi = small_m::opaque(lo + 8u);
-    } else {
-      lo = small_m::opaque(kW + r * 32 + (((r >> 2) & 1) << 4));
-      hi = small_m::opaque(lo ^ 16u);
-    }
-    scale = small_m::opaque(kW + Cfg::kSubs * Cfg::kW + (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4);
-    sel = small_m::opaque(static_cast<uint32_t>(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12)));
-  }
-};
-
-// One thread's operands of a 64-K sub-tile: the packed words of its rows r (w[0..7]: K 0..63) and
-// r + 8 (v[0..7]) (the "sm90" layout: w[j] holds step j's eight codes of both rows, v is unused),
-// their scale words, and the 16-bit multipliers of each k16 step's codes in those rows (mr[j],
-// mv[j]): the scale table entry, code * scale * 2^-7 for NVFP4 (a K block of 16 per step) or
-// code * scale for MXFP4 (a K block of 32 per two steps); zero past K (K is a multiple of 32). Loaded
-// in two halves of 32 K (steps 0-1: h = 0, with the scale words; steps 2-3: h = 1), each once the
-// previous sub-tile's use of those registers is over, so that the next sub-tile's shared-memory
-// reads overlap this one's last steps.
-struct StageOperands {
-  uint32_t w[8], v[8], mr[4], mv[4], sr, sv;
-  uint32_t nsr[2], nsv[2];  // stages of two sub-tiles: the scale words of the stage read next, read ahead
-};
-
-// Stages of two sub-tiles (kSubs 2): the scale words of the stage at `st` (both sub-tiles; MXFP4
-// one word for both), read into nsr / nsv a whole sub-tile before load_part takes them, so that its
-// scale-table reads wait on no other shared-memory read. (Read with each half 0 instead, the two
-// dependent reads did not finish within the two k16 steps ahead at block_m 128: 17% more cycles at
-// 128 x 8192 x 28672, H200.)
-template <class Cfg>
-__device__ __forceinline__ void read_scale_words(StageOperands& o, uint32_t st, const FragmentSlot<Cfg>& f) {
-#pragma unroll
-  for (int u = 0; u < (Cfg::kMx ? 1 : Cfg::kSubs); ++u) {
-    o.nsr[u] = lds32(st + f.scale + 512 * u);
-    o.nsv[u] = lds32(st + f.scale + 512 * u + 128);
-  }
-}
-
-// Half h of sub-tile u of the stage at `st` (K step kt of the piece: K from kt * kSK + 64 u + 32 h).
-// MXFP4's scale word covers 128 K: a stage of two sub-tiles reads it with the first.
-template <class Cfg, int u, int h>
-__device__ __forceinline__ void load_part(StageOperands& o, uint32_t st, uint32_t lut, int kt, int k,
-                                          const FragmentSlot<Cfg>& f) {
-  const uint32_t chunk = (h == 0 ? f.lo : f.hi) + u * Cfg::kW;
-  if constexpr (Cfg::kPacked) {
-    lds64(st + chunk, o.w[2 * h], o.w[2 * h + 1]);
-  } else {
-    const U128 a = lds128(st + chunk), c = lds128(st + chunk + 256);
-    o.w[4 * h] = a.x; o.w[4 * h + 1] = a.y; o.w[4 * h + 2] = a.z; o.w[4 * h + 3] = a.w;
-    o.v[4 * h] = c.x; o.v[4 * h + 1] = c.y; o.v[4 * h + 2] = c.z; o.v[4 * h + 3] = c.w;
-  }
-  if (h == 0 && (u == 0 || !Cfg::kMx)) {
-    if constexpr (Cfg::kEarlyScales) {
-      o.sr = o.nsr[u];
-      o.sv = o.nsv[u];
-    } else {
-      o.sr = lds32(st + f.scale + 512 * u);
-      o.sv = lds32(st + f.scale + 512 * u + 128);
-    }
-  }
-  const bool ok = (u == 0 && h == 0) || kt * Cfg::kSK + kBK * u + 32 * h < k;
-#pragma unroll
-  for (int j = 2 * h; j < 2 * h + 2; ++j) {
-    // Scale byte of step j: NVFP4 byte j (16-wide K blocks); MXFP4 byte 2 (64-K index % 2) + j / 2.
-    const int byte = !Cfg::kMx ? j : Cfg::kSubs == 2 ? 2 * u + h : 2 * (kt & 1) + h;
-    if (Cfg::kMx && (j & 1)) {
-      o.mr[j] = o.mr[j - 1];
-      o.mv[j] = o.mv[j - 1];
-    } else {
-      o.mr[j] = ok ? lds32(lut + 4 * ((o.sr >> (8 * byte)) & 0xFFu)) : 0u;
-      o.mv[j] = ok ? lds32(lut + 4 * ((o.sv >> (8 * byte)) & 0xFFu)) : 0u;
-    }
-  }
-}
-
-// Step j's A fragment: a[0] = row r, K 2c, 2c + 1 (byte c of word 2j); a[1] = row r + 8, same K;
-// a[2], a[3] = K 2c + 8, 2c + 9 (byte c of word 2j + 1). Exact 16-bit values.
-template <class Cfg>
-__device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperands& o, int j, uint32_t sel) {
-  const uint32_t m[4] = {o.mr[j], o.mv[j], o.mr[j], o.mv[j]};
-  uint32_t x[4];
-  if constexpr (Cfg::kPacked) {
-    if constexpr (Cfg::kFp16) {
-      small_m::place_sm90_f16(o.w[j], x);
-    } else {
-      small_m::place_sm90_bf16(o.w[j], x);
-    }
-  } else {
-    const uint32_t in[4] = {o.w[2 * j], o.v[2 * j], o.w[2 * j + 1], o.v[2 * j + 1]};
-#pragma unroll
-    for (int e = 0; e < 4; ++e) x[e] = decode_pair<Cfg::kFp16>(in[e], sel);
-  }
-#pragma unroll
-  for (int e = 0; e < 4; ++e) a[e] = small_m::apply_scale<Cfg>(x[e], m[e]);
-}
-
-// One stage's 4 kSubs k16 steps of an MMA thread (stage at `st`, K step kt), on `ops` (its first
-// sub-tile's, read during the previous stage): per step decode into its A registers (at most three
-// steps are in flight there, so frag[j % 4]'s last reader, four steps back, has completed), the
-// wgmma m64nNk16 (K 16 j.. of the stage; the second sub-tile's activations a box further) as
-// one commit group, and a wait down to three groups in flight. Once a half's operands are spent
-// (after steps 1 and 3 of a sub-tile) the next sub-tile's are read: this stage's second, or the
-// next stage's first (at `nst`, K step nkt). After step 2 only this stage's steps are in flight, so
-// the previous stage goes back to the producer (its empty barrier `prev_empty`, when `release`).
-// A predicated release, not a branch: ptxas would serialize wgmmas around a branch.
-template <class Cfg>
-__device__ __forceinline__ void stage_steps(float (&acc)[Cfg::kAcc], uint32_t (&frag)[4][4], StageOperands& ops,
-                                            const FragmentSlot<Cfg>& slot, uint64_t desc, uint32_t st, int kt,
-                                            uint32_t nst, uint32_t lut, int nkt, int k, uint32_t prev_empty,
-                                            bool release) {
-#pragma unroll
-  for (int j = 0; j < 4 * Cfg::kSubs; ++j) {
-    const int u = j / 4, q = j % 4;
-    decode_step<Cfg>(frag[q], ops, q, slot.sel);
-    wgmma_fence();
-    WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, frag[q], desc + u * (act_sub_bytes(Cfg::kBM) >> 4) + 2 * q);
-    wgmma_commit();
-    const bool last_sub = u + 1 == Cfg::kSubs;
-    if (q == 1) {
-      if (last_sub) load_part<Cfg, 0, 0>(ops, nst, lut, nkt, k, slot);
-      else load_part<Cfg, 1, 0>(ops, st, lut, kt, k, slot);
-    }
-    if (q == 3) {
-      if (last_sub) load_part<Cfg, 0, 1>(ops, nst, lut, nkt, k, slot);
-      else load_part<Cfg, 1, 1>(ops, st, lut, kt, k, slot);
-      if (Cfg::kEarlyScales && u == 0) read_scale_words<Cfg>(ops, nst, slot);  // this stage's are taken
-    }
-    wgmma_wait<3>();
-    if (j == 2) {
-      __syncwarp();
-      release_stage(prev_empty, release);
-    }
-  }
-}
-#endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // The producer warpgroup's loaders, each one thread (lane 0 of its warp) running the CTA's work
 // list on its own: 0 loads the activation tile by TMA (one box per 64-K sub-tile), 1 the FP4
