@@ -32,6 +32,9 @@ def main() -> None:
     ap.add_argument("--act", choices=("bf16", "fp16"), default="bf16")
     ap.add_argument("--lib", help="NAME=PATH: this build of cuda library NAME")
     args = ap.parse_args()
+    if args.which != "ours" and (args.layout, args.format) != ("sm90", "nvfp4"):
+        ap.error(f"--layout and --format apply to ours only, got {args.which} with --layout {args.layout} "
+                 f"--format {args.format}")
     m, n, k = args.m, args.n, args.k
     dev = torch.device("cuda")
     if args.lib:
