@@ -6,7 +6,9 @@ no ptxas serialization of the wgmmas (warning C7513); one pass of each main loop
 mirrored); the main loop on "sm90" weights at least 15% shorter per HGMMA than on row-major ones,
 and with two K groups no longer than with one and free of R2UR (descriptors in uniform
 registers); the split-2 kernels at every block_m from 128 with main loops as short as the others';
-every mbarrier wait sleeps on a suspend-time hint between phase checks. It compiles to
+every mbarrier wait sleeps on a suspend-time hint between phase checks; the kernels whose stages
+hold two sub-tiles form the multipliers in the producer's converting warps (NVFP4 by the e4m3
+conversion instruction) and read at most 1.5 shared-memory words per HGMMA in the main loop. It compiles to
 a stub for sm_100a (wgmma is Hopper-only).
 Skipped without nvcc or a disassembler."""
 import re
@@ -125,3 +127,19 @@ def test_main_loops_sm90_layout_and_two_k_groups(tmp_path):
     assert len(pairs) == len(wide) * len({cfg[1:4] for cfg in loops}), pairs
     for cfg in pairs:
         assert len(loops[cfg + (1,)]) <= len(loops[cfg + (0,)]) + 4, (cfg, len(loops[cfg + (1,)]), len(loops[cfg + (0,)]))
+    # Stages of two sub-tiles (Config's kConvert): the producer's converting warps form the
+    # multipliers, NVFP4 by the hardware's e4m3 conversion (in exactly those kernels), and the MMA
+    # threads' main loop reads only weight words and one 8-byte word of multipliers per half sub-tile:
+    # at most 1.5 shared-memory reads per HGMMA, against 3 or more with the scale-table reads.
+    convert = {}
+    for func in re.split(r"\n\s*Function : ", sass)[1:]:
+        cfg = re.search(r"ConfigILi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)ELi(\d)ELb(\d)E", func.split("\n")[0])
+        if cfg is not None:
+            convert[tuple(int(v) for v in cfg.groups())] = "F2FP.F16.E4M3.UNPACK_B" in func
+    assert convert.keys() == loops.keys()
+    for (bm, fp16, mx, packed, ctas, kg, pair), loop in loops.items():
+        two = WT.stage_k(bm, ctas, bool(packed)) == 2 * WT.BLOCK_K
+        assert convert[(bm, fp16, mx, packed, ctas, kg, pair)] == (two and not mx), (bm, fp16, mx, packed, ctas)
+        reads = sum(bool(re.match(r"\s*(@!?U?P\d+\s+)?LDS", b)) for b in loop) / sum("HGMMA" in b for b in loop)
+        assert (reads <= 1.5) == two, (bm, fp16, mx, packed, ctas, kg, pair, reads)
+

@@ -242,10 +242,11 @@ def test_problem_limits():
 
 def test_smem_mirror_of_the_kernel():
     """smem_bytes in mm_wgmma.cu: 3 KiB + max(stages x stage, epilogue tile); a stage is its 64-K
-    sub-tiles' activations and weights, then one 1 KiB scale slot."""
+    sub-tiles' activations and weights, then a 1 KiB slot per sub-tile (the scale words, and with
+    two sub-tiles then their multipliers)."""
     one = dict(ctas_per_sm=1, packed=True)
     assert WT.stage_bytes(256, **one) == 256 * 128 + 128 * 32 + 1024
-    assert WT.stage_bytes(64, **one) == 2 * (64 * 128 + 128 * 32) + 1024
+    assert WT.stage_bytes(64, **one) == 2 * (64 * 128 + 128 * 32 + 1024)
     assert WT.stage_bytes(64, ctas_per_sm=1, packed=False) == 64 * 128 + 128 * 32 + 1024
     assert WT.smem_bytes(64, 3, **one) == 3 * 1024 + 3 * WT.stage_bytes(64, **one)
     assert WT.smem_bytes(256, 2, **one) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger

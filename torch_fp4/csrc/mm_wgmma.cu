@@ -14,9 +14,13 @@
 //   "sm90" layout (docs/NUMERICS.md 4b), the stage's contiguous 4 KiB per sub-tile by one bulk
 //   copy, and per stage its 128x4 scale words by a bulk copy, all completing on the stage's "full" mbarrier, once the
 //   stage is "empty";
+// - in the kernels with stages of two 64-K sub-tiles (kConvert), the producer warpgroup's warps 2
+//   and 3 turn each stage's scale words, once they landed (on a barrier of their own, copied ahead
+//   of the stage's tiles), into the 16-bit multipliers in their place (convert_stages: once per
+//   CTA, not per thread of each quad that reads them; NVFP4 by the hardware's e4m3 conversion,
+//   without the scale table) and mark the stage "ready", which the MMA warps wait for beside "full";
 // - each MMA thread reads the two weight rows of its A fragment (rows g and g + 8 of its warp's
-//   16) and their scale words (in the 232-register kernels with stages of two sub-tiles, the next
-//   stage's a sub-tile ahead: read_scale_words), then per k16 step decodes its eight codes straight into the four
+//   16) and their scale words (kConvert: their multipliers), then per k16 step decodes its eight codes straight into the four
 //   bf16x2 / fp16x2 A registers of that step: exact (row-major weights: a byte permute places the
 //   two codes of a byte, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16);
 //   "sm90" weights: one 8-byte read per two steps, one to four integer instructions per register
@@ -122,13 +126,14 @@ __host__ __device__ constexpr int stage_subs(int bm, int ctas, bool packed) {
 
 // Shared-memory geometry of a tile: block_m activation rows, 64 * wg weight rows (wg MMA
 // warpgroups). Stage: [activations of each sub-tile (128-byte swizzle, 1 KiB aligned)][FP4
-// weights of each sub-tile][1 KiB slot of the stage's 128x4 scale words (NVFP4: 512 bytes per
-// 64 K and 128 rows, MXFP4: 512 per 128 K)]. Smem: [1 KiB alignment slack][1 KiB scale table]
+// weights of each sub-tile][1 KiB per sub-tile: the stage's 128x4 scale words (NVFP4: 512 bytes per
+// 64 K and 128 rows, MXFP4: 512 per 128 K), with two sub-tiles then in their place the
+// multipliers (convert_stages)]. Smem: [1 KiB alignment slack][1 KiB scale table]
 // [1 KiB barriers][stages | epilogue tile [block_m][rows + 4] fp32], or for persistent launches
 // [stages][per MMA warpgroup: epilogue staging [32][64 + 4] fp32, or two 4 KiB buffers of
 // [32][64] 16-bit outputs for the TMA stores (1 KiB aligned: the stages are whole KiB)].
 __host__ __device__ constexpr int stage_bytes(int bm, int wg, int subs) {
-  return subs * (act_sub_bytes(bm) + w_sub_bytes(wg)) + 1024;
+  return subs * (act_sub_bytes(bm) + w_sub_bytes(wg) + 1024);
 }
 __host__ __device__ constexpr int xchg_bytes(int wg, int kg) { return kg == 1 ? 0 : wg * kXchgAcc * 128 * 4; }
 __host__ __device__ constexpr int smem_bytes(int bm, int wg, int subs, int stages, bool persistent, int kg) {
@@ -184,9 +189,14 @@ struct Config {
   // Chunks per thread and round of the one-tile epilogue's store loop: 4 where the MMA threads
   // have 232 registers, 2 in the 96 / 104-register kernels (4 spills there).
   static constexpr int kEpiBatch = kMmaRegs >= 232 ? 4 : 2;
-  // Stages of two sub-tiles read their scale words a sub-tile ahead (read_scale_words), where the
-  // MMA threads have 232 registers (the four more spilled in the 104-register two-K-group kernels).
-  static constexpr bool kEarlyScales = kSubs == 2 && kMmaRegs >= 232;
+  // Stages of two sub-tiles: the producer's warps 2 and 3 convert the scale words into multipliers
+  // (convert_stages). At one sub-tile per stage (block_m >= 160, row-major weights at block_m
+  // <= 96, two CTAs per SM at block_m 64) each MMA thread forms its own from the scale table:
+  // 1024 x 8192 x 8192 (block_m 256) took 2.5% more cycles with the conversion (BENCHMARKS.md).
+  static constexpr bool kConvert = kSubs == 2;
+  // Loaders, each lane 0 of its warp: activations, weights (and with kConvert the scale words),
+  // and without kConvert the scale words.
+  static constexpr int kLoaders = kConvert ? 2 : 3;
   static_assert(kBM_ % kChunkM == 0, "the persistent epilogue stores whole 32-row chunks");
   static_assert(!kPair_ || (kKG_ == 1 && kCtas_ == 1 && kBM_ >= kPairMinBM),
                 "the split-2 epilogue: one K group, one CTA per SM, block_m >= 128");
@@ -194,18 +204,109 @@ struct Config {
                 "the TMA-store epilogue's two 16-bit buffers per warpgroup fit its fp32 staging area");
 };
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The NVFP4 multipliers of scale bytes 2h and 2h + 1 of `word` (low half: byte 2h), without the
+// scale table: the hardware's exact e4m3 -> f16 conversion (every e4m3 value is a normal f16 or
+// zero, NaN stays NaN), then times 2^7 in f16 (fp16 activations), or through f32 times 2^119 to
+// bf16 (4 significant bits: exact): the scale table's entries (scale_table_entry), NaN payloads aside.
+template <bool kFp16>
+__device__ __forceinline__ uint32_t nvfp4_multipliers(uint32_t word, int h) {
+  const uint16_t pair = static_cast<uint16_t>(h ? word >> 16 : word);
+  uint32_t x, d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(x) : "h"(pair));
+  if constexpr (kFp16) {
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(x), "r"(0x58005800u));  // 2^7 twice
+  } else {
+    float lo, hi;
+    asm("{.reg .b16 l, u;\nmov.b32 {l, u}, %2;\ncvt.f32.f16 %0, l;\ncvt.f32.f16 %1, u;}" : "=f"(lo), "=f"(hi) : "r"(x));
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi * 0x1p119f), "f"(lo * 0x1p119f));
+  }
+  return d;
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// kConvert: the producer warpgroup's warps 2 and 3 (cw 0, 1), per stage, once its scale words
+// landed ("scales", copied ahead of its tiles): the 16-bit multipliers of each sub-tile in place of
+// the stage's scale words (multiplier_offset, mm_wgmma_stage.cuh), then one arrival per lane on the
+// stage's "ready" mbarrier, which the MMA warps wait for beside "full". Each multiplier is formed
+// once per CTA, not by every thread of the quads that read it. Lane l of warp cw takes the row pair
+// 32 cw + l (rows 16 (l / 8) + l % 8 + 64 cw and 8 further): it reads their scale words of the
+// whole stage (NVFP4: byte j of a sub-tile's word is k16 step j's block; MXFP4: one word per 128 K,
+// byte 2 (64-K index % 2) + h per half), waits for both warps (the words and the multipliers share
+// the slot), and only then overwrites them: NVFP4 by nvfp4_multipliers, MXFP4 from the scale table.
+// K blocks past K get a zero multiplier.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <class Cfg>
+__device__ __forceinline__ void convert_stages(const Params& p, const Schedule& sc, int stages, uint32_t scales,
+                                               uint32_t ready, uint32_t pipe, uint32_t lut, int cw) {
+  int cta, rank;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(rank));
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int k = small_m::opaque(static_cast<int>(p.k));
+  const int n_tiles = (small_m::opaque(static_cast<int>(p.n)) + Cfg::kRows - 1) / Cfg::kRows;
+  const int tiles = (k + Cfg::kSK - 1) / Cfg::kSK;
+  const int kt0 = rank * p.steps_per_split, kt1 = min(tiles, kt0 + p.steps_per_split);
+  constexpr int kWords = Cfg::kMx ? 1 : Cfg::kSubs;  // scale words per row and stage
+  // Rows r and r + 8 of the lane's pair (32 cw + lane): their scale words' offsets.
+  uint32_t woff[2];
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    const int r = 16 * (lane >> 3) + (lane & 7) + 8 * q + 64 * cw;
+    woff[q] = static_cast<uint32_t>(((r & 31) * 4 + ((r >> 5) & 3)) * 4);
+  }
+  int s = 0, phase = 0;
+  WorkList list(sc, cta);
+  for (Work w; list.next(sc, p, n_tiles, kt0, kt1, w);) {
+#pragma unroll 1
+    for (int kt = w.kb; kt < w.ke; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
+      mbar_wait(scales + 8 * s, phase);
+      const uint32_t slot = pipe + s * Cfg::kStage + Cfg::kSubs * (act_sub_bytes(Cfg::kBM) + Cfg::kW);
+      uint32_t word[kWords][2];
+#pragma unroll
+      for (int u = 0; u < kWords; ++u)
+#pragma unroll
+        for (int q = 0; q < 2; ++q) word[u][q] = lds32(slot + 512 * u + woff[q]);
+      // Every lane's words of both warps read before any write: the two warps' words and
+      // multipliers share the slot.
+      asm volatile("bar.sync 15, 64;" ::: "memory");  // named barrier 15: the converting warps alone
+#pragma unroll
+      for (int u = 0; u < Cfg::kSubs; ++u)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const bool ok = (u == 0 && h == 0) || kt * Cfg::kSK + kBK * u + 32 * h < k;
+          uint32_t m2[2];
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            const uint32_t wd = word[Cfg::kMx ? 0 : u][t];
+            if constexpr (!Cfg::kMx) {
+              m2[t] = ok ? nvfp4_multipliers<Cfg::kFp16>(wd, h) : 0u;
+            } else {
+              const int byte = Cfg::kSubs == 2 ? 2 * u + h : 2 * (kt & 1) + h;  // both steps' block
+              m2[t] = ok ? lds32(lut + 4 * ((wd >> (8 * byte)) & 0xFFu)) : 0u;  // the entry, twice
+            }
+          }
+          sts64(slot + 1024 * u + 512 * h + 8 * (lane + 32 * cw), m2[0], m2[1]);
+        }
+      // The stage's next bytes come by the async proxy (the loaders' copies): order these writes first.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      mbar_arrive(ready + 8 * s);
+    }
+  }
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 // The producer warpgroup's loaders, each one thread (lane 0 of its warp) running the CTA's work
 // list on its own: 0 loads the activation tile by TMA (one box per 64-K sub-tile), 1 the FP4
 // weight tile (TMA per sub-tile, or for "sm90" weights the stage's contiguous 4 KiB per sub-tile
 // by one bulk copy), 2 the stage's 128x4 scale words by one bulk copy (NVFP4: 512 bytes per
-// sub-tile, whose blocks are contiguous; MXFP4: the 512-byte block of 128 K). Per stage each waits
+// sub-tile, whose blocks are contiguous; MXFP4: the 512-byte block of 128 K; with kConvert loader 1
+// copies them first, on the stage's "scales" barrier, three rows of kMaxStages after "full"). Per stage each waits
 // until the stage is empty, then arrives on its "full" barrier announcing its bytes and issues its copies
 // (the barrier completes once all three arrived and every byte landed): three threads in parallel
 // instead of one serial chain of waits, address arithmetic and copies per stage. Where the stage's
 // second sub-tile lies past K (K % 128 == 64), the TMA boxes read zeros and the bulk copies, which
 // have no bounds, skip it; its steps multiply those zeros by zero scales.
-constexpr int kLoaders = 3;
-
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <class Cfg, int kLoader>
 __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CUtensorMap& tail_map,
@@ -252,6 +353,12 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
         tma_2d(st, a_map, bar, k0, m0);
         if (Cfg::kSubs == 2) tma_2d(st + act_sub_bytes(Cfg::kBM), a_map, bar, k0 + kBK, m0);
       } else if constexpr (kLoader == 1) {
+        if constexpr (Cfg::kConvert) {
+          const int block = Cfg::kMx ? k0 / 128 : k0 / kBK;
+          const uint32_t s_bytes = !Cfg::kMx && two ? 1024 : 512, s_bar = bar + 24 * kMaxStages;
+          mbar_expect_tx(s_bar, s_bytes);
+          bulk_copy(wt + Cfg::kSubs * Cfg::kW, s_src + static_cast<int64_t>(block) * 512, s_bytes, s_bar);
+        }
         if constexpr (Cfg::kPacked) {
           const uint32_t bytes = (two ? 2 : 1) * Cfg::kW;
           mbar_expect_tx(bar, bytes);
@@ -274,6 +381,16 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// An MMA thread's wait for a stage: its activations, weights and scale words landed ("full", at
+// `full`), and with kConvert its multipliers are written ("ready", two rows of kMaxStages further).
+template <class Cfg>
+__device__ __forceinline__ void stage_wait(uint32_t full, uint32_t parity) {
+  mbar_wait(full, parity);
+  if constexpr (Cfg::kConvert) mbar_wait(full + 16 * kMaxStages, parity);
+}
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
     wgmma_mm_kernel(const __grid_constant__ CUtensorMap act_map, const __grid_constant__ CUtensorMap tail_map,
@@ -284,8 +401,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   extern __shared__ char smem_raw[];
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
+  // The stages' barriers: "full" (the stage's bytes landed), "empty" (its MMA warps are done with
+  // it); with kConvert a row of kMaxStages each: full, empty, "ready" (its multipliers are written,
+  // convert_stages), "scales" (its scale words landed).
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + 1024);
-  uint64_t* empty = full + stages;
+  uint64_t* empty = full + (Cfg::kConvert ? kMaxStages : stages);
+  uint64_t* ready = full + 2 * kMaxStages;
+  uint64_t* scales = full + 3 * kMaxStages;
   const uint32_t xchg = smem_u32(smem + 2048);  // two K groups' exchange area (kXchg bytes)
   char* pipe = smem + 2048 + Cfg::kXchg;
   const int tid = static_cast<int>(threadIdx.x);
@@ -300,8 +422,12 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   for (int i = tid; i < 256; i += Cfg::kThreads) lut[i] = small_m::scale_table_entry<Cfg>(static_cast<uint32_t>(i));
   if (tid == 0) {
     for (int s = 0; s < stages; ++s) {
-      mbar_init(full + s, kLoaders);  // each loader arrives with its bytes
+      mbar_init(full + s, Cfg::kLoaders);  // each loader arrives with its bytes
       mbar_init(empty + s, Cfg::kEpi / 32);  // one arrival per MMA warp of the stage's K group
+      if (Cfg::kConvert) {
+        mbar_init(ready + s, 64);  // one arrival per lane of the two converting warps
+        mbar_init(scales + s, 1);  // loader 1 arrives with the scale words
+      }
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -311,14 +437,17 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   // alike, so a cluster leaves whole) has nothing to do.
   if (!persistent && p.block_expert != nullptr && __ldg(p.block_expert + cta / n_tiles) < 0) return;
 
-  if (tid < 128) {  // producer warpgroup: lane 0 of warps 0, 1, 2 (kLoaders)
+  if (tid < 128) {  // producer warpgroup: lane 0 of warps 0, 1 (and 2 without kConvert): loaders
     asm volatile("setmaxnreg.dec.sync.aligned.u32 40;");
     const int loader = tid >> 5;
     if ((tid & 31) == 0) {
       const uint32_t f = smem_u32(full), e = smem_u32(empty), d = smem_u32(pipe);
       if (loader == 0) load_stages<Cfg, 0>(act_map, tail_map, w_map, p, sc, stages, f, e, d);
       if (loader == 1) load_stages<Cfg, 1>(act_map, tail_map, w_map, p, sc, stages, f, e, d);
-      if (loader == 2) load_stages<Cfg, 2>(act_map, tail_map, w_map, p, sc, stages, f, e, d);
+      if (!Cfg::kConvert && loader == 2) load_stages<Cfg, 2>(act_map, tail_map, w_map, p, sc, stages, f, e, d);
+    }
+    if (Cfg::kConvert && loader >= 2) {  // warps 2 and 3, every lane
+      convert_stages<Cfg>(p, sc, stages, smem_u32(scales), smem_u32(ready), smem_u32(pipe), smem_u32(lut), loader - 2);
     }
     __syncwarp();  // lane 0 rejoins its warp: the cluster barriers are warp-aligned
     if (splits > 1) {
@@ -343,13 +472,13 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   const uint32_t pipe_addr = smem_u32(pipe);
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
   StageOperands ops;
-  const uint32_t full_addr = small_m::opaque(smem_u32(full)), empty_addr = small_m::opaque(smem_u32(empty));
+  const uint32_t full_addr = small_m::opaque(smem_u32(full));
+  const uint32_t empty_addr = Cfg::kConvert ? full_addr + 8 * kMaxStages : small_m::opaque(smem_u32(empty));
   WorkList list(sc, cta);
   Work w{0, 0, 0, 0};
   bool have = list.next(sc, p, n_tiles, kt0, kt1, w);
   if (Cfg::kKG == 1 && have && w.kb < w.ke) {
-    mbar_wait(full_addr, 0);
-    if constexpr (Cfg::kEarlyScales) read_scale_words<Cfg>(ops, pipe_addr, slot);
+    stage_wait<Cfg>(full_addr, 0);
     load_part<Cfg, 0, 0>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
     load_part<Cfg, 0, 1>(ops, pipe_addr, lut_addr, w.kb, p.k, slot);
   }
@@ -381,8 +510,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
         sp ^= ss == 0;
       }
       if (kt < cur.ke) {
-        mbar_wait(full_addr + 8 * ss, sp);
-        if constexpr (Cfg::kEarlyScales) read_scale_words<Cfg>(ops, pipe_addr + ss * kStage, slot);
+        stage_wait<Cfg>(full_addr + 8 * ss, sp);
         load_part<Cfg, 0, 0>(ops, pipe_addr + ss * kStage, lut_addr, kt, p.k, slot);
         load_part<Cfg, 0, 1>(ops, pipe_addr + ss * kStage, lut_addr, kt, p.k, slot);
       }
@@ -398,7 +526,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
         const bool last = kt + 2 >= cur.ke;
         const int nkt = last ? kt : kt + 2;
         const uint32_t nst = pipe_addr + (last ? ss : ns) * kStage;
-        mbar_wait(full_addr + 8 * (last ? ss : ns), last ? sp : np);
+        stage_wait<Cfg>(full_addr + 8 * (last ? ss : ns), last ? sp : np);
         stage_steps<Cfg>(acc, frag, ops, slot, desc, st, kt, nst, lut_addr, nkt, p.k, empty_addr + 8 * prev,
                          prev >= 0 && lane == 0);
         prev = ss;
@@ -421,7 +549,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
       const int nkt = tile_end ? (more ? w.kb : cur.kb) : kt + 1;
       const int ns = s + 1 == stages ? 0 : s + 1;
       const uint32_t nst = pipe_addr + ns * kStage;
-      mbar_wait(full_addr + 8 * ns, phase ^ (ns == 0) ^ (tile_end && !more));
+      stage_wait<Cfg>(full_addr + 8 * ns, phase ^ (ns == 0) ^ (tile_end && !more));
       stage_steps<Cfg>(acc, frag, ops, slot, desc, st, kt, nst, lut_addr, nkt, p.k, empty_addr + 8 * prev,
                        prev >= 0 && lane == 0);
     }
@@ -482,11 +610,14 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
 
     // One tile per CTA: every consumer is past the pipeline before the tile overwrites it.
     consumer_sync<Cfg>();
-    float* part = reinterpret_cast<float*>(pipe);
+    float* const part = reinterpret_cast<float*>(pipe);
+    // The thread's base in the tile, formed here (opaque): hoisted above the main loop, the 64-bit
+    // pointer stayed live through it and spilled in the 104-register kernels with kConvert.
+    float* const mine = part + small_m::opaque(2 * c * Cfg::kPitch + r0);
 #pragma unroll
     for (int j = 0; j < Cfg::kAcc / 4; ++j)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) part[(8 * j + 2 * c + (e & 1)) * Cfg::kPitch + r0 + 8 * (e >> 1)] = acc[4 * j + e];
+      for (int e = 0; e < 4; ++e) mine[(8 * j + (e & 1)) * Cfg::kPitch + 8 * (e >> 1)] = acc[4 * j + e];
     if (splits > 1) {
       cluster_sync_all();
     } else {

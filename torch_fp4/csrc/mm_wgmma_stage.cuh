@@ -1,6 +1,6 @@
 // The Hopper GEMM's (mm_wgmma.cu) MMA threads at one stage of the ring: where a thread reads
-// inside a stage, its operands of a 64-K sub-tile (weight words, scale words, the scale-table
-// multipliers), the decode of a k16 step's codes into wgmma's register A operand, and one stage's
+// inside a stage, its operands of a 64-K sub-tile (weight words; the scale-table multipliers from
+// the scale words, or as the converting warps wrote them), the decode of a k16 step's codes into wgmma's register A operand, and one stage's
 // k16 steps with their wgmmas, operand reads for the next sub-tile and the stage's release. Every
 // template takes the kernel's Config as Cfg.
 #pragma once
@@ -37,6 +37,14 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
   }
 }
 
+// The 16-bit multipliers of a sub-tile where the converting warps wrote them (kConvert; 1 KiB
+// after the stage's weights, sub-tile u's u KiB further): per half h (32 K: k16 steps 2h, 2h + 1)
+// 512 bytes, in them per row pair (r, r + 8) (r % 16 < 8) 8 bytes at 8 pair(r),
+// pair(r) = 8 (r / 16) + r % 16: the multipliers of r at steps 2h (low half) and 2h + 1, then those
+// of r + 8. Each is the scale-table entry of its block's scale, zero for K blocks past K.
+__host__ __device__ constexpr int multiplier_pair(int r) { return 8 * (r >> 4) + (r & 7); }
+__host__ __device__ constexpr int multiplier_offset(int r) { return 8 * multiplier_pair(r); }
+
 // Where an MMA thread reads inside a stage (shared-memory byte offsets from the stage's base; the
 // second sub-tile's weights kW bytes further), fixed for the whole kernel. Its A fragment rows are
 // r = 64 mwg + 16 warp + g and r + 8. Row layout: the FP4 tile row r is 32 bytes (K 0..63 of the
@@ -44,9 +52,11 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
 // r + 8 has the same swizzle, 256 bytes further); `sel` picks the thread's byte c = lane % 4 of
 // every word. "sm90" layout: the thread's 16 bytes are at 16 * (its MMA thread index) (word j: step
 // j). Either way eight rows of a warp's load are conflict-free and the four threads of a quad read
-// the same scale words (a broadcast): the scale word of row r in its 128-row group's 128x4 block
-// is word (r % 32) * 4 + (r / 32) % 4 (row r + 8: 32 words further) (NVFP4: the second sub-tile's
-// block 512 bytes further).
+// the same scale words or multipliers (a broadcast). `scale`: the scale word of row r in its
+// 128-row group's 128x4 block is word (r % 32) * 4 + (r / 32) % 4 (row r + 8: 32 words further)
+// (NVFP4: the second sub-tile's block 512 bytes further); where the stage's multipliers were
+// converted (kConvert), the 8 bytes of rows r and r + 8 at multiplier_offset(r), eight quads' 64
+// contiguous bytes.
 template <class Cfg>
 struct FragmentSlot {
   uint32_t lo, hi, scale, sel;
@@ -59,7 +69,8 @@ struct FragmentSlot {
       lo = small_m::opaque(kW + r * 32 + (((r >> 2) & 1) << 4));
       hi = small_m::opaque(lo ^ 16u);
     }
-    scale = small_m::opaque(kW + Cfg::kSubs * Cfg::kW + (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4);
+    const int at = Cfg::kConvert ? multiplier_offset(r) : (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4;
+    scale = small_m::opaque(kW + Cfg::kSubs * Cfg::kW + at);
     sel = small_m::opaque(static_cast<uint32_t>(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12)));
   }
 };
@@ -68,31 +79,18 @@ struct FragmentSlot {
 // r + 8 (v[0..7]) (the "sm90" layout: w[j] holds step j's eight codes of both rows, v is unused),
 // their scale words, and the 16-bit multipliers of each k16 step's codes in those rows (mr[j],
 // mv[j]): the scale table entry, code * scale * 2^-7 for NVFP4 (a K block of 16 per step) or
-// code * scale for MXFP4 (a K block of 32 per two steps); zero past K (K is a multiple of 32). Loaded
+// code * scale for MXFP4 (a K block of 32 per two steps); zero past K (K is a multiple of 32)
+// (kConvert: mr[h], mv[h] hold steps 2h and 2h + 1 in their two halves, as converted). Loaded
 // in two halves of 32 K (steps 0-1: h = 0, with the scale words; steps 2-3: h = 1), each once the
 // previous sub-tile's use of those registers is over, so that the next sub-tile's shared-memory
 // reads overlap this one's last steps.
 struct StageOperands {
   uint32_t w[8], v[8], mr[4], mv[4], sr, sv;
-  uint32_t nsr[2], nsv[2];  // stages of two sub-tiles: the scale words of the stage read next, read ahead
 };
 
-// Stages of two sub-tiles (kSubs 2): the scale words of the stage at `st` (both sub-tiles; MXFP4
-// one word for both), read into nsr / nsv a whole sub-tile before load_part takes them, so that its
-// scale-table reads wait on no other shared-memory read. (Read with each half 0 instead, the two
-// dependent reads did not finish within the two k16 steps ahead at block_m 128: 17% more cycles at
-// 128 x 8192 x 28672, H200.)
-template <class Cfg>
-__device__ __forceinline__ void read_scale_words(StageOperands& o, uint32_t st, const FragmentSlot<Cfg>& f) {
-#pragma unroll
-  for (int u = 0; u < (Cfg::kMx ? 1 : Cfg::kSubs); ++u) {
-    o.nsr[u] = lds32(st + f.scale + 512 * u);
-    o.nsv[u] = lds32(st + f.scale + 512 * u + 128);
-  }
-}
-
 // Half h of sub-tile u of the stage at `st` (K step kt of the piece: K from kt * kSK + 64 u + 32 h).
-// MXFP4's scale word covers 128 K: a stage of two sub-tiles reads it with the first.
+// MXFP4's scale word covers 128 K: a stage of two sub-tiles reads it with the first. kConvert: the
+// half's multipliers as the converting warps wrote them, one 8-byte read.
 template <class Cfg, int u, int h>
 __device__ __forceinline__ void load_part(StageOperands& o, uint32_t st, uint32_t lut, int kt, int k,
                                           const FragmentSlot<Cfg>& f) {
@@ -104,14 +102,13 @@ __device__ __forceinline__ void load_part(StageOperands& o, uint32_t st, uint32_
     o.w[4 * h] = a.x; o.w[4 * h + 1] = a.y; o.w[4 * h + 2] = a.z; o.w[4 * h + 3] = a.w;
     o.v[4 * h] = c.x; o.v[4 * h + 1] = c.y; o.v[4 * h + 2] = c.z; o.v[4 * h + 3] = c.w;
   }
+  if constexpr (Cfg::kConvert) {
+    lds64(st + f.scale + 1024 * u + 512 * h, o.mr[h], o.mv[h]);
+    return;
+  }
   if (h == 0 && (u == 0 || !Cfg::kMx)) {
-    if constexpr (Cfg::kEarlyScales) {
-      o.sr = o.nsr[u];
-      o.sv = o.nsv[u];
-    } else {
-      o.sr = lds32(st + f.scale + 512 * u);
-      o.sv = lds32(st + f.scale + 512 * u + 128);
-    }
+    o.sr = lds32(st + f.scale + 512 * u);
+    o.sv = lds32(st + f.scale + 512 * u + 128);
   }
   const bool ok = (u == 0 && h == 0) || kt * Cfg::kSK + kBK * u + 32 * h < k;
 #pragma unroll
@@ -130,9 +127,23 @@ __device__ __forceinline__ void load_part(StageOperands& o, uint32_t st, uint32_
 
 // Step j's A fragment: a[0] = row r, K 2c, 2c + 1 (byte c of word 2j); a[1] = row r + 8, same K;
 // a[2], a[3] = K 2c + 8, 2c + 9 (byte c of word 2j + 1). Exact 16-bit values.
+// The 16-bit value in half `hi` of x, in both halves: the multiply's operand (ptxas folds it into
+// the HMUL2's .H0_H0 / .H1_H1 operand selector, no instruction of its own).
+__device__ __forceinline__ uint32_t half_pair(uint32_t x, int hi) {
+  uint32_t d;
+  if (hi) {
+    asm("{.reg .b16 l, h;\nmov.b32 {l, h}, %1;\nmov.b32 %0, {h, h};}" : "=r"(d) : "r"(x));
+  } else {
+    asm("{.reg .b16 l, h;\nmov.b32 {l, h}, %1;\nmov.b32 %0, {l, l};}" : "=r"(d) : "r"(x));
+  }
+  return d;
+}
+
 template <class Cfg>
 __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperands& o, int j, uint32_t sel) {
-  const uint32_t m[4] = {o.mr[j], o.mv[j], o.mr[j], o.mv[j]};
+  const uint32_t r = Cfg::kConvert ? half_pair(o.mr[j >> 1], j & 1) : o.mr[j];
+  const uint32_t v = Cfg::kConvert ? half_pair(o.mv[j >> 1], j & 1) : o.mv[j];
+  const uint32_t m[4] = {r, v, r, v};
   uint32_t x[4];
   if constexpr (Cfg::kPacked) {
     if constexpr (Cfg::kFp16) {
@@ -178,7 +189,6 @@ __device__ __forceinline__ void stage_steps(float (&acc)[Cfg::kAcc], uint32_t (&
     if (q == 3) {
       if (last_sub) load_part<Cfg, 0, 1>(ops, nst, lut, nkt, k, slot);
       else load_part<Cfg, 1, 1>(ops, st, lut, kt, k, slot);
-      if (Cfg::kEarlyScales && u == 0) read_scale_words<Cfg>(ops, nst, slot);  // this stage's are taken
     }
     wgmma_wait<3>();
     if (j == 2) {

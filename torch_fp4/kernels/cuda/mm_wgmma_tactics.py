@@ -79,10 +79,11 @@ def stage_k(block_m: int, ctas_per_sm: int, packed: bool) -> int:
 
 
 def stage_bytes(block_m: int, ctas_per_sm: int, packed: bool) -> int:
-    """Per 64-K sub-tile activations [block_m, 64] 16-bit and FP4 weights [rows, 32 bytes], then a
-    1 KiB slot of scale words; 128 rows."""
+    """Per 64-K sub-tile activations [block_m, 64] 16-bit and FP4 weights [rows, 32 bytes], then
+    1 KiB per sub-tile: the stage's scale words, and in stages of two sub-tiles then in their place
+    the sub-tiles' 16-bit multipliers (convert_stages in mm_wgmma.cu); 128 rows."""
     subs = stage_k(block_m, ctas_per_sm, packed) // BLOCK_K
-    return subs * (block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2) + 1024
+    return subs * (block_m * BLOCK_K * 2 + ROWS * BLOCK_K // 2 + 1024)
 
 
 STAGING_ROWS = 32            # activation rows per chunk of the persistent epilogue
