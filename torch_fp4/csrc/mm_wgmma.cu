@@ -303,8 +303,8 @@ __device__ __forceinline__ void convert_stages(const Params& p, const Schedule& 
 // sub-tile, whose blocks are contiguous; MXFP4: the 512-byte block of 128 K; with kConvert loader 1
 // copies them first, on the stage's "scales" barrier, three rows of kMaxStages after "full"). Per stage each waits
 // until the stage is empty, then arrives on its "full" barrier announcing its bytes and issues its copies
-// (the barrier completes once all three arrived and every byte landed): three threads in parallel
-// instead of one serial chain of waits, address arithmetic and copies per stage. Where the stage's
+// (the barrier completes once all Cfg::kLoaders arrived and every byte landed): two or three threads
+// in parallel instead of one serial chain of waits, address arithmetic and copies per stage. Where the stage's
 // second sub-tile lies past K (K % 128 == 64), the TMA boxes read zeros and the bulk copies, which
 // have no bounds, skip it; its steps multiply those zeros by zero scales.
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
