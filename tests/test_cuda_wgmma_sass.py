@@ -71,15 +71,22 @@ def test_sm100a_compiles_to_a_stub(tmp_path):
         assert "HGMMA" not in disassemble(cubin)
 
 
-def _main_loops(sass: str) -> dict:
-    """The main loop (instructions of one K stage) of each kernel instantiation, keyed by its Config
-    template arguments (block_m, fp16, mx, sm90 layout, CTAs per SM, K groups, split-2 kernel): the
-    shortest backward-branch loop holding at least four HGMMAs."""
+def _kernels(sass: str) -> dict:
+    """cuobjdump's SASS of each kernel instantiation, keyed by its Config template arguments
+    (block_m, fp16, mx, sm90 layout, CTAs per SM, K groups, split-2 kernel)."""
     out = {}
     for func in re.split(r"\n\s*Function : ", sass)[1:]:
         cfg = re.search(r"ConfigILi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)ELi(\d)ELb(\d)E", func.split("\n")[0])
-        if cfg is None:
-            continue
+        if cfg is not None:
+            out[tuple(int(v) for v in cfg.groups())] = func
+    return out
+
+
+def _main_loops(sass: str) -> dict:
+    """The main loop (instructions of one K stage) of each kernel instantiation (keys as _kernels):
+    the shortest backward-branch loop holding at least four HGMMAs."""
+    out = {}
+    for cfg, func in _kernels(sass).items():
         ins = [(int(a, 16), body.split(";")[0]) for a, body in re.findall(r"/\*([0-9a-f]{4,})\*/\s*([^\n]*)", func)]
         loops = []
         for addr, body in ins:
@@ -88,7 +95,7 @@ def _main_loops(sass: str) -> dict:
                 loop = [b for a, b in ins if int(target.group(1), 16) <= a <= addr]
                 if sum("HGMMA" in b for b in loop) >= 4:
                     loops.append(loop)
-        out[tuple(int(v) for v in cfg.groups())] = min(loops, key=len)
+        out[cfg] = min(loops, key=len)
     return out
 
 
@@ -131,11 +138,7 @@ def test_main_loops_sm90_layout_and_two_k_groups(tmp_path):
     # multipliers, NVFP4 by the hardware's e4m3 conversion (in exactly those kernels), and the MMA
     # threads' main loop reads only weight words and one 8-byte word of multipliers per half sub-tile:
     # at most 1.5 shared-memory reads per HGMMA, against 3 or more with the scale-table reads.
-    convert = {}
-    for func in re.split(r"\n\s*Function : ", sass)[1:]:
-        cfg = re.search(r"ConfigILi(\d+)ELb(\d)ELb(\d)ELb(\d)ELi(\d)ELi(\d)ELb(\d)E", func.split("\n")[0])
-        if cfg is not None:
-            convert[tuple(int(v) for v in cfg.groups())] = "F2FP.F16.E4M3.UNPACK_B" in func
+    convert = {cfg: "F2FP.F16.E4M3.UNPACK_B" in func for cfg, func in _kernels(sass).items()}
     assert convert.keys() == loops.keys()
     for (bm, fp16, mx, packed, ctas, kg, pair), loop in loops.items():
         two = WT.stage_k(bm, ctas, bool(packed)) == 2 * WT.BLOCK_K

@@ -111,6 +111,10 @@ using small_m::U128;
 constexpr int kMaxSplit = 8;
 constexpr int kPairMinBM = 128;   // the split-2 kernel (Config::kPair) from this block_m up
 constexpr int kMaxStages = 12;
+// With kConvert the stages' mbarriers lie in rows of kMaxStages (kBarRow bytes apart): "full",
+// "empty", "ready" (the multipliers are written), "scales" (the scale words landed).
+enum BarrierRow : int { kFullRow = 0, kEmptyRow = 1, kReadyRow = 2, kScalesRow = 3 };
+constexpr uint32_t kBarRow = 8 * kMaxStages;
 constexpr int kMaxDevices = 64;
 
 // 64-K sub-tiles per stage. Two (128 K: one full/empty barrier pair, one ring step and one
@@ -225,6 +229,24 @@ __device__ __forceinline__ uint32_t nvfp4_multipliers(uint32_t word, int h) {
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
+// The K steps and tiles a producer thread walks (the CTA's work list): computed in each producer
+// role, not shared with the MMA warps' copies in the kernel's prologue (values live across the
+// split into the 40-register producer would be spilled).
+template <class Cfg>
+struct ProducerSpan {
+  int cta, k, n_tiles, kt0, kt1;
+  __device__ __forceinline__ explicit ProducerSpan(const Params& p) {
+    int rank;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
+    asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(rank));
+    k = small_m::opaque(static_cast<int>(p.k));
+    n_tiles = (small_m::opaque(static_cast<int>(p.n)) + Cfg::kRows - 1) / Cfg::kRows;
+    const int tiles = (k + Cfg::kSK - 1) / Cfg::kSK;
+    kt0 = rank * p.steps_per_split;
+    kt1 = min(tiles, kt0 + p.steps_per_split);
+  }
+};
+
 // kConvert: the producer warpgroup's warps 2 and 3 (cw 0, 1), per stage, once its scale words
 // landed ("scales", copied ahead of its tiles): the 16-bit multipliers of each sub-tile in place of
 // the stage's scale words (multiplier_offset, mm_wgmma_stage.cuh), then one arrival per lane on the
@@ -239,14 +261,8 @@ __device__ __forceinline__ uint32_t nvfp4_multipliers(uint32_t word, int h) {
 template <class Cfg>
 __device__ __forceinline__ void convert_stages(const Params& p, const Schedule& sc, int stages, uint32_t scales,
                                                uint32_t ready, uint32_t pipe, uint32_t lut, int cw) {
-  int cta, rank;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(rank));
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int k = small_m::opaque(static_cast<int>(p.k));
-  const int n_tiles = (small_m::opaque(static_cast<int>(p.n)) + Cfg::kRows - 1) / Cfg::kRows;
-  const int tiles = (k + Cfg::kSK - 1) / Cfg::kSK;
-  const int kt0 = rank * p.steps_per_split, kt1 = min(tiles, kt0 + p.steps_per_split);
+  const ProducerSpan<Cfg> span(p);
+  const int lane = static_cast<int>(threadIdx.x) & 31, k = span.k;
   constexpr int kWords = Cfg::kMx ? 1 : Cfg::kSubs;  // scale words per row and stage
   // Rows r and r + 8 of the lane's pair (32 cw + lane): their scale words' offsets.
   uint32_t woff[2];
@@ -256,8 +272,8 @@ __device__ __forceinline__ void convert_stages(const Params& p, const Schedule& 
     woff[q] = static_cast<uint32_t>(((r & 31) * 4 + ((r >> 5) & 3)) * 4);
   }
   int s = 0, phase = 0;
-  WorkList list(sc, cta);
-  for (Work w; list.next(sc, p, n_tiles, kt0, kt1, w);) {
+  WorkList list(sc, span.cta);
+  for (Work w; list.next(sc, p, span.n_tiles, span.kt0, span.kt1, w);) {
 #pragma unroll 1
     for (int kt = w.kb; kt < w.ke; ++kt, s = s + 1 == stages ? 0 : s + 1, phase ^= s == 0) {
       mbar_wait(scales + 8 * s, phase);
@@ -301,7 +317,7 @@ __device__ __forceinline__ void convert_stages(const Params& p, const Schedule& 
 // weight tile (TMA per sub-tile, or for "sm90" weights the stage's contiguous 4 KiB per sub-tile
 // by one bulk copy), 2 the stage's 128x4 scale words by one bulk copy (NVFP4: 512 bytes per
 // sub-tile, whose blocks are contiguous; MXFP4: the 512-byte block of 128 K; with kConvert loader 1
-// copies them first, on the stage's "scales" barrier, three rows of kMaxStages after "full"). Per stage each waits
+// copies them first, on the stage's "scales" barrier, kScalesRow). Per stage each waits
 // until the stage is empty, then arrives on its "full" barrier announcing its bytes and issues its copies
 // (the barrier completes once all Cfg::kLoaders arrived and every byte landed): two or three threads
 // in parallel instead of one serial chain of waits, address arithmetic and copies per stage. Where the stage's
@@ -317,19 +333,12 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
     if (p.m % Cfg::kBM != 0) asm volatile("prefetch.tensormap [%0];" ::"l"(&tail_map) : "memory");
   }
   if constexpr (kLoader == 1 && !Cfg::kPacked) asm volatile("prefetch.tensormap [%0];" ::"l"(&w_map) : "memory");
-  // Computed here, not shared with the MMA warps' copies in the kernel's prologue: values live
-  // across the split into the 40-register producer would be spilled.
-  int cta, rank;
-  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(cta));
-  asm volatile("mov.u32 %0, %%ctaid.z;" : "=r"(rank));
-  const int k = small_m::opaque(static_cast<int>(p.k));
-  const int n_tiles = (small_m::opaque(static_cast<int>(p.n)) + Cfg::kRows - 1) / Cfg::kRows;
-  const int tiles = (k + Cfg::kSK - 1) / Cfg::kSK;
-  const int kt0 = rank * p.steps_per_split, kt1 = min(tiles, kt0 + p.steps_per_split);
+  const ProducerSpan<Cfg> span(p);
+  const int k = span.k, n_tiles = span.n_tiles;
   // Stage slot s and the parity of its use, kept incrementally across tiles (no division).
   int s = 0, phase = 0;
-  WorkList list(sc, cta);
-  for (Work w; list.next(sc, p, n_tiles, kt0, kt1, w);) {
+  WorkList list(sc, span.cta);
+  for (Work w; list.next(sc, p, n_tiles, span.kt0, span.kt1, w);) {
     const int t = w.tile;
     const int n0 = (t % n_tiles) * Cfg::kRows, m0 = (t / n_tiles) * Cfg::kBM;
     // The last activation tile of an M that is no multiple of block_m: the tail map's box holds
@@ -355,7 +364,7 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
       } else if constexpr (kLoader == 1) {
         if constexpr (Cfg::kConvert) {
           const int block = Cfg::kMx ? k0 / 128 : k0 / kBK;
-          const uint32_t s_bytes = !Cfg::kMx && two ? 1024 : 512, s_bar = bar + 24 * kMaxStages;
+          const uint32_t s_bytes = !Cfg::kMx && two ? 1024 : 512, s_bar = bar + kScalesRow * kBarRow;
           mbar_expect_tx(s_bar, s_bytes);
           bulk_copy(wt + Cfg::kSubs * Cfg::kW, s_src + static_cast<int64_t>(block) * 512, s_bytes, s_bar);
         }
@@ -383,11 +392,11 @@ __device__ __forceinline__ void load_stages(const CUtensorMap& act_map, const CU
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // An MMA thread's wait for a stage: its activations, weights and scale words landed ("full", at
-// `full`), and with kConvert its multipliers are written ("ready", two rows of kMaxStages further).
+// `full`), and with kConvert its multipliers are written ("ready", row kReadyRow).
 template <class Cfg>
 __device__ __forceinline__ void stage_wait(uint32_t full, uint32_t parity) {
   mbar_wait(full, parity);
-  if constexpr (Cfg::kConvert) mbar_wait(full + 16 * kMaxStages, parity);
+  if constexpr (Cfg::kConvert) mbar_wait(full + kReadyRow * kBarRow, parity);
 }
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
@@ -402,12 +411,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   char* smem = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
   uint32_t* lut = reinterpret_cast<uint32_t*>(smem);
   // The stages' barriers: "full" (the stage's bytes landed), "empty" (its MMA warps are done with
-  // it); with kConvert a row of kMaxStages each: full, empty, "ready" (its multipliers are written,
-  // convert_stages), "scales" (its scale words landed).
+  // it); with kConvert in rows (BarrierRow), with "ready" and "scales".
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + 1024);
-  uint64_t* empty = full + (Cfg::kConvert ? kMaxStages : stages);
-  uint64_t* ready = full + 2 * kMaxStages;
-  uint64_t* scales = full + 3 * kMaxStages;
+  uint64_t* empty = full + (Cfg::kConvert ? kEmptyRow * kMaxStages : stages);
+  uint64_t* ready = full + kReadyRow * kMaxStages;
+  uint64_t* scales = full + kScalesRow * kMaxStages;
   const uint32_t xchg = smem_u32(smem + 2048);  // two K groups' exchange area (kXchg bytes)
   char* pipe = smem + 2048 + Cfg::kXchg;
   const int tid = static_cast<int>(threadIdx.x);
@@ -473,7 +481,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
   StageOperands ops;
   const uint32_t full_addr = small_m::opaque(smem_u32(full));
-  const uint32_t empty_addr = Cfg::kConvert ? full_addr + 8 * kMaxStages : small_m::opaque(smem_u32(empty));
+  const uint32_t empty_addr = Cfg::kConvert ? full_addr + kEmptyRow * kBarRow : small_m::opaque(smem_u32(empty));
   WorkList list(sc, cta);
   Work w{0, 0, 0, 0};
   bool have = list.next(sc, p, n_tiles, kt0, kt1, w);

@@ -125,8 +125,6 @@ __device__ __forceinline__ void load_part(StageOperands& o, uint32_t st, uint32_
   }
 }
 
-// Step j's A fragment: a[0] = row r, K 2c, 2c + 1 (byte c of word 2j); a[1] = row r + 8, same K;
-// a[2], a[3] = K 2c + 8, 2c + 9 (byte c of word 2j + 1). Exact 16-bit values.
 // The 16-bit value in half `hi` of x, in both halves: the multiply's operand (ptxas folds it into
 // the HMUL2's .H0_H0 / .H1_H1 operand selector, no instruction of its own).
 __device__ __forceinline__ uint32_t half_pair(uint32_t x, int hi) {
@@ -139,6 +137,8 @@ __device__ __forceinline__ uint32_t half_pair(uint32_t x, int hi) {
   return d;
 }
 
+// Step j's A fragment: a[0] = row r, K 2c, 2c + 1 (byte c of word 2j); a[1] = row r + 8, same K;
+// a[2], a[3] = K 2c + 8, 2c + 9 (byte c of word 2j + 1). Exact 16-bit values.
 template <class Cfg>
 __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperands& o, int j, uint32_t sel) {
   const uint32_t r = Cfg::kConvert ? half_pair(o.mr[j >> 1], j & 1) : o.mr[j];
