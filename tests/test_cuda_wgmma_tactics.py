@@ -55,13 +55,13 @@ def test_two_k_groups_for_sm90_split_k_at_block_m_64(m, n, want):
 def test_heuristic_from_h100_sweeps(m, n, want):
     """Smallest block_m covering M up to 256; above, the block_m of least padding and wave waste
     (_launch_cost: two tiles of 160 at M = 257-320, of 224 at M = 385-448), split-K up to about
-    one CTA per SM, persistent without split-K, two CTAs per SM at block_m <= 64 once the tiles
+    one CTA per SM, persistent without split-K, two CTAs per SM at block_m 32 once the tiles
     outnumber the SMs, most stages."""
     t = WT.default(_args(m, n))
     assert (t.block_m, t.split_k) == want
     assert t.persistent == (t.split_k == 1)
     tiles = -(-m // t.block_m) * -(-n // WT.ROWS)
-    assert t.ctas_per_sm == (2 if t.block_m <= 64 and tiles > 132 else 1)
+    assert t.ctas_per_sm == (2 if t.block_m <= WT.TWO_CTA_AUTO_MAX_BLOCK_M and tiles > 132 else 1)
     limit = WT.SM90_SMEM_PER_BLOCK if t.ctas_per_sm == 1 else (WT.SM90_SMEM_PER_SM - 2048) // 2
     assert t.stages == WT.max_stages(t.block_m, limit, t.persistent, ctas_per_sm=t.ctas_per_sm, packed=False)
     assert WT.why_not(t, _args(m, n)) is None
@@ -197,7 +197,8 @@ def test_why_not_names_the_problem(change, msg):
 
 
 @pytest.mark.parametrize("m,n,k,want", [(256, 28672, 8192, True), (512, 28672, 8192, True),
-                                        (128, 28672, 8192, True), (64, 28672, 8192, False),
+                                        (128, 28672, 8192, True), (64, 28672, 8192, True),
+                                        (32, 28672, 8192, False),
                                         (1024, 28672, 8192, False), (1024, 8192, 8192, False),
                                         (1024, 8192, 28672, False), (256, 8192, 28672, False),
                                         (4096, 8192, 8192, False)])
@@ -247,7 +248,7 @@ def test_smem_mirror_of_the_kernel():
     one = dict(ctas_per_sm=1, packed=True)
     assert WT.stage_bytes(256, **one) == 256 * 128 + 128 * 32 + 1024
     assert WT.stage_bytes(64, **one) == 2 * (64 * 128 + 128 * 32 + 1024)
-    assert WT.stage_bytes(64, ctas_per_sm=1, packed=False) == 64 * 128 + 128 * 32 + 1024
+    assert WT.stage_bytes(64, ctas_per_sm=1, packed=False) == WT.stage_bytes(64, **one)
     assert WT.smem_bytes(64, 3, **one) == 3 * 1024 + 3 * WT.stage_bytes(64, **one)
     assert WT.smem_bytes(256, 2, **one) == 3 * 1024 + 256 * 132 * 4  # the epilogue tile is larger
     # Persistent: the stages plus two warpgroups' staging areas [min(32, block_m)][68] fp32.
@@ -268,23 +269,24 @@ def test_smem_mirror_of_the_kernel():
 
 
 def test_stage_k_where_two_sub_tiles_measured_faster():
-    """128-K stages (two 64-K sub-tiles per barrier pair) for "sm90" weights up to block_m 128 and
-    for row-major ones at block_m 128; 64-K stages from block_m 160 up, for row-major weights at
-    block_m <= 96 and at block_m 64 with two CTAs per SM. Every launch kind keeps at least MIN_STAGES."""
+    """128-K stages (two 64-K sub-tiles per barrier pair) for either weight layout up to block_m
+    128; 64-K stages from block_m 160 up and at block_m 64 with two CTAs per SM. Every launch kind
+    keeps at least MIN_STAGES."""
     assert WT.BLOCK_MS == (32, 64, 96, 128, 160, 192, 224, 256)
-    assert [WT.stage_k(bm, 1, True) for bm in WT.BLOCK_MS] == [128, 128, 128, 128, 64, 64, 64, 64]
-    assert [WT.stage_k(bm, 1, False) for bm in WT.BLOCK_MS] == [64, 64, 64, 128, 64, 64, 64, 64]
-    assert (WT.stage_k(32, 2, True), WT.stage_k(64, 2, True), WT.stage_k(64, 2, False)) == (128, 64, 64)
+    for packed in (True, False):
+        assert [WT.stage_k(bm, 1, packed) for bm in WT.BLOCK_MS] == [128, 128, 128, 128, 64, 64, 64, 64]
+        assert (WT.stage_k(32, 2, packed), WT.stage_k(64, 2, packed)) == (128, 64)
     two = (WT.SM90_SMEM_PER_SM - 2048) // 2
     for bm in (32, 64):
         for packed in (False, True):
             assert WT.max_stages(bm, two, True, ctas_per_sm=2, packed=packed) >= WT.MIN_STAGES
-    # Split-K counts whole stages: K = 1408 is 11 stages of 128 K (the last one of 64) or 22 of 64,
-    # so a split of 8 leaves a slice empty for "sm90" weights and none for row-major ones.
-    p, r = _args(64, k=1408, layout=F.WeightLayout.SM90), _args(64, k=1408)
-    assert WT.why_not(WT.WgmmaMmTactic(64, 6, 6, k_groups=2), p) is None
-    assert "empty K slice" in WT.why_not(WT.WgmmaMmTactic(64, 6, 8, k_groups=2), p)
-    assert WT.why_not(WT.WgmmaMmTactic(64, 6, 8), r) is None
+    # Split-K counts whole stages: K = 1408 is 11 stages of 128 K (the last one of 64) at block_m 64
+    # and 22 of 64 K at block_m 256, so a split of 8 leaves a slice empty at block_m 64 only.
+    for layout in (F.WeightLayout.SM90, F.WeightLayout.ROW):
+        p = _args(64, k=1408, layout=layout)
+        assert WT.why_not(WT.WgmmaMmTactic(64, 6, 6), p) is None
+        assert "empty K slice" in WT.why_not(WT.WgmmaMmTactic(64, 6, 8), p)
+        assert WT.why_not(WT.WgmmaMmTactic(256, 4, 8), _args(256, k=1408, layout=layout)) is None
 
 
 def test_joined_space_picks_the_family_by_m():

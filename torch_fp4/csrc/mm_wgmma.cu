@@ -118,14 +118,13 @@ constexpr uint32_t kBarRow = 8 * kMaxStages;
 constexpr int kMaxDevices = 64;
 
 // 64-K sub-tiles per stage. Two (128 K: one full/empty barrier pair, one ring step and one
-// lookahead wait per 128 K, about 12% fewer instructions per HGMMA) where they measured faster
-// (BENCHMARKS.md): "sm90" weights up to block_m 128, and row-major ones at block_m 128; one at
-// block_m 256 (three 128-K stages do not fit beside the persistent epilogue's staging) and 160 to
-// 224 (half as many 128-K stages measured slower there), for row-major weights at block_m <= 96
-// (96 as 64), and at block_m 64 with two CTAs per SM (three 128-K stages in half the shared memory
-// keep too few bytes in flight).
-__host__ __device__ constexpr int stage_subs(int bm, int ctas, bool packed) {
-  return bm <= 128 && (packed || bm == 128) && !(bm == 64 && ctas == 2) ? 2 : 1;
+// lookahead wait per 128 K, about 12% fewer instructions per HGMMA, and the scales converted once
+// per CTA, kConvert) up to block_m 128, for both weight layouts (BENCHMARKS.md); one at block_m 256
+// (three 128-K stages do not fit beside the persistent epilogue's staging) and 160 to 224 (half as
+// many 128-K stages measured slower there), and at block_m 64 with two CTAs per SM (three 128-K
+// stages in half the shared memory keep too few bytes in flight).
+__host__ __device__ constexpr int stage_subs(int bm, int ctas) {
+  return bm <= 128 && !(bm == 64 && ctas == 2) ? 2 : 1;
 }
 
 // Shared-memory geometry of a tile: block_m activation rows, 64 * wg weight rows (wg MMA
@@ -176,7 +175,7 @@ struct Config {
                 "thread; row-major weights' stage operands would spill)");
   static constexpr int kPitch = kRows + 4;         // fp32 words per row of the epilogue tile
   static constexpr int kW = w_sub_bytes(kWG);
-  static constexpr int kSubs = stage_subs(kBM_, kCtas_, kPacked_);  // 64-K sub-tiles per stage
+  static constexpr int kSubs = stage_subs(kBM_, kCtas_);  // 64-K sub-tiles per stage
   static constexpr int kSK = kBK * kSubs;                            // K elements per stage
   static constexpr int kStage = stage_bytes(kBM_, kWG, kSubs);
   static constexpr bool kFp16 = kFp16_;
@@ -194,8 +193,8 @@ struct Config {
   // have 232 registers, 2 in the 96 / 104-register kernels (4 spills there).
   static constexpr int kEpiBatch = kMmaRegs >= 232 ? 4 : 2;
   // Stages of two sub-tiles: the producer's warps 2 and 3 convert the scale words into multipliers
-  // (convert_stages). At one sub-tile per stage (block_m >= 160, row-major weights at block_m
-  // <= 96, two CTAs per SM at block_m 64) each MMA thread forms its own from the scale table:
+  // (convert_stages). At one sub-tile per stage (block_m >= 160, two CTAs per SM at block_m 64)
+  // each MMA thread forms its own from the scale table:
   // 1024 x 8192 x 8192 (block_m 256) took 2.5% more cycles with the conversion (BENCHMARKS.md).
   static constexpr bool kConvert = kSubs == 2;
   // Loaders, each lane 0 of its warp: activations, weights (and with kConvert the scale words),
@@ -727,7 +726,7 @@ inline int sm_count() {
 // CTAs as fit at once (every CTA slot with stream-K, which then shares out the last waves' steps).
 // K steps (stages) of one output tile of a launch.
 inline int k_steps(const WgmmaMmArgs& a) {
-  const int sk = kBK * stage_subs(a.block_m, a.ctas_per_sm, a.packed);
+  const int sk = kBK * stage_subs(a.block_m, a.ctas_per_sm);
   return static_cast<int>((a.k + sk - 1) / sk);
 }
 

@@ -41,6 +41,7 @@ BLOCK_K = 64                  # K elements per sub-tile (one 128-byte-swizzled a
 MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
 TWO_CTA_MAX_BLOCK_M = 64      # 96 registers per MMA thread hold block_m <= 64 accumulators
+TWO_CTA_AUTO_MAX_BLOCK_M = 32  # the heuristic's two CTAs per SM (_tactic_for)
 K_GROUPS_MAX_BLOCK_M = 64     # 104 registers per MMA thread (two K groups) hold block_m <= 64 unspilled
 K_GROUPS_MIN_STAGES = 6       # a K group waits for its next stage (two ahead) before releasing its last
 XCHG_BYTES = 2 * 16 * 128 * 4  # two K groups' exchange area: per 64-row group 16 fp32 x 128 threads
@@ -65,16 +66,17 @@ MIN_STAGES = 3               # one stage's wgmmas in flight, one being decoded, 
 
 
 def stage_k(block_m: int, ctas_per_sm: int, packed: bool) -> int:
-    """K elements per stage (mirror of stage_subs in mm_wgmma.cu): two 64-K sub-tiles under one
-    barrier pair (about 12% fewer instructions per HGMMA) where they measured faster (H200,
-    same-process A/B against 64-K stages): "sm90" weights up to block_m 128 (8192 x 28672 M = 32
-    two K groups 61.6 -> 57.3 us; 28672 x 8192 M = 32 two CTAs per SM 69.1 -> 64.1) and row-major
-    ones at block_m 128 (-0.5 to -1.3%); else one: block_m 256 (three 128-K stages do not fit beside
-    the persistent staging) and 160 to 224 (half as many 128-K stages: block_m 160 -3% to +6%,
-    192 and 224, three stages, +16 to +29%; BENCHMARKS.md), row-major weights at block_m <= 64
-    (+1.7 to +3.9%) and 96 (as 64, not measured), block_m 64 with two CTAs per SM (three 128-K
-    stages in half the shared memory: 79.1 -> 82.0 us)."""
-    two = block_m <= 128 and (packed or block_m == 128) and not (block_m == 64 and ctas_per_sm == 2)
+    """K elements per stage (mirror of stage_subs in mm_wgmma.cu), for either weight layout
+    (`packed` alike): two 64-K sub-tiles under one barrier pair (about 12% fewer instructions per
+    HGMMA, and the block scales converted once per CTA) up to block_m 128 (H200, same-process A/B
+    against 64-K stages: "sm90" 8192 x 28672 M = 32 two K groups 61.6 -> 57.3 us; 28672 x 8192
+    M = 32 two CTAs per SM 69.1 -> 64.1; row-major weights, ncu cycles at the locked clock with
+    the conversion: 8192 x 28672 M = 32 / 64 / 96 -18% / -13% / -16%, 8192 x 8192 M = 64 -8%);
+    else one: block_m 256 (three 128-K stages do not fit beside the persistent staging) and 160 to
+    224 (half as many 128-K stages: block_m 160 -3% to +6%, 192 and 224, three stages, +16 to +29%;
+    BENCHMARKS.md), block_m 64 with two CTAs per SM (three 128-K stages in half the shared memory:
+    79.1 -> 82.0 us)."""
+    two = block_m <= 128 and not (block_m == 64 and ctas_per_sm == 2)
     return 2 * BLOCK_K if two else BLOCK_K
 
 
@@ -250,9 +252,14 @@ def _tactic_for(p: MmProblem, bm: int) -> Tactic:
     """The tactic at block_m `bm` (up to 256: more activation rows per weight decode won every
     H100 sweep, e.g. M = 128, N = 8192, K = 28672: block_m 128 with split 2 153 us, block_m 64
     266 us), split-K up to one wave, as many stages as fit, persistent without split-K; two CTAs
-    per SM at block_m <= 64 once the tiles outnumber the SMs (H100, N = 28672, K = 8192, sm90
-    weights: M = 32 79.2 -> 68.1 us, M = 64 86.5 -> 77.1 us; with fewer tiles the split-K
-    launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2);
+    per SM at block_m 32 (TWO_CTA_AUTO_MAX_BLOCK_M) once the tiles outnumber the SMs (H100,
+    N = 28672, K = 8192, sm90 weights: M = 32 79.2 -> 68.1 us; with fewer tiles the split-K
+    launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2).
+    Not at block_m 64, whose one-CTA stages of two sub-tiles convert the scales once per CTA (H200,
+    "sm90" weights, same rounds, one CTA persistent (stream-K where stream_k_pays) against two:
+    28672 x 8192 M = 48 / 64 67.4 / 68.1 against 79.2 / 79.8 us, 20480 x 8192 M = 64 51.4 against
+    79.3, 28672 x 4096 M = 64 40.1 against 42.7; at block_m 32 two CTAs stayed ahead, 55.5 against
+    58.8 us at 28672 x 8192);
     stream-K where stream_k_pays; two K groups for the split-K launches at block_m <= 64 on "sm90"
     weights (H200, against one K group in the same rounds: N x K = 8192 x 28672 M = 32 65.7 ->
     61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128, not
@@ -263,7 +270,7 @@ def _tactic_for(p: MmProblem, bm: int) -> Tactic:
     n_tiles = -(-n // ROWS)
     tiles = -(-m // bm) * n_tiles
     sms = problem_sm_count(p)
-    ctas, stream_k = (2 if bm <= TWO_CTA_MAX_BLOCK_M and tiles > sms else 1), False
+    ctas, stream_k = (2 if bm <= TWO_CTA_AUTO_MAX_BLOCK_M and tiles > sms else 1), False
     split = _split_for(tiles, k, sms, bm, ctas, p.packed)
     if split > MAX_CLUSTER_SPLIT:
         bm, split, ctas, stream_k = _few_tiles(m, n_tiles, k, sms, bm, split, p.packed)
