@@ -5,9 +5,10 @@ rows grouped by expert (this module). Cheap to import: no toolchain, no extensio
 
 A wgmma tactic picks block_m (rows of one expert per block: the grouping's padding unit and the GEMM's
 activation tile, the wgmma N), the shared-memory stages (both GEMMs; mm_wgmma_tactics.stage_k), and
-ctas_per_sm (2 at block_m 64: two CTAs share an SM). Launches are persistent (one or two CTAs per
-SM over every tile of the upper bound of used blocks; tiles of unused blocks end a CTA's list
-early), with no split-K or stream-K: the number of used tiles is only known on the device.
+ctas_per_sm (2 at block_m 64: two CTAs share an SM; a candidate, not the default). Launches are
+persistent (one or two CTAs per SM over every tile of the upper bound of used blocks; tiles of
+unused blocks end a CTA's list early), with no split-K or stream-K: the number of used tiles is
+only known on the device.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Optional
 from ...backends import Backend
 from ...problems import MoeProblem
 from ...tactics import Tactic, TacticSpace, register_family, valid_unique
-from .._common import problem_sm_count, smem_reason
+from .._common import smem_reason
 from ..triton.moe_align import max_blocks
 from . import mm_wgmma_tactics as wg
 from . import moe_small_m_tactics as small
@@ -101,14 +102,16 @@ def default(p: MoeProblem) -> Tactic:
 
 def wgmma_default(p: MoeProblem) -> WgmmaMoeTactic:
     """256- or 128-row blocks once the routed rows per expert reach BLOCK_M_FROM (fewer padding
-    rows below: 64-row blocks, two CTAs per SM once the tiles outnumber the SMs, as the dense
-    heuristic), as many stages as fit."""
+    rows below: 64-row blocks), one CTA per SM, as many stages as fit. At block_m 64 one CTA's
+    stages hold two sub-tiles and convert the block scales once per CTA, which two CTAs per SM
+    (64-K stages) do not: H200, one CTA against two per SM on the grouped GEMMs of Mixtral-8x7B,
+    Qwen3-30B-A3B and DeepSeek-V3 (FC1 and FC2, 16-48 rows per expert, row-major and "sm90"
+    experts, same bits) 2-15% less time at each of 36 points (BENCHMARKS.md)."""
     per_expert = p.tokens * p.top_k / max(1, p.experts)
     for bm in (256, 128):
         if per_expert >= BLOCK_M_FROM[bm]:
             return _tactic(p, bm, 1)
-    tiles = max_blocks(p.tokens * p.top_k, p.experts, 64) * -(-p.hidden // wg.ROWS)
-    return _tactic(p, 64, 2 if tiles > problem_sm_count(p) else 1)
+    return _tactic(p, 64, 1)
 
 
 def candidates(p: MoeProblem) -> list[Tactic]:
