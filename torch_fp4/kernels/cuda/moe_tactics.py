@@ -106,7 +106,7 @@ def wgmma_default(p: MoeProblem) -> WgmmaMoeTactic:
     stages hold two sub-tiles and convert the block scales once per CTA, which two CTAs per SM
     (64-K stages) do not: H200, one CTA against two per SM on the grouped GEMMs of Mixtral-8x7B,
     Qwen3-30B-A3B and DeepSeek-V3 (FC1 and FC2, 16-48 rows per expert, row-major and "sm90"
-    experts, same bits) 2-15% less time at each of 36 points (BENCHMARKS.md)."""
+    experts, same bits) 1.7-15% less time at each of 36 points (BENCHMARKS.md)."""
     per_expert = p.tokens * p.top_k / max(1, p.experts)
     for bm in (256, 128):
         if per_expert >= BLOCK_M_FROM[bm]:
