@@ -176,7 +176,7 @@ struct Config {
   static constexpr int kPitch = kRows + 4;         // fp32 words per row of the epilogue tile
   static constexpr int kW = w_sub_bytes(kWG);
   static constexpr int kSubs = stage_subs(kBM_, kCtas_);  // 64-K sub-tiles per stage
-  static constexpr int kSK = kBK * kSubs;                            // K elements per stage
+  static constexpr int kSK = kBK * kSubs;                 // K elements per stage
   static constexpr int kStage = stage_bytes(kBM_, kWG, kSubs);
   static constexpr bool kFp16 = kFp16_;
   static constexpr bool kMx = kMx_;
