@@ -20,8 +20,8 @@
 //   CTA, not per thread of each quad that reads them; NVFP4 by the hardware's e4m3 conversion,
 //   without the scale table) and mark the stage "ready", which the MMA warps wait for beside "full";
 // - each MMA thread reads the two weight rows of its A fragment (rows g and g + 8 of its warp's
-//   16) and their scale words (kConvert: their multipliers), then per k16 step decodes its eight codes straight into the four
-//   bf16x2 / fp16x2 A registers of that step: exact (row-major weights: a byte permute places the
+//   16) and their scale words (kConvert: their multipliers), then per k16 step decodes its eight
+//   codes straight into the four bf16x2 / fp16x2 A registers of that step: exact (row-major weights: a byte permute places the
 //   two codes of a byte, the bit placement of mm_small_m.cuh gives E2M1 * 2^-126 (2^-14 for fp16);
 //   "sm90" weights: one 8-byte read per two steps, one to four integer instructions per register
 //   (place_sm90_bf16, mm_small_m.cuh) give the same placement; then one
@@ -263,13 +263,11 @@ __device__ __forceinline__ void convert_stages(const Params& p, const Schedule& 
   const ProducerSpan<Cfg> span(p);
   const int lane = static_cast<int>(threadIdx.x) & 31, k = span.k;
   constexpr int kWords = Cfg::kMx ? 1 : Cfg::kSubs;  // scale words per row and stage
-  // Rows r and r + 8 of the lane's pair (32 cw + lane): their scale words' offsets.
+  // Rows r and r + 8 of the lane's pair (32 cw + lane): their scale words' offsets. The pair's
+  // multipliers go to multiplier_offset(r) = 8 (lane + 32 cw).
   uint32_t woff[2];
 #pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int r = 16 * (lane >> 3) + (lane & 7) + 8 * q + 64 * cw;
-    woff[q] = static_cast<uint32_t>(((r & 31) * 4 + ((r >> 5) & 3)) * 4);
-  }
+  for (int q = 0; q < 2; ++q) woff[q] = scale_word_offset(16 * (lane >> 3) + (lane & 7) + 8 * q + 64 * cw);
   int s = 0, phase = 0;
   WorkList list(sc, span.cta);
   for (Work w; list.next(sc, p, span.n_tiles, span.kt0, span.kt1, w);) {
@@ -289,7 +287,7 @@ __device__ __forceinline__ void convert_stages(const Params& p, const Schedule& 
       for (int u = 0; u < Cfg::kSubs; ++u)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const bool ok = (u == 0 && h == 0) || kt * Cfg::kSK + kBK * u + 32 * h < k;
+          const bool ok = half_in_k<Cfg>(kt, u, h, k);
           uint32_t m2[2];
 #pragma unroll
           for (int t = 0; t < 2; ++t) {
@@ -297,7 +295,7 @@ __device__ __forceinline__ void convert_stages(const Params& p, const Schedule& 
             if constexpr (!Cfg::kMx) {
               m2[t] = ok ? nvfp4_multipliers<Cfg::kFp16>(wd, h) : 0u;
             } else {
-              const int byte = Cfg::kSubs == 2 ? 2 * u + h : 2 * (kt & 1) + h;  // both steps' block
+              const int byte = 2 * u + h;  // both steps' block (the 128-K word's byte 2 (64-K index % 2) + h)
               m2[t] = ok ? lds32(lut + 4 * ((wd >> (8 * byte)) & 0xFFu)) : 0u;  // the entry, twice
             }
           }

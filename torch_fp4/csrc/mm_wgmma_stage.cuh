@@ -1,8 +1,8 @@
 // The Hopper GEMM's (mm_wgmma.cu) MMA threads at one stage of the ring: where a thread reads
 // inside a stage, its operands of a 64-K sub-tile (weight words; the scale-table multipliers from
-// the scale words, or as the converting warps wrote them), the decode of a k16 step's codes into wgmma's register A operand, and one stage's
-// k16 steps with their wgmmas, operand reads for the next sub-tile and the stage's release. Every
-// template takes the kernel's Config as Cfg.
+// the scale words, or as the converting warps wrote them), the decode of a k16 step's codes into
+// wgmma's register A operand, and one stage's k16 steps with their wgmmas, operand reads for the
+// next sub-tile and the stage's release. Every template takes the kernel's Config as Cfg.
 #pragma once
 
 #include <cstdint>
@@ -45,6 +45,10 @@ __device__ __forceinline__ uint32_t decode_pair(uint32_t w, uint32_t sel) {
 __host__ __device__ constexpr int multiplier_pair(int r) { return 8 * (r >> 4) + (r & 7); }
 __host__ __device__ constexpr int multiplier_offset(int r) { return 8 * multiplier_pair(r); }
 
+// The byte offset of row r's scale word in its 128-row group's 128x4 scale words (row r + 8: 128
+// further; the next 128-row group's block 512 bytes on).
+__host__ __device__ constexpr int scale_word_offset(int r) { return ((r & 31) * 4 + ((r >> 5) & 3)) * 4; }
+
 // Where an MMA thread reads inside a stage (shared-memory byte offsets from the stage's base; the
 // second sub-tile's weights kW bytes further), fixed for the whole kernel. Its A fragment rows are
 // r = 64 mwg + 16 warp + g and r + 8. Row layout: the FP4 tile row r is 32 bytes (K 0..63 of the
@@ -69,7 +73,7 @@ struct FragmentSlot {
       lo = small_m::opaque(kW + r * 32 + (((r >> 2) & 1) << 4));
       hi = small_m::opaque(lo ^ 16u);
     }
-    const int at = Cfg::kConvert ? multiplier_offset(r) : (r >> 7) * 512 + ((r & 31) * 4 + ((r >> 5) & 3)) * 4;
+    const int at = Cfg::kConvert ? multiplier_offset(r) : (r >> 7) * 512 + scale_word_offset(r);
     scale = small_m::opaque(kW + Cfg::kSubs * Cfg::kW + at);
     sel = small_m::opaque(static_cast<uint32_t>(c | (c << 4) | ((c + 4) << 8) | ((c + 4) << 12)));
   }
@@ -87,6 +91,13 @@ struct FragmentSlot {
 struct StageOperands {
   uint32_t w[8], v[8], mr[4], mv[4], sr, sv;
 };
+
+// Whether half h of sub-tile u of K step kt holds K elements (K from kt * kSK + 64 u + 32 h; K is a
+// multiple of 32): the halves past K get zero multipliers. A stage's first half always does.
+template <class Cfg>
+__device__ __forceinline__ bool half_in_k(int kt, int u, int h, int k) {
+  return (u == 0 && h == 0) || kt * Cfg::kSK + kBK * u + 32 * h < k;
+}
 
 // Half h of sub-tile u of the stage at `st` (K step kt of the piece: K from kt * kSK + 64 u + 32 h).
 // MXFP4's scale word covers 128 K: a stage of two sub-tiles reads it with the first. kConvert: the
@@ -110,11 +121,12 @@ __device__ __forceinline__ void load_part(StageOperands& o, uint32_t st, uint32_
     o.sr = lds32(st + f.scale + 512 * u);
     o.sv = lds32(st + f.scale + 512 * u + 128);
   }
-  const bool ok = (u == 0 && h == 0) || kt * Cfg::kSK + kBK * u + 32 * h < k;
+  const bool ok = half_in_k<Cfg>(kt, u, h, k);
 #pragma unroll
   for (int j = 2 * h; j < 2 * h + 2; ++j) {
-    // Scale byte of step j: NVFP4 byte j (16-wide K blocks); MXFP4 byte 2 (64-K index % 2) + j / 2.
-    const int byte = !Cfg::kMx ? j : Cfg::kSubs == 2 ? 2 * u + h : 2 * (kt & 1) + h;
+    // Scale byte of step j (one sub-tile per stage here): NVFP4 byte j (16-wide K blocks); MXFP4
+    // byte 2 (64-K index % 2) + j / 2.
+    const int byte = !Cfg::kMx ? j : 2 * (kt & 1) + h;
     if (Cfg::kMx && (j & 1)) {
       o.mr[j] = o.mr[j - 1];
       o.mv[j] = o.mv[j - 1];
