@@ -1,45 +1,39 @@
 """A heuristic change of the cuda backend's mm_fp4 tactics against the rule it replaced, in one
 process, on an sm_90 GPU:
 
-    python scripts/ab_tactic_rule.py BASE_FILE FUNCTION [CSV] [--module mm_wgmma_tactics]
+    python scripts/ab_tactic_rule.py BASE_FILE FUNCTION[,FUNCTION...] [CSV] [--module mm_wgmma_tactics]
         [--shapes N,K;N,K] [--ms 32,64,128] [--layout sm90|row] [--rounds 5] [--plan]
 
 BASE_FILE is the tactic module as it was before (e.g. `git show HEAD~1:torch_fp4/kernels/cuda/
-mm_wgmma_tactics.py > base.py`); FUNCTION (e.g. _few_tiles) is taken from it and run inside the
-current module in place of today's, which gives the old tactic of each problem. Per problem where
+mm_wgmma_tactics.py > base.py`); each FUNCTION (e.g. _few_tiles) is taken from it and run inside
+the current module in place of today's, which gives the old tactic of each problem. Per problem where
 the two tactics differ: both and torch bf16 over rotating operands (bench.mm.bf16_timer), medians
 of interleaved rounds (bench.tune.interleaved_rounds), and both outputs compared bit for bit on
 grid-exact data (both exact there). --plan lists the problems whose tactic changes without timing
 them (no GPU needed)."""
 import argparse
 import ast
+import contextlib
 import importlib
 from unittest import mock
 
 import torch
 
 from torch_fp4 import formats as F
-from torch_fp4.bench.mm import parse_shapes
-from torch_fp4.problems import MmProblem
+from torch_fp4.bench.mm import meta_problem, parse_shapes
 
 
-def base_function(path: str, name: str, module):
-    """Function `name` as defined in the file `path`, compiled in `module`'s namespace."""
+def base_functions(path: str, names: list[str], module) -> dict:
+    """Functions `names` as defined in the file `path`, compiled together in (a copy of) `module`'s
+    namespace, so that each calls the others' old forms."""
     tree = ast.parse(open(path).read())
-    node = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name), None)
-    if node is None:
-        raise SystemExit(f"ab_tactic_rule: no function {name!r} in {path}")
+    nodes = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names}
+    missing = [n for n in names if n not in nodes]
+    if missing:
+        raise SystemExit(f"ab_tactic_rule: no function {missing[0]!r} in {path}")
     scope = dict(vars(module))
-    exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), scope)
-    return scope[name]
-
-
-def problem(m: int, n: int, k: int, layout: F.WeightLayout) -> MmProblem:
-    """The mm_fp4 problem of NVFP4 weights (128x4 scales), bf16 activations and outputs, on meta tensors."""
-    a = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
-    b = torch.empty(n, k // 2, dtype=torch.uint8, device="meta")
-    bs = torch.empty(-(-n // 128) * 128, -(-k // 64) * 4, dtype=torch.float8_e4m3fn, device="meta")
-    return MmProblem.of(a, b.T, None, bs.T, None, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, layout)
+    exec(compile(ast.Module(body=list(nodes.values()), type_ignores=[]), path, "exec"), scope)
+    return {name: scope[name] for name in names}
 
 
 def main():
@@ -55,15 +49,17 @@ def main():
     ap.add_argument("--plan", action="store_true")
     opt = ap.parse_args()
     mod = importlib.import_module(f"torch_fp4.kernels.cuda.{opt.module}")
-    old_fn = base_function(opt.base, opt.function, mod)
+    old_fns = base_functions(opt.base, opt.function.split(","), mod)
     from torch_fp4.kernels.cuda import mm_space
     layout = F.WeightLayout(opt.layout)
     changed = []
     for n, k in parse_shapes(opt.shapes):
         for m in map(int, opt.ms.split(",")):
-            p = problem(m, n, k, layout)
+            p = meta_problem(m, n, k, layout)
             new = mm_space.default(p)
-            with mock.patch.object(mod, opt.function, old_fn):
+            with contextlib.ExitStack() as stack:
+                for name, fn in old_fns.items():
+                    stack.enter_context(mock.patch.object(mod, name, fn))
                 old = mm_space.default(p)
             if old == new:
                 print(f"M={m:4d} N={n:5d} K={k:5d} unchanged: {new.label()}", flush=True)

@@ -61,7 +61,8 @@ def test_heuristic_from_h100_sweeps(m, n, want):
     assert (t.block_m, t.split_k) == want
     assert t.persistent == (t.split_k == 1)
     tiles = -(-m // t.block_m) * -(-n // WT.ROWS)
-    assert t.ctas_per_sm == (2 if t.block_m <= WT.TWO_CTA_AUTO_MAX_BLOCK_M and tiles > 132 else 1)
+    assert t.ctas_per_sm == (2 if t.block_m <= WT.TWO_CTA_AUTO_MAX_BLOCK_M and tiles >= WT.TWO_CTA_AUTO_FILL * 264
+                             else 1)
     limit = WT.SM90_SMEM_PER_BLOCK if t.ctas_per_sm == 1 else (WT.SM90_SMEM_PER_SM - 2048) // 2
     assert t.stages == WT.max_stages(t.block_m, limit, t.persistent, ctas_per_sm=t.ctas_per_sm, packed=False)
     assert WT.why_not(t, _args(m, n)) is None
@@ -105,7 +106,14 @@ def test_few_tiles_take_the_split_k_launch_of_least_time_per_sm(m, n, k, layout,
     t = WT.default(p)
     assert (t.block_m, t.split_k, t.ctas_per_sm, t.stream_k) == want, t
     assert t.persistent == (t.split_k == 1) and WT.why_not(t, p) is None
-    assert t.k_groups == (2 if layout == "sm90" and t.split_k > 1 and t.ctas_per_sm == 1 and t.block_m <= 64 else 1)
+    assert t.k_groups == _want_k_groups(t, layout == "sm90")
+
+
+def _want_k_groups(t, sm90: bool) -> int:
+    """The heuristic's K groups: two on "sm90" weights at one CTA per SM, for split-K at block_m <= 64
+    and for persistent launches at block_m 32."""
+    return 2 if sm90 and t.ctas_per_sm == 1 and (t.block_m <= WT.K_GROUPS_PERSISTENT_MAX_BLOCK_M or
+                                                 (t.split_k > 1 and t.block_m <= 64)) else 1
 
 
 @settings(max_examples=300, deadline=None)
@@ -196,6 +204,24 @@ def test_why_not_names_the_problem(change, msg):
     assert msg in WT.why_not(t, args)
 
 
+@pytest.mark.parametrize("n,k,layout,want", [
+    (28672, 8192, "sm90", (2, 1, False)), (28672, 4096, "sm90", (2, 1, False)),
+    (20480, 8192, "sm90", (1, 2, True)), (20480, 4096, "sm90", (1, 2, True)), (24576, 8192, "sm90", (1, 2, True)),
+    (12288, 8192, "sm90", (1, 2, False)), (14336, 4096, "sm90", (1, 2, False)),
+    (20480, 8192, "row", (1, 1, True)), (28672, 8192, "row", (2, 1, False))])
+def test_block_m_32_takes_two_ctas_per_sm_only_where_its_tiles_fill_them(n, k, layout, want):
+    """At block_m 32 two CTAs per SM where the tiles fill TWO_CTA_AUTO_FILL of the 264 two-CTA slots
+    (224 tiles at N = 28672); with fewer, one CTA per SM, persistent, two K groups on "sm90" weights,
+    stream-K where stream_k_pays (H200, M = 32, 160 tiles at N = 20480, K = 8192: "sm90" 54.5 -> 41.6
+    us, row-major 73.8 -> 56.8; docs/benchmarks/mm_two_ctas_and_stream_k_cost_h200.txt);
+    (ctas_per_sm, k_groups, stream_k)."""
+    p = _args(32, n, k, layout=F.WeightLayout(layout))
+    t = WT.default(p)
+    assert (t.block_m, t.split_k) == (32, 1) and t.persistent, t
+    assert (t.ctas_per_sm, t.k_groups, t.stream_k) == want, t
+    assert WT.why_not(t, p) is None
+
+
 @pytest.mark.parametrize("m,n,k,want", [(256, 28672, 8192, True), (512, 28672, 8192, True),
                                         (128, 28672, 8192, True), (64, 28672, 8192, True),
                                         (32, 28672, 8192, False),
@@ -215,6 +241,26 @@ def test_stream_k_where_the_last_wave_idles(m, n, k, want):
     assert not WT.stream_k_pays(100, 132, 64, 256, 4096)              # short K
     assert not WT.stream_k_pays(100, 132, 64, 64, 8192)               # 64-row tiles
     assert not WT.stream_k_pays(120, 132, 40, 128, 8192)              # 9% of the slots idle
+
+
+@pytest.mark.parametrize("m,n,k,want", [(64, 28672, 4096, (64, False)), (128, 28672, 4096, (128, False)),
+                                        (256, 28672, 4096, (256, False)), (64, 28672, 2048, (64, False)),
+                                        (256, 28672, 2048, (256, False)), (64, 20480, 4096, (64, True)),
+                                        (128, 20480, 4096, (128, True)), (64, 28672, 8192, (64, True)),
+                                        (512, 28672, 2048, (256, True)), (1024, 14336, 2048, (256, True))])
+def test_stream_k_at_short_k_where_the_idle_slots_outweigh_its_cost(m, n, k, want):
+    """Where the tiles fill less than two waves, stream-K also needs more idle slots than its own cost,
+    about SK_COST_STEPS 64-K steps of a slot (sk_waves): 224 tiles on 132 slots (0.30 of a wave idle)
+    take it at K = 8192 but not at K = 4096 or 2048; 160 tiles (0.79 idle) take it at K = 4096 (H200,
+    "sm90" 28672 x 4096 M = 64 39.9 -> 38.2 us, 28672 x 2048 M = 64 25.7 -> 22.2); from two waves on,
+    the rule before (448 tiles at K = 2048 ran faster with it). block_m is chosen as at long K
+    (_launch_cost: 256 at 256 x 28672 x 4096, not 128 with stream-K: 94.2 against 102.8 us);
+    (block_m, stream_k)."""
+    for layout in (F.WeightLayout.SM90, F.WeightLayout.ROW):
+        t = WT.default(_args(m, n, k, layout=layout))
+        assert (t.block_m, t.stream_k) == want, (layout, t)
+    # At K >= 8192 the cost is below SK_MIN_IDLE of two waves, so the rule before decides alone.
+    assert WT.sk_waves(8192) < 2 * WT.SK_MIN_IDLE and WT.sk_waves(4096) > 0.30 and WT.sk_waves(2048) > 0.6
 
 
 @pytest.mark.parametrize("m,n,k,want", [

@@ -159,6 +159,15 @@ def _nvfp4_problem(args: tuple, layout: F.WeightLayout) -> MmProblem:
     return MmProblem.of(*args, torch.bfloat16, F.NVFP4, F.SfLayout.LAYOUT_128x4, layout)
 
 
+def meta_problem(m: int, n: int, k: int, layout: F.WeightLayout) -> MmProblem:
+    """The mm_fp4 problem of M x K bf16 activations on N x K NVFP4 weights (128x4 scales) in `layout`,
+    bf16 out, on meta tensors: what the tactic spaces see, without a GPU (132 SMs)."""
+    a = torch.empty(m, k, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(n, k // 2, dtype=torch.uint8, device="meta")
+    bs = torch.empty(-(-n // 128) * 128, -(-k // 64) * 4, dtype=torch.float8_e4m3fn, device="meta")
+    return _nvfp4_problem((a, b.T, None, bs.T, None), layout)
+
+
 def _forced(tactic, args: tuple, layout: F.WeightLayout):
     """The cuda backend's mm_fp4 on `args` in `layout` with `tactic` forced."""
     with tactics.use_tactic(tactic):

@@ -41,8 +41,10 @@ BLOCK_K = 64                  # K elements per sub-tile (one 128-byte-swizzled a
 MAX_STAGES = 12
 MAX_SPLIT = 8                 # a portable cluster size
 TWO_CTA_MAX_BLOCK_M = 64      # 96 registers per MMA thread hold block_m <= 64 accumulators
-TWO_CTA_AUTO_MAX_BLOCK_M = 32  # the heuristic's two CTAs per SM (_tactic_for)
+TWO_CTA_AUTO_MAX_BLOCK_M = 32  # the heuristic's two CTAs per SM (_tactic_for) ...
+TWO_CTA_AUTO_FILL = 0.8        # ... where the tiles fill this share of the two-CTA slots
 K_GROUPS_MAX_BLOCK_M = 64     # 104 registers per MMA thread (two K groups) hold block_m <= 64 unspilled
+K_GROUPS_PERSISTENT_MAX_BLOCK_M = 32  # the heuristic's two K groups on persistent launches (_tactic_for)
 K_GROUPS_MIN_STAGES = 6       # a K group waits for its next stage (two ahead) before releasing its last
 XCHG_BYTES = 2 * 16 * 128 * 4  # two K groups' exchange area: per 64-row group 16 fp32 x 128 threads
 
@@ -202,7 +204,14 @@ def _split_for(ctas: int, k: int, sms: int, block_m: int, ctas_per_sm: int, pack
 
 WIDE_MIN_BLOCK_M = 128   # M > 128: block_m from 128 up, by _launch_cost
 TILE_FIXED_ROWS = 32     # a tile's fixed cost per K step (weight decode, barriers), in activation rows
-SK_WAVE_COST = 0.15      # stream-K's cost (partial sums through global memory, flags), in waves
+SK_WAVE_COST = 0.15      # stream-K's cost (partial sums through global memory, flags), in waves, ...
+SK_COST_STEPS = 20       # ... at least this many 64-K steps of one CTA slot (sk_waves)
+
+
+def sk_waves(k: int) -> float:
+    """Stream-K's cost in waves of the CTA slots at this K, for launches of less than two waves:
+    SK_WAVE_COST (fitted at K = 8192), or at shorter K SK_COST_STEPS of its 64-K steps (stream_k_pays)."""
+    return max(SK_WAVE_COST, SK_COST_STEPS / -(-k // BLOCK_K))
 
 
 def _launch_cost(t: "WgmmaMmTactic", p: MmProblem) -> float:
@@ -228,7 +237,12 @@ def _launch_cost(t: "WgmmaMmTactic", p: MmProblem) -> float:
     tiles = -(-p.m // t.block_m) * -(-p.n // ROWS)
     slots = t.ctas_per_sm * sms
     if t.persistent:
-        waves = tiles / slots + (SK_WAVE_COST if 2 * tiles > slots else 0.0) if t.stream_k else -(-tiles // slots)
+        # block_m as at long K, where the fit was made: stream-K where stream_k_pays takes it there.
+        # With stream-K at this K (without its cost: 256 x 28672 x 4096 went from block_m 256 to 128,
+        # 94.2 -> 102.8 us "sm90", 95.3 -> 115.7 row-major; with sk_waves here: 23 problems per layout
+        # changed block_m, "sm90" 15 faster and 8 slower, row-major 18 slower, up to 22%; H200)
+        sk = t.stream_k or stream_k_pays(tiles, slots, -(-p.n // ROWS), t.block_m, p.k, long_k=True)
+        waves = tiles / slots + (SK_WAVE_COST if 2 * tiles > slots else 0.0) if sk else -(-tiles // slots)
     else:
         waves = -(-tiles * t.split_k // slots) / t.split_k
     return waves * (t.block_m + TILE_FIXED_ROWS)
@@ -252,9 +266,14 @@ def _tactic_for(p: MmProblem, bm: int) -> Tactic:
     """The tactic at block_m `bm` (up to 256: more activation rows per weight decode won every
     H100 sweep, e.g. M = 128, N = 8192, K = 28672: block_m 128 with split 2 153 us, block_m 64
     266 us), split-K up to one wave, as many stages as fit, persistent without split-K; two CTAs
-    per SM at block_m 32 (TWO_CTA_AUTO_MAX_BLOCK_M) once the tiles outnumber the SMs (H100,
-    N = 28672, K = 8192, sm90 weights: M = 32 79.2 -> 68.1 us; with fewer tiles the split-K
-    launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us at split 4 x 2).
+    per SM at block_m 32 (TWO_CTA_AUTO_MAX_BLOCK_M) once the tiles fill TWO_CTA_AUTO_FILL of the
+    two-CTA slots (H100, N = 28672, K = 8192, sm90 weights: M = 32 79.2 -> 68.1 us; with fewer
+    tiles the split-K launch at one CTA per SM stays ahead: N = 8192 M = 64 78.1 us against 107 us
+    at split 4 x 2). Below that fill, one CTA per SM (persistent, stream-K where stream_k_pays,
+    two K groups on "sm90" weights): H200, M = 32, 160 tiles on 264 slots, N x K = 20480 x 8192,
+    "sm90" 54.5 -> 41.6 us, row-major 73.8 -> 56.8; at 224 tiles, 85% of the slots, the two-CTA
+    launch stays within 3% (28672 x 8192 55.6 against 54.2, 28672 x 4096 30.6 against 31.1;
+    docs/benchmarks/mm_two_ctas_and_stream_k_cost_h200.txt).
     Not at block_m 64, whose one-CTA stages of two sub-tiles convert the scales once per CTA (H200,
     "sm90" weights, same rounds, one CTA persistent (stream-K where stream_k_pays) against two:
     28672 x 8192 M = 48 / 64 67.4 / 68.1 against 79.2 / 79.8 us, 20480 x 8192 M = 64 51.4 against
@@ -263,20 +282,25 @@ def _tactic_for(p: MmProblem, bm: int) -> Tactic:
     stream-K where stream_k_pays; two K groups for the split-K launches at block_m <= 64 on "sm90"
     weights (H200, against one K group in the same rounds: N x K = 8192 x 28672 M = 32 65.7 ->
     61.8 us, M = 64 74.8 -> 69.9 us; 8192 x 8192 M = 64 26.8 -> 26.1 us; at block_m 128, not
-    compiled, the accumulators spilled: 97.6 -> 105.7 us). Where split 2 would leave the SMs
-    short (N <= ~5600 at M <= block_m), _few_tiles (which may take another block_m and split, of
-    clusters that all run at once)."""
+    compiled, the accumulators spilled: 97.6 -> 105.7 us) and for the one-CTA persistent launches
+    at block_m 32 (K_GROUPS_PERSISTENT_MAX_BLOCK_M; 28672 x 8192 M = 32 with stream-K 58.8 -> 54.2
+    us, 20480 x 8192 44.6 -> 41.5; 14336 x 4096, one wave, 19.0 -> 18.0; at block_m 64 one K group
+    stayed ahead, 68.1 against 69.2). Where split 2 would leave the SMs short (N <= ~5600 at
+    M <= block_m), _few_tiles (which may take another block_m and split, of clusters that all run
+    at once)."""
     m, n, k = p.m, p.n, p.k
     n_tiles = -(-n // ROWS)
     tiles = -(-m // bm) * n_tiles
     sms = problem_sm_count(p)
-    ctas, stream_k = (2 if bm <= TWO_CTA_AUTO_MAX_BLOCK_M and tiles > sms else 1), False
+    two = bm <= TWO_CTA_AUTO_MAX_BLOCK_M and tiles >= TWO_CTA_AUTO_FILL * 2 * sms
+    ctas, stream_k = (2 if two else 1), False
     split = _split_for(tiles, k, sms, bm, ctas, p.packed)
     if split > MAX_CLUSTER_SPLIT:
         bm, split, ctas, stream_k = _few_tiles(m, n_tiles, k, sms, bm, split, p.packed)
         tiles = -(-m // bm) * n_tiles
     persistent = split == 1
-    kg = 2 if p.packed and bm <= K_GROUPS_MAX_BLOCK_M and not persistent and ctas == 1 else 1
+    kg = 2 if p.packed and ctas == 1 and (bm <= K_GROUPS_PERSISTENT_MAX_BLOCK_M or
+                                          (bm <= K_GROUPS_MAX_BLOCK_M and not persistent)) else 1
     stages = max_stages(bm, smem_limit(p, ctas), persistent, kg, ctas_per_sm=ctas, packed=p.packed)
     sk = persistent and (stream_k or stream_k_pays(tiles, ctas * sms, n_tiles, bm, k))
     return WgmmaMmTactic(bm, stages, split, persistent, ctas, sk, kg)
@@ -350,9 +374,17 @@ SK_MIN_IDLE = 0.10                 # idle share of the last wave's CTA slots tha
 SK_MAX_ACT_BYTES = 36 << 20        # activations the stream-K tiles span at once: ~70% of the 50 MB L2
 
 
-def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int) -> bool:
+def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int, long_k: bool = False) -> bool:
     """Stream-K for a persistent launch when the tiles fill at least one wave of the CTA slots and
-    leave at least SK_MIN_IDLE of the last wave idle, and the activation rows of its tiles (taken
+    leave at least SK_MIN_IDLE of the last wave idle; below two waves (where every tile's K steps
+    are shared out) also more idle slots than stream-K's own cost (sk_waves; unless `long_k`, as
+    _launch_cost asks): its partial sums and flags cost about 18-29 64-K steps of a slot at K = 2048
+    to 8192 (H200, against the same launch without it, 224 tiles on 132 slots, 0.30 of a wave idle:
+    block_m 64 "sm90" 28672 x 2048 / 4096 / 8192 M = 64 22.4 -> 25.9, 37.9 -> 39.6, 70.4 -> 67.5 us;
+    block_m 128 28672 x 4096 / 8192 M = 128 53.0 -> 54.3, 107.6 -> 100.0; 160 tiles, 0.79 idle,
+    20480 x 4096 M = 64 37.9 -> 31.6; from two waves on, where only the last waves' tiles are
+    shared out, 448 tiles at K = 2048 (0.61 idle) ran 2-13% faster with it;
+    docs/benchmarks/mm_two_ctas_and_stream_k_cost_h200.txt); and the activation rows of its tiles (taken
     at different K offsets at once: the m-tiles they reach, at most all) stay within
     SK_MAX_ACT_BYTES. Also where the tiles of block_m >= 128 fill less than one wave (too many for
     split 2) and leave more of the slots idle than stream-K's own cost (SK_WAVE_COST), at long K
@@ -374,7 +406,8 @@ def stream_k_pays(tiles: int, slots: int, n_tiles: int, block_m: int, k: int) ->
     if tiles % slots == 0:
         return False
     waves = -(-tiles // slots)
-    if waves * slots - tiles < SK_MIN_IDLE * waves * slots:
+    idle = waves * slots - tiles
+    if idle < SK_MIN_IDLE * waves * slots or (not long_k and waves == 2 and idle < sk_waves(k) * slots):
         return False
     sk_tiles = tiles - (tiles // slots - 1) * slots
     return min(-(-sk_tiles // n_tiles) + 1, m_tiles) * block_m * k * 2 <= SK_MAX_ACT_BYTES
