@@ -1,0 +1,49 @@
+"""The tactic A/B scripts' parsing on the CPU: scripts/ab_tactics.py's tactic specs, and
+scripts/ab_tactic_rule.py's old functions, compiled together so that each calls the others' old
+forms (not the module's current ones)."""
+import importlib.util
+import types
+from pathlib import Path
+
+import pytest
+
+from torch_fp4 import formats as F
+from torch_fp4.bench.mm import meta_problem
+from torch_fp4.kernels.cuda import mm_wgmma_tactics as WT
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_tactic_specs_name_every_field_and_default_to_the_most_stages():
+    ab = _script("ab_tactics")
+    p = meta_problem(32, 28672, 8192, F.WeightLayout.SM90)
+    t = ab.parse_tactic("bm32+p+kg2+sk", p)
+    stages = WT.max_stages(32, WT.smem_limit(p), True, 2, ctas_per_sm=1, packed=True)
+    assert t == WT.WgmmaMmTactic(32, stages, 1, True, 1, True, 2)
+    assert ab.parse_tactic("bm64+s2+c2+st5", p) == WT.WgmmaMmTactic(64, 5, 2, False, 2)
+    assert ab.parse_case("256,8192,8192/bm256+s2/bm128+p") == (256, 8192, 8192, ["bm256+s2", "bm128+p"])
+    with pytest.raises(SystemExit, match="unknown tactic field"):
+        ab.parse_tactic("bm32+fast", p)
+    with pytest.raises(SystemExit, match="names no block_m"):
+        ab.parse_tactic("p+sk", p)
+
+
+def test_old_functions_call_each_others_old_forms(tmp_path):
+    rule = _script("ab_tactic_rule")
+    module = types.ModuleType("today")
+    exec("SCALE = 10\ndef inner(x):\n    return 2 * x\ndef outer(x):\n    return inner(x) + SCALE\n", vars(module))
+    base = tmp_path / "base.py"
+    base.write_text("def inner(x):\n    return 3 * x\ndef outer(x):\n    return inner(x) + 1\n")
+    old = rule.base_functions(str(base), ["outer", "inner"], module)
+    assert old["outer"](1) == 4 and old["inner"](1) == 3 and module.outer(1) == 12
+    alone = rule.base_functions(str(base), ["outer"], module)
+    assert alone["outer"](1) == 3          # today's inner(1) = 2, plus the old outer's 1
+    with pytest.raises(SystemExit, match="no function 'missing'"):
+        rule.base_functions(str(base), ["missing"], module)
