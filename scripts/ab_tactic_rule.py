@@ -68,15 +68,11 @@ def main():
                 print(f"M={m:4d} N={n:5d} K={k:5d} {old.label()} -> {new.label()}", flush=True)
     if opt.plan:
         return
-    from torch_fp4.bench.mm import TacticWeight, ab_line
+    from torch_fp4.bench.mm import LatestWeight, ab_line
     from torch_fp4.bench.timing import write_csv
-    dev, rows, weights = torch.device("cuda"), [], {}
+    rows, weight = [], LatestWeight(torch.device("cuda"), layout)
     for m, n, k, old, new in changed:
-        if (n, k) not in weights:
-            weights.clear()
-            torch.cuda.empty_cache()
-            weights[n, k] = TacticWeight(n, k, dev, layout)
-        rows.append(weights[n, k].ab(m, old, new, opt.rounds))
+        rows.append(weight(n, k).ab(m, old, new, opt.rounds))
         print(ab_line(rows[-1]), flush=True)
     write_csv(opt.csv, rows)
 

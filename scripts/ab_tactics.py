@@ -75,16 +75,12 @@ def main():
         plans.append((m, n, k, auto, named))
     if opt.plan:
         return
-    from torch_fp4.bench.mm import TacticWeight
+    from torch_fp4.bench.mm import LatestWeight
     from torch_fp4.bench.timing import write_csv
     from torch_fp4.bench.tune import interleaved_rounds
-    dev, rows, weights = torch.device("cuda"), [], {}
+    rows, weight = [], LatestWeight(torch.device("cuda"), layout)
     for m, n, k, auto, named in plans:
-        if (n, k) not in weights:
-            weights.clear()
-            torch.cuda.empty_cache()
-            weights[n, k] = TacticWeight(n, k, dev, layout)
-        tw = weights[n, k]
+        tw = weight(n, k)
         pr, args, _ = tw.problem(m)
         tactics = [auto] + [t for _, t in named]
         times, bf16 = interleaved_rounds(tactics, tw.launch, args, opt.rounds, tw.bf16(pr))
@@ -93,12 +89,12 @@ def main():
         b = statistics.median(bf16)
         base = statistics.median(times[auto])
         for spec, t in [("auto", auto)] + named:
-            us = statistics.median(times[t]) if times[t] else float("nan")
+            got = times[t] or [float("nan")]   # a tactic that failed to run has no times
+            us = statistics.median(got)
             same = torch.equal(tw.launch(*exact, tactic=t), ref)
             rows.append(dict(layout=layout.value, m=m, n=n, k=k, spec=spec, tactic=t.label(), us=round(us, 2),
                              over_auto=round(us / base, 4), bf16_us=round(b, 2), x_bf16=round(b / us, 3),
-                             min_us=round(min(times[t]), 2) if times[t] else float("nan"),
-                             max_us=round(max(times[t]), 2) if times[t] else float("nan"), same_bits_exact=same))
+                             min_us=round(min(got), 2), max_us=round(max(got), 2), same_bits_exact=same))
             print(f"M={m:5d} N={n:5d} K={k:5d} {spec:<16} {us:8.2f} us  /auto {us / base:.3f}  x bf16 {b / us:.2f}"
                   f"  bits {'same' if same else 'DIFFER'}  {t.label()}", flush=True)
     write_csv(opt.csv, rows)

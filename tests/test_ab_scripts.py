@@ -47,3 +47,25 @@ def test_old_functions_call_each_others_old_forms(tmp_path):
     assert alone["outer"](1) == 3          # today's inner(1) = 2, plus the old outer's 1
     with pytest.raises(SystemExit, match="no function 'missing'"):
         rule.base_functions(str(base), ["missing"], module)
+
+
+def test_latest_weight_builds_one_weight_per_shape_in_a_row():
+    """bench.mm.LatestWeight keeps the last shape's TacticWeight and builds anew (the old one
+    dropped first) when the shape changes."""
+    from unittest import mock
+
+    from torch_fp4.bench import mm
+
+    built = []
+
+    def fake(n, k, device, layout):
+        built.append((n, k))
+        return object()
+
+    with mock.patch.object(mm, "TacticWeight", side_effect=fake):
+        weight = mm.LatestWeight("cpu", F.WeightLayout.ROW)
+        a, b = weight(256, 128), weight(256, 128)
+        c = weight(128, 256)
+        d = weight(256, 128)
+    assert a is b and c is not a and d is not a
+    assert built == [(256, 128), (128, 256), (256, 128)]

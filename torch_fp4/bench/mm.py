@@ -226,6 +226,21 @@ class TacticWeight:
                     old=old.label(), new=new.label())
 
 
+class LatestWeight:
+    """The TacticWeight of the (N, K) last asked for, in `layout`: a new shape frees the previous
+    weight first (the scripts walk their problems shape by shape)."""
+
+    def __init__(self, device: torch.device, layout: F.WeightLayout):
+        self.device, self.layout, self.shape, self.weight = device, layout, None, None
+
+    def __call__(self, n: int, k: int) -> TacticWeight:
+        if self.shape != (n, k):
+            self.weight = None
+            torch.cuda.empty_cache()
+            self.shape, self.weight = (n, k), TacticWeight(n, k, self.device, self.layout)
+        return self.weight
+
+
 def ab_line(r: dict) -> str:
     """One printed line of a TacticWeight.ab row."""
     b, o, nw = r["bf16_us"], r["old_us"], r["new_us"]
