@@ -1,6 +1,6 @@
 """A/B of two builds of one cuda kernel library in one process, on an sm_90 GPU:
 
-    python scripts/ab_libraries.py NAME TAG=PATH TAG=PATH [M,N,K ...]
+    python scripts/ab_libraries.py NAME TAG=PATH TAG=PATH [M,N,K ...]     (AB_LAYOUT=row: row-major weights)
 
 NAME: the library (e.g. wgmma1_1: the Hopper GEMM at block_m >= 128, bf16 activations, "sm90" NVFP4 weights); each
 TAG=PATH a built copy of it (build it from each tree with `python -c "import torch; from
@@ -9,6 +9,7 @@ torch_fp4.kernels.cuda import build; print(build.build(torch.cuda.get_device_cap
 and torch bf16 over rotating operands, medians of five interleaved rounds, and a check that every
 build gives the first build's bits. Both builds run in the same process, so the clock and the
 host are the same for both (processes of one tree differ by several percent)."""
+import os
 import sys
 
 import torch
@@ -16,6 +17,8 @@ import torch
 from torch_fp4.bench.mm import rotated
 from torch_fp4.bench.timing import interleaved_medians
 from torch_fp4.kernels.cuda import native
+
+ROW = os.environ.get("AB_LAYOUT") == "row"
 
 
 def main(name: str, builds: dict[str, str], problems: list[tuple[int, int, int]]) -> None:
@@ -30,10 +33,11 @@ def main(name: str, builds: dict[str, str], problems: list[tuple[int, int, int]]
     for m, n, k in problems:
         r = rotated(m, n, k, dev)
         ps, packs = r.problems, r.packs
-        outs = {tag: under(tag, lambda: ps[0].w4a16_sm90(packs[0])) for tag in libs}
+        call = (lambda p, pk: p.w4a16()) if ROW else (lambda p, pk: p.w4a16_sm90(pk))
+        outs = {tag: under(tag, lambda: call(ps[0], packs[0])) for tag in libs}
         first = next(iter(outs.values()))
         same = all(torch.equal(o, first) for o in outs.values())
-        cols = {tag: (lambda tag=tag: under(tag, lambda: r.time_sm90(lambda p, pk: p.w4a16_sm90(pk)))) for tag in libs}
+        cols = {tag: (lambda tag=tag: under(tag, lambda: r.time_sm90(call))) for tag in libs}
         cols["bf16"] = r.time_bf16
         us = interleaved_medians(cols, 5)
         base = next(iter(libs))

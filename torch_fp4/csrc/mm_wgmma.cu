@@ -28,11 +28,12 @@
 //   multiply by the scale table entry gives code * scale * 2^-7 for NVFP4; MXFP4 multiplies by
 //   2^126 and by the scale); K blocks past K get a zero scale, so padding scale bytes never reach
 //   the sums. The step's `wgmma.mma_async` m64nNk16 (A from registers, B = the activation tile in
-//   shared memory, fp32 accumulators) is one commit group; the A registers of four steps rotate,
-//   and waiting until at most three groups are in flight before each decode keeps a step's
-//   registers untouched while its wgmma may read them, so ptxas keeps the wgmmas asynchronous
-//   and the decode of step j + 1 overlaps the wgmmas of steps j - 2 .. j. A stage goes back to the
-//   producer once all its wgmmas completed (two steps into the next stage). The barrier wait,
+//   shared memory, fp32 accumulators) is one commit group; the A registers of Config::kFragSets
+//   steps rotate, and waiting until at most kFragSets - 1 groups are in flight before each decode
+//   keeps a step's registers untouched while its wgmma may read them, so ptxas keeps the wgmmas
+//   asynchronous and the decode of step j + 1 overlaps the wgmmas of steps j - 2 .. j (seven in
+//   flight, j - 6 .. j, at block_m <= 64 with one K group and one CTA per SM). A stage goes back to
+//   the producer once all its wgmmas completed (kInFlight - 1 steps into the next stage). The barrier wait,
 //   the release, the ring position and the lookahead's bookkeeping are paid once per stage, so
 //   per 128 K where the stage holds two sub-tiles.
 // Tiles: 128 weight rows x block_m activation rows, numbered weight-tile fastest. block_m <= 64
@@ -197,6 +198,14 @@ struct Config {
   // each MMA thread forms its own from the scale table:
   // 1024 x 8192 x 8192 (block_m 256) took 2.5% more cycles with the conversion (BENCHMARKS.md).
   static constexpr bool kConvert = kSubs == 2;
+  // wgmma commit groups (k16 steps) an MMA warpgroup keeps in flight, and the sets of A registers
+  // that rotate under them: seven where stages hold two sub-tiles at block_m <= 64 with one K group
+  // and one CTA per SM (232 registers), else three. Seven release each stage four steps later, so
+  // they lost where a launch has few stages (block_m 96 / 128 persistent).
+  static constexpr int kInFlight = (kSubs == 2 && kMmaRegs >= 232 && kBM_ <= 64) ? 7 : 3;
+  static constexpr int kFragSets = kInFlight + 1;
+  static_assert((4 * kSubs) % kFragSets == 0 && kInFlight < 4 * kSubs,
+                "a stage's k16 steps cycle through whole sets of A registers and release the stage before it ends");
   // Loaders, each lane 0 of its warp: activations, weights (and with kConvert the scale words),
   // and without kConvert the scale words.
   static constexpr int kLoaders = kConvert ? 2 : 3;
@@ -475,7 +484,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, Cfg::kCtas)
   const uint32_t lut_addr = smem_u32(lut);
   float acc[Cfg::kAcc];
   const uint32_t pipe_addr = smem_u32(pipe);
-  uint32_t frag[4][4];  // the A registers of the four k16 steps of a stage
+  uint32_t frag[Cfg::kFragSets][4];  // the A registers of the k16 steps in flight and the next
   StageOperands ops;
   const uint32_t full_addr = small_m::opaque(smem_u32(full));
   const uint32_t empty_addr = Cfg::kConvert ? full_addr + kEmptyRow * kBarRow : small_m::opaque(smem_u32(empty));

@@ -173,25 +173,27 @@ __device__ __forceinline__ void decode_step(uint32_t (&a)[4], const StageOperand
 }
 
 // One stage's 4 kSubs k16 steps of an MMA thread (stage at `st`, K step kt), on `ops` (its first
-// sub-tile's, read during the previous stage): per step decode into its A registers (at most three
-// steps are in flight there, so frag[j % 4]'s last reader, four steps back, has completed), the
-// wgmma m64nNk16 (K 16 j.. of the stage; the second sub-tile's activations a box further) as
-// one commit group, and a wait down to three groups in flight. Once a half's operands are spent
-// (after steps 1 and 3 of a sub-tile) the next sub-tile's are read: this stage's second, or the
-// next stage's first (at `nst`, K step nkt). After step 2 only this stage's steps are in flight, so
-// the previous stage goes back to the producer (its empty barrier `prev_empty`, when `release`).
+// sub-tile's, read during the previous stage): per step decode into its A registers (at most
+// Cfg::kInFlight steps are in flight there, so frag[j % kFragSets]'s last reader, kFragSets steps
+// back, has completed; kFragSets divides the stage's steps), the wgmma m64nNk16 (K 16 j.. of the
+// stage; the second sub-tile's activations a box further) as one commit group, and a wait down to
+// kInFlight groups in flight. Once a half's operands are spent (after steps 1 and 3 of a sub-tile)
+// the next sub-tile's are read: this stage's second, or the next stage's first (at `nst`, K step
+// nkt). After step kInFlight - 1 only this stage's steps are in flight, so the previous stage goes
+// back to the producer (its empty barrier `prev_empty`, when `release`).
 // A predicated release, not a branch: ptxas would serialize wgmmas around a branch.
 template <class Cfg>
-__device__ __forceinline__ void stage_steps(float (&acc)[Cfg::kAcc], uint32_t (&frag)[4][4], StageOperands& ops,
+__device__ __forceinline__ void stage_steps(float (&acc)[Cfg::kAcc], uint32_t (&frag)[Cfg::kFragSets][4], StageOperands& ops,
                                             const FragmentSlot<Cfg>& slot, uint64_t desc, uint32_t st, int kt,
                                             uint32_t nst, uint32_t lut, int nkt, int k, uint32_t prev_empty,
                                             bool release) {
 #pragma unroll
   for (int j = 0; j < 4 * Cfg::kSubs; ++j) {
     const int u = j / 4, q = j % 4;
-    decode_step<Cfg>(frag[q], ops, q, slot.sel);
+    uint32_t (&a)[4] = frag[j % Cfg::kFragSets];
+    decode_step<Cfg>(a, ops, q, slot.sel);
     wgmma_fence();
-    WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, frag[q], desc + u * (act_sub_bytes(Cfg::kBM) >> 4) + 2 * q);
+    WgmmaRS<Cfg::kBM, Cfg::kFp16>::mma(acc, a, desc + u * (act_sub_bytes(Cfg::kBM) >> 4) + 2 * q);
     wgmma_commit();
     const bool last_sub = u + 1 == Cfg::kSubs;
     if (q == 1) {
@@ -202,8 +204,8 @@ __device__ __forceinline__ void stage_steps(float (&acc)[Cfg::kAcc], uint32_t (&
       if (last_sub) load_part<Cfg, 0, 1>(ops, nst, lut, nkt, k, slot);
       else load_part<Cfg, 1, 1>(ops, st, lut, kt, k, slot);
     }
-    wgmma_wait<3>();
-    if (j == 2) {
+    wgmma_wait<Cfg::kInFlight>();
+    if (j == Cfg::kInFlight - 1) {
       __syncwarp();
       release_stage(prev_empty, release);
     }
