@@ -1,6 +1,6 @@
-"""The tactic A/B scripts' parsing on the CPU: scripts/ab_tactics.py's tactic specs, and
-scripts/ab_tactic_rule.py's old functions, compiled together so that each calls the others' old
-forms (not the module's current ones)."""
+"""The A/B and profiling scripts' parsing on the CPU: scripts/ab_tactics.py's tactic specs,
+scripts/ab_tactic_rule.py's old functions (compiled together so that each calls the others' old
+forms, not the module's current ones), and scripts/ncu_table.py's reading of ncu's CSV."""
 import importlib.util
 import types
 from pathlib import Path
@@ -69,3 +69,28 @@ def test_latest_weight_builds_one_weight_per_shape_in_a_row():
         d = weight(256, 128)
     assert a is b and c is not a and d is not a
     assert built == [(256, 128), (128, 256), (256, 128)]
+
+
+def test_ncu_table_sums_the_launch_and_reports_its_largest_kernel(monkeypatch):
+    table = _script("ncu_table")
+    values = {  # two kernels of one call: a small one, then the GEMM
+        "1": dict(zip(table.METRICS, (1000, 5.0, 7.0, 80.0, 2e6, 3e6, 2000, 8))),
+        "2": dict(zip(table.METRICS, (9000, 90.0, 30.0, 10.0, 4e6, 5e6, 8000, 132))),
+    }
+    rows = ['"ID","Kernel Name","Metric Name","Metric Unit","Metric Value"']
+    for kid, metrics in values.items():
+        for name, v in metrics.items():
+            rows.append(f'"{kid}","kernel_{kid}(int)","{name}","","{v:,}"')
+    seen = {}
+
+    def run(cmd, **kw):
+        seen["cmd"] = cmd
+        return types.SimpleNamespace(stdout="==PROF== noise\n" + "\n".join(rows), stderr="", returncode=0)
+
+    monkeypatch.setattr(table.subprocess, "run", run)
+    line = table.measure("ours", "1024", "8192", "8192", "row")
+    assert line == "2 | 132 | 10.0 | 10000 | 90.0 | 30.0 | 10.0 | 6.00 | 8.00 | kernel_2(int)"
+    assert seen["cmd"][-6:] == ["ours", "1024", "8192", "8192", "--layout", "row"]
+    monkeypatch.setattr(table.subprocess, "run",
+                        lambda cmd, **kw: types.SimpleNamespace(stdout="", stderr="ncu: not found", returncode=1))
+    assert table.measure("bf16", "1", "2", "3", None).startswith("failed (rc 1): ncu: not found")
