@@ -21,29 +21,41 @@ from torch_fp4.kernels.cuda import native
 ROW = os.environ.get("AB_LAYOUT") == "row"
 
 
-def main(name: str, builds: dict[str, str], problems: list[tuple[int, int, int]]) -> None:
-    dev = torch.device("cuda")
-    index = dev.index or 0
-    libs = {tag: native.Library(name, path) for tag, path in builds.items()}
+def use(index: int, libs: dict[str, native.Library]) -> None:
+    """Serve the next calls on device `index` from these builds (library name -> built copy)."""
+    for name, lib in libs.items():
+        native._LOADED[(index, name)] = lib
 
+
+def compare(label: str, builds: dict[str, dict[str, native.Library]], index: int, call, time_call,
+            extra: dict | None = None) -> None:
+    """One line: each build's output of `call` against the first build's bits, and the medians of
+    five interleaved rounds of `time_call` (a measurement in us) under every build, beside the
+    `extra` timers, with each build's time over the first's."""
     def under(tag, fn):
-        native._LOADED[(index, name)] = libs[tag]
+        use(index, builds[tag])
         return fn()
 
+    outs = {tag: under(tag, call) for tag in builds}
+    first = next(iter(outs.values()))
+    same = all(torch.equal(o, first) for o in outs.values())
+    cols = {tag: (lambda tag=tag: under(tag, time_call)) for tag in builds}
+    cols.update(extra or {})
+    us = interleaved_medians(cols, 5)
+    base, *others = builds
+    print(f"{label}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) + "  " +
+          "  ".join(f"{t}/{base} {us[t] / us[base]:.3f}" for t in others) + f"  same bits: {same}", flush=True)
+
+
+def main(name: str, builds: dict[str, str], problems: list[tuple[int, int, int]]) -> None:
+    dev = torch.device("cuda")
+    libs = {tag: {name: native.Library(name, path)} for tag, path in builds.items()}
     for m, n, k in problems:
         r = rotated(m, n, k, dev)
         ps, packs = r.problems, r.packs
         call = (lambda p, pk: p.w4a16()) if ROW else (lambda p, pk: p.w4a16_sm90(pk))
-        outs = {tag: under(tag, lambda: call(ps[0], packs[0])) for tag in libs}
-        first = next(iter(outs.values()))
-        same = all(torch.equal(o, first) for o in outs.values())
-        cols = {tag: (lambda tag=tag: under(tag, lambda: r.time_sm90(call))) for tag in libs}
-        cols["bf16"] = r.time_bf16
-        us = interleaved_medians(cols, 5)
-        base = next(iter(libs))
-        print(f"M={m} N={n} K={k}: " + "  ".join(f"{c} {v:.2f}" for c, v in us.items()) + "  " +
-              "  ".join(f"{t}/{base} {us[t] / us[base]:.3f}" for t in list(libs)[1:]) +
-              f"  same bits: {same}", flush=True)
+        compare(f"M={m} N={n} K={k}", libs, dev.index or 0, lambda: call(ps[0], packs[0]),
+                lambda: r.time_sm90(call), {"bf16": r.time_bf16})
         del r, ps, packs
         torch.cuda.empty_cache()
 

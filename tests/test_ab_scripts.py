@@ -94,3 +94,19 @@ def test_ncu_table_sums_the_launch_and_reports_its_largest_kernel(monkeypatch):
     monkeypatch.setattr(table.subprocess, "run",
                         lambda cmd, **kw: types.SimpleNamespace(stdout="", stderr="ncu: not found", returncode=1))
     assert table.measure("bf16", "1", "2", "3", None).startswith("failed (rc 1): ncu: not found")
+
+
+def test_build_comparison_swaps_each_set_in_and_checks_the_first_builds_bits(monkeypatch, capsys):
+    import torch
+
+    from torch_fp4.kernels.cuda import native
+
+    ab = _script("ab_libraries")
+    monkeypatch.setattr(native, "_LOADED", {})
+    builds = {"new": {"wgmma0_0": "n0", "wgmma1_0": "n1"}, "old": {"wgmma0_0": "o0", "wgmma1_0": "o1"}}
+    serving = lambda: (native._LOADED[(0, "wgmma0_0")], native._LOADED[(0, "wgmma1_0")])
+    times = {("n0", "n1"): 2.0, ("o0", "o1"): 3.0}
+    ab.compare("case", builds, 0, lambda: torch.ones(2), lambda: times[serving()], {"bf16": lambda: 4.0})
+    assert capsys.readouterr().out == "case: new 2.00  old 3.00  bf16 4.00  old/new 1.500  same bits: True\n"
+    ab.compare("odd", builds, 0, lambda: torch.tensor([float(serving()[0] == "n0")]), lambda: times[serving()])
+    assert capsys.readouterr().out.endswith("old/new 1.500  same bits: False\n")

@@ -85,18 +85,27 @@ def _gpt_oss_kwargs(m: Model, experts: int, device, gen) -> dict:
     return dict(block_size=32, w1_bias=b1, w2_bias=b2, activation="clamped_swiglu")
 
 
-def routed_batch(m: Model, experts: int, tokens: int, device, gen: torch.Generator):
-    """The scripts' batch (scripts/profile_moe.py, sweep_moe*.py): random experts (_fp4_experts),
-    w1 and w2 as (data, scale, global scale), x [T, H] bf16 ~ N(0, 1), and the model's routing of
-    random logits (with a random DeepSeek-V3 bias)."""
-    w1 = _fp4_experts(experts, 2 * m.inter, m.hidden, device, gen, m.block_size)
-    w2 = _fp4_experts(experts, m.hidden, m.inter, device, gen, m.block_size)
+def model_experts(m: Model, experts: int, device, gen: torch.Generator):
+    """Random experts of the model's shapes (_fp4_experts): w1 and w2 as (data, scale, global scale)."""
+    return (_fp4_experts(experts, 2 * m.inter, m.hidden, device, gen, m.block_size),
+            _fp4_experts(experts, m.hidden, m.inter, device, gen, m.block_size))
+
+
+def routed_tokens(m: Model, experts: int, tokens: int, device, gen: torch.Generator):
+    """x [T, H] bf16 ~ N(0, 1) and the model's routing of random logits (with a random DeepSeek-V3
+    bias): x, topk_ids, topk_weights."""
     x = torch.randn(tokens, m.hidden, device=device, dtype=torch.bfloat16, generator=gen)
     kw = dict(m.route_kw)
     if m.method == "deepseek_v3":
         kw["bias"] = torch.randn(experts, device=device, generator=gen) * 0.01
     ids, tw = ops.route(torch.randn(tokens, experts, device=device, generator=gen), m.top_k, m.method, **kw)
-    return w1, w2, x, ids, tw
+    return x, ids, tw
+
+
+def routed_batch(m: Model, experts: int, tokens: int, device, gen: torch.Generator):
+    """The scripts' batch (scripts/profile_moe.py, sweep_moe*.py): model_experts, then
+    routed_tokens: w1, w2, x, ids, tw."""
+    return (*model_experts(m, experts, device, gen), *routed_tokens(m, experts, tokens, device, gen))
 
 
 def _bytes_needed(m: Model, experts: int, tokens: int) -> int:
